@@ -1,0 +1,3 @@
+from outboxkit.cli import main
+
+main()

@@ -1,0 +1,140 @@
+"""The ``outboxkit`` command.
+
+Exit codes: 0 success; 1 a check or operation failed; 2 invalid configuration or usage.
+Every option has an ``OUTBOXKIT_*`` environment variable twin, shown in ``--help``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from typing import Annotated
+
+import psycopg
+import typer
+
+from outboxkit._version import __version__
+from outboxkit.check import redact, run_checks
+from outboxkit.exceptions import ConfigurationError
+from outboxkit.migrations import MigrationError, load_migrations, migrate, script
+from outboxkit.settings import ConnectionSettings, load_settings
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+app = typer.Typer(
+    name="outboxkit",
+    help="Transactional outbox and inbox: write to your database and publish to Kafka, safely.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(envvar="OUTBOXKIT_DATABASE_URL", help="postgresql://… or mongodb://…"),
+]
+BootstrapServers = Annotated[
+    str | None,
+    typer.Option(envvar="OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS", help="host:port[,host:port…]"),
+]
+Topics = Annotated[
+    str | None,
+    typer.Option(envvar="OUTBOXKIT_TOPICS", help="Topics that must exist, comma-separated."),
+]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"outboxkit {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Transactional outbox and inbox: write to your database and publish to Kafka, safely."""
+
+
+def _fail_config(exc: ConfigurationError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(EXIT_CONFIG)
+
+
+@app.command()
+def check(
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Connect to the database and the broker and say what is wrong, if anything."""
+    try:
+        settings = load_settings(
+            ConnectionSettings,
+            database_url=database_url,
+            kafka_bootstrap_servers=kafka_bootstrap_servers,
+            topics=topics,
+        )
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    # The checks report connection failures themselves; aiokafka would also log them.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    results = asyncio.run(run_checks(settings))
+    if json_output:
+        typer.echo(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        for r in results:
+            typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<11} {r.summary}")
+            if r.fix:
+                typer.echo(f"     {'':<11} → {r.fix}")
+    if not all(r.ok for r in results):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command("migrate")
+def migrate_command(
+    database_url: DatabaseUrl = None,
+    sql: Annotated[
+        bool, typer.Option("--sql", help="Print the SQL instead of applying it (for Alembic & co).")
+    ] = False,
+) -> None:
+    """Create or upgrade outboxkit's tables (PostgreSQL). Safe to run again and concurrently."""
+    if sql:
+        typer.echo(script(load_migrations()), nl=False)
+        return
+    try:
+        settings = load_settings(ConnectionSettings, database_url=database_url)
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    if settings.database_kind != "postgresql":
+        raise _fail_config(ConfigurationError("migrate applies to PostgreSQL only"))
+    try:
+        applied = asyncio.run(_migrate(settings))
+    except (psycopg.Error, MigrationError) as exc:
+        typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if applied:
+        typer.echo("applied " + ", ".join(applied))
+    else:
+        typer.echo("schema is up to date")
+
+
+async def _migrate(settings: ConnectionSettings) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(
+        settings.database_url,
+        autocommit=True,
+        connect_timeout=max(1, round(settings.connect_timeout)),
+    ) as conn:
+        return [m.label for m in await migrate(conn)]
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,114 @@
+"""Starting and watching local server processes (PostgreSQL, Kafka) for tests and the demo."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from outboxkit.exceptions import OutboxkitError
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(OutboxkitError):
+    """A local server did not start."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the Python process dies (even by SIGKILL), so does the
+    server, so a killed test run leaves no broker or database behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with its output in ``log_path``, tied to this process's life."""
+    log = log_path.open("ab")
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            user=user,
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
+        )
+    finally:
+        log.close()
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    process: subprocess.Popen[bytes] | None = None,
+    log_path: Path | None = None,
+) -> None:
+    """Poll ``condition`` until it holds; fail early if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise ServerStartError(
+                f"{what}: process exited with {process.returncode}{_tail(log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"{what}: not ready after {timeout:.0f} s{_tail(log_path)}")
+        time.sleep(0.05)
+
+
+def stop_process(process: subprocess.Popen[bytes], sig: int, *, timeout: float) -> None:
+    """Send ``sig`` and wait; SIGKILL if it does not exit in time."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+
+
+def _tail(log_path: Path | None, lines: int = 30) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    text = log_path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n--- last lines of " + str(log_path) + " ---\n" + "\n".join(text)
+
+
+def make_traversable(path: Path) -> None:
+    """Let another user reach ``path``: add o+x to it and every parent (a server that must not
+    run as root needs to reach its binaries and data directory)."""
+    for part in [path, *path.parents]:
+        mode = part.stat().st_mode
+        if not mode & 0o001:
+            os.chmod(part, mode | 0o001)

@@ -1,0 +1,266 @@
+"""A real Apache Kafka broker (KRaft, combined broker+controller nodes) run from its jars.
+
+The jars come from Maven Central (``tests/kafka/fetch.sh`` puts them in
+``~/.cache/outboxkit/kafka-<version>``); Java 17 runs them. A cluster of one node serves most
+tests; three nodes serve replication tests. Every node keeps its ports and data across
+:meth:`KafkaNode.stop` / :meth:`KafkaNode.start`, so a test can restart a broker under load.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from outboxkit.embedded._process import (
+    ServerStartError,
+    free_port,
+    port_is_open,
+    spawn,
+    stop_process,
+    wait_until,
+)
+from outboxkit.exceptions import ConfigurationError
+
+DEFAULT_KAFKA_VERSION = "4.4.0"
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.org.name = org.apache.kafka
+logger.org.level = WARN
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+"""
+
+
+def kafka_jars_dir(version: str = DEFAULT_KAFKA_VERSION) -> Path:
+    """``$OUTBOXKIT_KAFKA_JARS``, or the cache that ``tests/kafka/fetch.sh`` fills."""
+    configured = os.environ.get("OUTBOXKIT_KAFKA_JARS")
+    path = Path(configured) if configured else Path.home() / ".cache/outboxkit" / f"kafka-{version}"
+    if not (path / f"kafka_2.13-{version}.jar").exists() and not any(path.glob("kafka_2.13-*.jar")):
+        raise ConfigurationError(
+            f"No Apache Kafka jars in {path}: run tests/kafka/fetch.sh (needs Java 17 and Maven) "
+            "or set OUTBOXKIT_KAFKA_JARS to a directory holding them"
+        )
+    return path
+
+
+def _kafka_uuid() -> str:
+    """A random id in Kafka's own form (URL-safe base64 of 16 bytes, unpadded)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+class KafkaNode:
+    """One combined broker+controller process of a :class:`KafkaCluster`."""
+
+    def __init__(self, cluster: KafkaCluster, node_id: int, base_dir: Path) -> None:
+        self.cluster = cluster
+        self.node_id = node_id
+        self.dir = base_dir
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.config_path = self.dir / "server.properties"
+        self.log_path = self.dir / "server.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self.running and self._process else None
+
+    def write_config(self) -> None:
+        size = len(self.cluster.nodes)
+        replicas = min(3, size)
+        config = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            # A static quorum: every node knows every voter, no dynamic-quorum bootstrapping.
+            "controller.quorum.voters": ",".join(
+                f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.cluster.nodes
+            ),
+            "log.dirs": str(self.dir / "data"),
+            "num.partitions": "1",
+            "default.replication.factor": str(replicas),
+            "min.insync.replicas": str(min(2, replicas)),
+            "offsets.topic.replication.factor": str(replicas),
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": str(min(2, replicas)),
+            "transaction.state.log.num.partitions": "10",
+            "group.initial.rebalance.delay.ms": "0",
+            # Tests use short session timeouts to make failover quick.
+            "group.min.session.timeout.ms": "1000",
+            # outboxkit expects topics to exist; a typo must fail, not create a topic.
+            "auto.create.topics.enable": "false",
+            **self.cluster.extra_config,
+        }
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+
+    def format(self) -> None:
+        if (self.dir / "data" / "meta.properties").exists():
+            return
+        result = subprocess.run(
+            [
+                *self.cluster.java_command(),
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                self.cluster.cluster_id,
+                "--config",
+                str(self.config_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServerStartError(f"formatting Kafka node {self.node_id} failed:\n{result.stdout}")
+
+    def launch(self) -> None:
+        if self.running:
+            return
+        self._process = spawn(
+            [*self.cluster.java_command(), "kafka.Kafka", str(self.config_path)],
+            log_path=self.log_path,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def started() -> bool:
+            return port_is_open(self.port) and "Kafka Server started" in self.log_path.read_text(
+                errors="replace"
+            )
+
+        wait_until(
+            started,
+            timeout=timeout,
+            what=f"Kafka node {self.node_id} on port {self.port}",
+            process=self._process,
+            log_path=self.log_path,
+        )
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start (again) on the same ports and data."""
+        if self.running:
+            return
+        self.log_path.unlink(missing_ok=True)
+        self.launch()
+        self.wait_ready(timeout)
+
+    def stop(self, *, timeout: float = 60.0) -> None:
+        """Controlled shutdown (SIGTERM): leadership moves, logs are flushed."""
+        if self._process is not None:
+            stop_process(self._process, signal.SIGTERM, timeout=timeout)
+            self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the broker dies as on a power cut."""
+        if self._process is not None:
+            stop_process(self._process, signal.SIGKILL, timeout=10)
+            self._process = None
+
+
+class KafkaCluster:
+    """``size`` KRaft nodes on free ports of 127.0.0.1, data in ``base_dir`` (a temporary
+    directory by default). Use as a context manager, or :meth:`start` / :meth:`close`."""
+
+    def __init__(
+        self,
+        size: int = 1,
+        *,
+        jars_dir: Path | None = None,
+        base_dir: Path | None = None,
+        heap: str = "512m",
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ConfigurationError("a Kafka cluster needs at least one node")
+        self.jars_dir = jars_dir or kafka_jars_dir()
+        self._owns_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-kafka-"))
+        self.heap = heap
+        self.extra_config = dict(extra_config or {})
+        self.cluster_id = _kafka_uuid()
+        self.nodes: list[KafkaNode] = []
+        self.nodes.extend(
+            KafkaNode(self, i + 1, self.base_dir / f"node{i + 1}") for i in range(size)
+        )
+        (self.base_dir / "log4j2.properties").write_text(_LOG4J2)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.address for node in self.nodes)
+
+    def java_command(self) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise ConfigurationError("Apache Kafka needs Java 17: apt-get install openjdk-17-jre")
+        return [
+            java,
+            f"-Xmx{self.heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.properties'}",
+            "-cp",
+            f"{self.jars_dir}/*",
+        ]
+
+    def start(self, timeout: float = 90.0) -> Self:
+        for node in self.nodes:
+            node.write_config()
+        # Formatting starts a JVM per node: do it in parallel, then start all nodes together
+        # (a multi-node quorum needs a majority of controllers up before any broker is ready).
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(KafkaNode.format, self.nodes))
+        for node in self.nodes:
+            node.launch()
+        for node in self.nodes:
+            node.wait_ready(timeout)
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        if self._owns_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""Settings shared by every outboxkit component: where the database and the broker are.
+
+Each component (relay, inbox, pipeline) has one settings object that extends
+:class:`ConnectionSettings`. Values come from keyword arguments, then ``OUTBOXKIT_*``
+environment variables; they are validated once, at start, and frozen. :func:`load_settings`
+turns a validation failure into a :class:`~outboxkit.ConfigurationError` whose message names
+the environment variable and says what to put there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from outboxkit.exceptions import ConfigurationError
+
+ENV_PREFIX = "OUTBOXKIT_"
+
+S = TypeVar("S", bound=BaseSettings)
+
+DatabaseKind = Literal["postgresql", "mongodb"]
+_SCHEMES: dict[str, DatabaseKind] = {
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+    "mongodb": "mongodb",
+    "mongodb+srv": "mongodb",
+}
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class ConnectionSettings(BaseSettings):
+    """Where the database and the Kafka cluster are."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+    )
+
+    database_url: str = Field(
+        description=(
+            "The database holding the outbox/inbox tables, e.g. "
+            "postgresql://user:password@host:5432/dbname or "
+            "mongodb://host:27017/dbname?replicaSet=rs0"
+        ),
+    )
+    kafka_bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+        default=["localhost:9092"],
+        min_length=1,
+        description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
+    )
+    topics: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Kafka topics this component publishes to or consumes, comma-separated",
+    )
+    connect_timeout: float = Field(
+        default=10.0, gt=0, description="Seconds to wait when connecting to the database or broker"
+    )
+
+    @field_validator("kafka_bootstrap_servers", "topics", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _host_port(cls, value: list[str]) -> list[str]:
+        for server in value:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in _SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}: use postgresql://… or mongodb://…")
+        return value
+
+    @property
+    def database_kind(self) -> DatabaseKind:
+        return _SCHEMES[urlsplit(self.database_url).scheme]
+
+
+def load_settings(cls: type[S], **values: Any) -> S:
+    """Build ``cls`` from ``values`` (``None`` means "not given") and the environment.
+
+    Raises :class:`ConfigurationError` listing each bad setting by its environment variable."""
+    given = {name: value for name, value in values.items() if value is not None}
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc, cls)) from None
+
+
+def describe_validation_error(exc: ValidationError, cls: type[BaseSettings]) -> str:
+    lines = ["invalid configuration:"]
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        env_var = f"{ENV_PREFIX}{field.upper()}"
+        info = cls.model_fields.get(field)
+        problem = error["msg"].removeprefix("Value error, ")
+        line = f"  {env_var}: {problem}"
+        if error["type"] == "missing" and info is not None and info.description:
+            line = f"  {env_var} is not set: {info.description[0].lower()}{info.description[1:]}"
+        elif error["type"] == "extra_forbidden":
+            line = f"  {field}: unknown setting"
+        lines.append(line)
+    return "\n".join(lines)

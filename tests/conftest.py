@@ -1,0 +1,30 @@
+"""Shared test configuration: tiers, markers and the hypothesis profile.
+
+tests/unit needs no server. tests/integration uses real servers (tests/integration/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", deadline=None, max_examples=200)
+settings.register_profile(
+    "ci", deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration/" in item.nodeid or "tests.integration" in item.nodeid:
+            item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("mongodb") and not os.environ.get("OUTBOXKIT_MONGO_URL"):
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="MongoDB tests need OUTBOXKIT_MONGO_URL pointing at a replica set "
+                    "(no MongoDB server can run on this machine; compose/ starts one)"
+                )
+            )

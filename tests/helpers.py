@@ -1,0 +1,42 @@
+"""Small helpers shared by the test tiers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    within: float = 10.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """Wait until ``condition`` holds, or fail after ``within`` seconds. Never a bare sleep."""
+    deadline = time.monotonic() + within
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``outboxkit`` command of this interpreter's installation."""
+    return subprocess.run(
+        [sys.executable, "-m", "outboxkit", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )

