@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -58,11 +59,19 @@ def spawn(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             user=user,
+            # Drop root's groups too: with gid 0 left, root-owned 0701 directories would be
+            # judged by their (empty) group bits instead of the "other" bits.
+            group=primary_group(user),
+            extra_groups=[] if user else None,
             env=env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
         )
     finally:
         log.close()
+
+
+def primary_group(user: str | None) -> int | None:
+    return pwd.getpwnam(user).pw_gid if user else None
 
 
 def wait_until(

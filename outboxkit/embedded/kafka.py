@@ -117,8 +117,11 @@ class KafkaNode:
             "transaction.state.log.min.isr": str(min(2, replicas)),
             "transaction.state.log.num.partitions": "10",
             "group.initial.rebalance.delay.ms": "0",
-            # Tests use short session timeouts to make failover quick.
+            # Short timeouts make failover quick: consumer groups, and a killed broker's
+            # partitions get a new leader about 3 s after its last heartbeat.
             "group.min.session.timeout.ms": "1000",
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "3000",
             # outboxkit expects topics to exist; a typo must fail, not create a topic.
             "auto.create.topics.enable": "false",
             **self.cluster.extra_config,
@@ -207,6 +210,7 @@ class KafkaCluster:
         self.jars_dir = jars_dir or kafka_jars_dir()
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-kafka-"))
+        self.base_dir.mkdir(parents=True, exist_ok=True)
         self.heap = heap
         self.extra_config = dict(extra_config or {})
         self.cluster_id = _kafka_uuid()

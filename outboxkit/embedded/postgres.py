@@ -26,6 +26,7 @@ from outboxkit.embedded._process import (
     ServerStartError,
     free_port,
     make_traversable,
+    primary_group,
     spawn,
     stop_process,
     wait_until,
@@ -39,11 +40,12 @@ _SERVER_USER = "embedded_postgres"
 StopMode = Literal["fast", "immediate"]
 _STOP_SIGNALS: dict[StopMode, int] = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
-#: Settings for throwaway test servers: durability off, faster by far.
+#: Settings for throwaway test servers: no fsync, so an OS crash could lose data, but a server
+#: crash cannot: synchronous_commit stays on, so a commit's WAL is written before the client hears
+#: of it and an ``immediate`` stop (or SIGKILL) loses nothing committed. Restart tests rely on it.
 FAST_TEST_SETTINGS: dict[str, str] = {
     "fsync": "off",
     "full_page_writes": "off",
-    "synchronous_commit": "off",
 }
 
 
@@ -180,6 +182,8 @@ class EmbeddedPostgres:
         result = subprocess.run(
             [str(self._bin / program), *args],
             user=self._user,
+            group=primary_group(self._user),
+            extra_groups=[] if self._user else None,
             capture_output=True,
             text=True,
             check=False,
