@@ -1,0 +1,36 @@
+"""Events shared by writers, relay, inbox and pipeline. Pure: no I/O.
+
+- :class:`Event`: the base model (envelope + payload) and its class keywords.
+- :class:`EventRegistry`: ``(type, version)`` → model; decodes Kafka records.
+- :func:`encode` / :class:`EncodedEvent`: the CloudEvents Kafka binding, binary content mode.
+- :func:`partition_for_key`: where Kafka's default partitioner puts a key.
+"""
+
+from outboxkit.schemas.event import Event
+from outboxkit.schemas.exceptions import (
+    DecodeErrorReason,
+    EventDecodeError,
+    EventDefinitionError,
+    RegistryError,
+    SchemaError,
+)
+from outboxkit.schemas.partitioner import murmur2, partition_for_key, to_positive
+from outboxkit.schemas.registry import EventRegistry
+from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader, encode
+
+__all__ = [
+    "DecodeErrorReason",
+    "EncodedEvent",
+    "Event",
+    "EventDecodeError",
+    "EventDefinitionError",
+    "EventRegistry",
+    "KafkaRecord",
+    "RegistryError",
+    "SchemaError",
+    "WireHeader",
+    "encode",
+    "murmur2",
+    "partition_for_key",
+    "to_positive",
+]

@@ -1,0 +1,68 @@
+"""The built wheel installs in a clean virtualenv and exposes only `outboxkit.*` import names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+PROBE = """
+import importlib.util, json
+import outboxkit, outboxkit.schemas, outboxkit.relay, outboxkit.inbox, outboxkit.migrations
+from outboxkit.schemas import Event, EventRegistry, encode, partition_for_key
+print(json.dumps({
+    "version": outboxkit.__version__,
+    "generic_names": [n for n in ("schemas", "relay", "inbox")
+                      if importlib.util.find_spec(n) is not None],
+    "migrations": [m.label for m in outboxkit.migrations.load_migrations()],
+    "partition": partition_for_key("21", 16),
+}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_wheel_installs_cleanly(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = dist.glob("outboxkit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for package in ("outboxkit", "outboxkit/schemas", "outboxkit/relay", "outboxkit/inbox"):
+        assert f"{package}/py.typed" in names
+    assert "outboxkit/migrations/postgresql/0001_init.sql" in names
+    assert not [n for n in names if n.split("/")[0] in {"schemas", "relay", "inbox", "tests"}]
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True
+    )
+    # Run from an empty directory so that nothing from the repository is importable.
+    probe = subprocess.run(
+        [str(python), "-c", PROBE], check=True, capture_output=True, text=True, cwd=tmp_path
+    )
+    result = json.loads(probe.stdout)
+    assert result["generic_names"] == []
+    assert result["migrations"] == ["0001_init"]
+    # murmur2(b"21") is -973932308 (Kafka's UtilsTest); toPositive → 1173551340; % 16 → 12.
+    assert result["partition"] == 12
+    version = subprocess.run(
+        [str(env_dir / "bin" / "outboxkit"), "--version"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert version.stdout.strip() == f"outboxkit {result['version']}"
