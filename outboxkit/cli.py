@@ -9,16 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 from dataclasses import asdict
 from typing import Annotated
 
+import prometheus_client
 import psycopg
 import typer
 
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
 from outboxkit.exceptions import ConfigurationError
+from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
+from outboxkit.relay import PostgresOutboxStorage, Relay, RelaySettings
 from outboxkit.settings import ConnectionSettings, load_settings
 
 EXIT_FAILED = 1
@@ -134,6 +138,65 @@ async def _migrate(settings: ConnectionSettings) -> list[str]:
         connect_timeout=max(1, round(settings.connect_timeout)),
     ) as conn:
         return [m.label for m in await migrate(conn)]
+
+
+LogFormatOption = Annotated[
+    str, typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", help="console or json")
+]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(envvar="OUTBOXKIT_METRICS_PORT", help="Serve Prometheus metrics on this port."),
+]
+
+
+@app.command()
+def relay(
+    *,
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    relay_name: Annotated[
+        str | None,
+        typer.Option(
+            envvar="OUTBOXKIT_RELAY_NAME", help="Relay name: group outboxkit.relay.<name>."
+        ),
+    ] = None,
+    metrics_port: MetricsPort = None,
+    log_format: LogFormatOption = "console",
+) -> None:
+    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group."""
+    configure_logging("json" if log_format == "json" else "console")
+    try:
+        settings = load_settings(
+            RelaySettings,
+            database_url=database_url,
+            kafka_bootstrap_servers=kafka_bootstrap_servers,
+            topics=topics,
+            relay_name=relay_name,
+        )
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    if settings.database_kind != "postgresql":
+        raise _fail_config(ConfigurationError("the relay supports PostgreSQL so far"))
+    if metrics_port is not None:
+        prometheus_client.start_http_server(metrics_port)
+
+    async def run() -> None:
+        async with PostgresOutboxStorage(
+            settings.database_url,
+            pool_size=settings.pool_size,
+            connect_timeout=settings.connect_timeout,
+        ) as storage:
+            worker = Relay(settings, storage)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.stop)
+            await worker.run()
+
+    try:
+        asyncio.run(run())
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
 
 
 def main() -> None:

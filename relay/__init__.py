@@ -1,5 +1,42 @@
-"""The relay: publishes committed outbox records to Kafka."""
+"""The relay: publishes committed outbox records to Kafka.
 
-from outboxkit.relay.exceptions import RelayError
+Service side: :class:`PostgresOutbox` adds events inside the caller's transaction.
+Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
+"""
 
-__all__ = ["RelayError"]
+from outboxkit.relay.engine import Relay, RelayHealth
+from outboxkit.relay.exceptions import (
+    NotInTransactionError,
+    OwnershipLostError,
+    RecordNotFoundError,
+    RelayError,
+    StorageUnavailableError,
+    UnknownTopicError,
+)
+from outboxkit.relay.memory import InMemoryOutboxStorage
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
+from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
+from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.storage import OutboxStorage
+
+__all__ = [
+    "InMemoryOutboxStorage",
+    "NotInTransactionError",
+    "OutboxRecord",
+    "OutboxStorage",
+    "OwnershipLostError",
+    "PartitionBacklog",
+    "PostgresOutbox",
+    "PostgresOutboxStorage",
+    "RecordInfo",
+    "RecordNotFoundError",
+    "Relay",
+    "RelayError",
+    "RelayHealth",
+    "RelayMetrics",
+    "RelaySettings",
+    "StorageUnavailableError",
+    "TopicPartition",
+    "UnknownTopicError",
+]

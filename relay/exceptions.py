@@ -1,7 +1,39 @@
-"""Errors of the relay (outbox → Kafka)."""
+"""Errors of the relay (outbox → Kafka).
+
+RelayError
+├── NotInTransactionError   the writer was handed a connection with no transaction
+├── UnknownTopicError       the writer wrote to a topic the relay has not registered
+├── RecordNotFoundError     an operator command named an event id that is not there
+├── OwnershipLostError      Kafka fenced this relay's producer: another relay owns the partition
+└── StorageUnavailableError the database cannot be reached (retriable)
+"""
 
 from outboxkit.exceptions import OutboxkitError
 
 
 class RelayError(OutboxkitError):
     """The relay failed."""
+
+
+class NotInTransactionError(RelayError):
+    """Outbox writes need the caller's open transaction: use `async with conn.transaction():`."""
+
+
+class UnknownTopicError(RelayError):
+    """The topic is not registered in outboxkit.topics."""
+
+
+class RecordNotFoundError(RelayError):
+    """No outbox record has that event id."""
+
+
+class OwnershipLostError(RelayError):
+    """Another relay took over this partition; this one must stop publishing it."""
+
+    retriable = False
+
+
+class StorageUnavailableError(RelayError):
+    """The outbox database cannot be reached; the relay waits and tries again."""
+
+    retriable = True

@@ -1,0 +1,47 @@
+"""Structured logs: key=value for people, JSON lines for log pipelines (``--log-format json``).
+
+outboxkit logs through structlog with the event id, partition and error as fields; the standard
+``logging`` records of aiokafka and psycopg go through the same renderer.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["console", "json"]
+
+
+def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # aiokafka reports every reconnect attempt at ERROR; the relay reports what matters.
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))

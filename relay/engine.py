@@ -1,0 +1,380 @@
+"""The relay engine: owned partitions → claim the head → publish → delete. Storage-agnostic.
+
+One worker task per owned partition runs the cycle below; the engine starts and stops workers
+as Kafka assigns and revokes partitions, routes wake-ups to them, and supervises side tasks
+(cleanup, metrics): if one dies, the relay stops loudly instead of running half-blind.
+
+    cycle (one partition):
+        records = head of the partition, oldest first         (storage.fetch_pending)
+        keep the first record of each key                     (per-key barrier, guarantee G2)
+        publish them: one Kafka transaction                   (publisher.publish)
+        delete them (or mark published)                       (storage.mark_published)
+
+A batch never holds two records of one key, so a crash between Kafka's commit and the delete
+can only repeat the latest record of a key (``R0 R1 R1 R2``), never put an older one after a
+newer one. Nothing is claimed in the database: a stale relay is fenced by Kafka (see
+:mod:`outboxkit.relay.publisher`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from aiokafka.errors import KafkaError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback
+from outboxkit.relay.publisher import KafkaPublisher, Publisher, PublisherFactory
+from outboxkit.relay.records import OutboxRecord, TopicPartition
+from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.storage import OutboxStorage
+
+logger = structlog.get_logger("outboxkit.relay")
+
+#: A short look right after going idle: closes most of the window between a writer's trigger
+#: (which saw no waiting relay) and its commit becoming visible.
+_IDLE_RECHECK = 0.05
+
+
+class Ownership(Protocol):
+    async def start(self) -> dict[str, int]: ...
+    async def run(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+OwnershipFactory = Callable[[RelaySettings, PartitionsCallback, PartitionsCallback], Ownership]
+
+
+def _kafka_ownership(
+    settings: RelaySettings, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback
+) -> Ownership:
+    return KafkaOwnership(settings, on_assigned=on_assigned, on_revoked=on_revoked)
+
+
+class _RetryLater(Exception):
+    """Records were rejected: back off before their next attempt."""
+
+
+_RETRIABLE = (StorageUnavailableError, KafkaError, OSError, _RetryLater)
+
+
+@dataclass
+class RelayHealth:
+    """What a liveness/readiness probe reports."""
+
+    owned: list[str]
+    last_progress: float | None
+    last_error: str | None
+    running: bool
+
+
+def first_per_key(records: Sequence[OutboxRecord]) -> list[OutboxRecord]:
+    """The oldest record of each key, in id order: at most one record per key in flight."""
+    seen: set[bytes] = set()
+    batch = []
+    for record in records:
+        if record.key not in seen:
+            seen.add(record.key)
+            batch.append(record)
+    return batch
+
+
+class _InFlightBudget:
+    """Bounds the records sent and not yet confirmed, over all partitions."""
+
+    def __init__(self, limit: int, metrics: RelayMetrics) -> None:
+        self._free = limit
+        self._limit = limit
+        self._changed = asyncio.Condition()
+        self._metrics = metrics
+
+    async def take(self, want: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._free > 0)
+            granted = min(want, self._free)
+            self._free -= granted
+            self._metrics.in_flight.set(self._limit - self._free)
+            return granted
+
+    async def give(self, count: int) -> None:
+        async with self._changed:
+            self._free += count
+            self._metrics.in_flight.set(self._limit - self._free)
+            self._changed.notify_all()
+
+
+@dataclass
+class _Worker:
+    tp: TopicPartition
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Relay:
+    """Publishes the outbox of ``storage`` to Kafka for the partitions this instance owns.
+
+    ``await relay.run()`` runs until :meth:`stop` (e.g. on SIGTERM): it then stops claiming,
+    lets in-flight batches finish, leaves the consumer group and returns."""
+
+    def __init__(
+        self,
+        settings: RelaySettings,
+        storage: OutboxStorage,
+        *,
+        metrics: RelayMetrics | None = None,
+        publisher_factory: PublisherFactory | None = None,
+        ownership_factory: OwnershipFactory = _kafka_ownership,
+    ) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.metrics = metrics or RelayMetrics()
+        self._publisher_factory = publisher_factory or (lambda tp: KafkaPublisher(tp, settings))
+        self._ownership_factory = ownership_factory
+        self._workers: dict[TopicPartition, _Worker] = {}
+        self._budget = _InFlightBudget(settings.max_in_flight, self.metrics)
+        self._stopping = asyncio.Event()
+        self._running = False
+        self._last_progress: float | None = None
+        self._last_error: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        ownership = self._ownership_factory(self.settings, self.assign, self.revoke)
+        partitions = await ownership.start()
+        await self.storage.register_topics(partitions)
+        self._running = True
+        side_tasks = [
+            asyncio.create_task(ownership.run(), name="ownership"),
+            asyncio.create_task(self._dispatch_wakeups(), name="wakeups"),
+            asyncio.create_task(self._measure_backlog(), name="metrics"),
+        ]
+        if self.settings.retention is not None:
+            side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
+        stopping = asyncio.create_task(self._stopping.wait(), name="stop")
+        try:
+            done, _ = await asyncio.wait([stopping, *side_tasks], return_when="FIRST_COMPLETED")
+            for task in done:
+                if task is not stopping:
+                    # A side task never ends by itself: its exception stops the relay.
+                    task.result()
+                    raise RuntimeError(f"relay task {task.get_name()} ended unexpectedly")
+        finally:
+            self._running = False
+            for task in [stopping, *side_tasks]:
+                task.cancel()
+            await asyncio.gather(*side_tasks, stopping, return_exceptions=True)
+            await self.revoke(frozenset(self._workers))
+            with contextlib.suppress(Exception):
+                await ownership.stop()
+            logger.info("relay stopped")
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to drain and return."""
+        self._stopping.set()
+
+    def health(self) -> RelayHealth:
+        return RelayHealth(
+            owned=sorted(str(tp) for tp in self._workers),
+            last_progress=self._last_progress,
+            last_error=self._last_error,
+            running=self._running,
+        )
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    async def assign(self, partitions: frozenset[TopicPartition]) -> None:
+        self.metrics.rebalances.inc()
+        for tp in partitions:
+            if tp not in self._workers:
+                worker = _Worker(tp)
+                worker.task = asyncio.create_task(self._work(worker), name=f"partition {tp}")
+                self._workers[tp] = worker
+        self.metrics.owned_partitions.set(len(self._workers))
+
+    async def revoke(self, partitions: frozenset[TopicPartition]) -> None:
+        """Stop the workers of ``partitions`` and wait for their in-flight batch (bounded)."""
+        workers = [self._workers.pop(tp) for tp in partitions if tp in self._workers]
+        for worker in workers:
+            worker.stop.set()
+            worker.wake.set()
+        tasks = [w.task for w in workers if w.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.settings.revoke_timeout)
+            for task in late:
+                logger.warning(
+                    "partition did not drain in time, abandoning it", task=task.get_name()
+                )
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.metrics.owned_partitions.set(len(self._workers))
+
+    # -- one partition -----------------------------------------------------------------------
+
+    async def _work(self, worker: _Worker) -> None:
+        tp = worker.tp
+        publisher: Publisher | None = None
+        waiting = False
+        log = logger.bind(partition=str(tp))
+        try:
+            while not worker.stop.is_set():
+                try:
+                    async for attempt in self._retrying(log):
+                        with attempt:
+                            if publisher is None:
+                                publisher = self._publisher_factory(tp)
+                                await publisher.start()  # fences the previous owner
+                            worker.wake.clear()
+                            published = await self._cycle(tp, publisher, log)
+                except OwnershipLostError as exc:
+                    log.warning("partition fenced: another relay owns it now", error=str(exc))
+                    self.metrics.publish_errors.labels(tp.topic, "fenced").inc()
+                    return
+                except KafkaError:
+                    # The publisher may be in any state: start a fresh one next time.
+                    if publisher is not None:
+                        await publisher.close()
+                        publisher = None
+                    continue
+                if published:
+                    if waiting:
+                        await self._set_waiting(tp, False)
+                        waiting = False
+                    continue
+                if not waiting:
+                    # Declare idle, then look once more: a row committed before the
+                    # declaration sent no notification.
+                    waiting = await self._set_waiting(tp, True)
+                    await self._wait(worker, _IDLE_RECHECK)
+                    continue
+                reason = await self._wait(worker, self.settings.sweep_interval)
+                self.metrics.wakeups.labels(reason).inc()
+        finally:
+            if waiting:
+                with contextlib.suppress(Exception):
+                    await self._set_waiting(tp, False)
+            if publisher is not None:
+                await publisher.close()
+
+    def _retrying(self, log: structlog.typing.FilteringBoundLogger) -> AsyncRetrying:
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            self._last_error = repr(error)
+            log.warning(
+                "retrying after error",
+                error=repr(error),
+                attempt=state.attempt_number,
+                wait=round(state.upcoming_sleep, 3),
+            )
+
+        return AsyncRetrying(
+            retry=retry_if_exception_type(_RETRIABLE),
+            wait=wait_exponential_jitter(initial=0.05, max=self.settings.retry_backoff_max),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _cycle(
+        self, tp: TopicPartition, publisher: Publisher, log: structlog.typing.FilteringBoundLogger
+    ) -> bool:
+        """Publish one batch of ``tp``; return whether there was anything to publish."""
+        granted = await self._budget.take(self.settings.batch_size)
+        try:
+            batch = first_per_key(await self.storage.fetch_pending(tp, granted))
+            if not batch:
+                return False
+            try:
+                outcome = await publisher.publish(batch)
+            except OwnershipLostError:
+                raise
+            except Exception:
+                self.metrics.publish_errors.labels(tp.topic, "retriable").inc()
+                raise
+            # Kafka has them: only now may they leave the outbox.
+            await self.storage.mark_published(
+                outcome.published, keep=self.settings.retention is not None
+            )
+        finally:
+            await self._budget.give(granted)
+        self._observe(tp, outcome.published)
+        give_up_any = False
+        for record, error in outcome.rejected:
+            give_up = record.attempts + 1 >= self.settings.max_attempts
+            give_up_any |= give_up
+            await self.storage.record_failure(record, error, give_up=give_up)
+            self.metrics.publish_errors.labels(tp.topic, "rejected").inc()
+            if give_up:
+                self.metrics.parked.labels(tp.topic).inc()
+            log.error(
+                "record parked as failed" if give_up else "record rejected by Kafka",
+                event_id=str(record.event_id),
+                attempts=record.attempts + 1,
+                error=error,
+            )
+        if outcome.rejected and not give_up_any:
+            raise _RetryLater
+        return True
+
+    def _observe(self, tp: TopicPartition, published: Sequence[OutboxRecord]) -> None:
+        if not published:
+            return
+        now = time.time()
+        self._last_progress = time.monotonic()
+        self.metrics.batches.labels(tp.topic).inc()
+        self.metrics.published.labels(tp.topic).inc(len(published))
+        latency = self.metrics.latency.labels(tp.topic)
+        for record in published:
+            if record.created_at is not None:
+                latency.observe(max(now - record.created_at.timestamp(), 0.0))
+
+    async def _set_waiting(self, tp: TopicPartition, waiting: bool) -> bool:
+        try:
+            await self.storage.set_waiting(tp, waiting)
+        except StorageUnavailableError:
+            return False  # no wake-ups then: the sweep still runs
+        return waiting
+
+    async def _wait(self, worker: _Worker, seconds: float) -> str:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await worker.wake.wait()
+                return "notify"
+        return "sweep"
+
+    # -- side tasks --------------------------------------------------------------------------
+
+    async def _dispatch_wakeups(self) -> None:
+        async for tp in self.storage.wakeups():
+            if tp is None:
+                self.metrics.wakeups.labels("reconnect").inc()
+                for worker in self._workers.values():
+                    worker.wake.set()
+            elif tp in self._workers:
+                self._workers[tp].wake.set()
+
+    async def _measure_backlog(self) -> None:
+        while True:
+            with contextlib.suppress(StorageUnavailableError):
+                self.metrics.observe_backlog(await self.storage.backlog(), time.time())
+            await asyncio.sleep(self.settings.metrics_interval)
+
+    async def _clean_up(self) -> None:
+        assert self.settings.retention is not None
+        while True:
+            with contextlib.suppress(StorageUnavailableError):
+                # Small batches until a short one: each is a quick statement of its own.
+                deleted = self.settings.cleanup_batch
+                while deleted == self.settings.cleanup_batch:
+                    deleted = await self.storage.purge_published(
+                        self.settings.retention, self.settings.cleanup_batch
+                    )
+            await asyncio.sleep(self.settings.cleanup_interval)

@@ -1,0 +1,208 @@
+"""An in-memory :class:`~outboxkit.relay.storage.OutboxStorage` for fast engine tests.
+
+It keeps the contract of the real backends (head-of-partition reads, failed records block their
+key, wake-ups only for waiting partitions) without a database. Not for production: nothing
+survives the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from outboxkit.relay.exceptions import UnknownTopicError
+from outboxkit.relay.records import (
+    OutboxRecord,
+    PartitionBacklog,
+    RecordInfo,
+    RecordState,
+    TopicPartition,
+)
+from outboxkit.schemas import Event, encode, partition_for_key
+
+
+@dataclass
+class _Row:
+    record: OutboxRecord
+    event_type: str
+    created_at: datetime
+    state: RecordState = "pending"
+    last_error: str | None = None
+    published_at: datetime | None = None
+
+
+class InMemoryOutboxStorage:
+    def __init__(self) -> None:
+        self._rows: dict[int, _Row] = {}
+        self._next_id = 1
+        self._topics: dict[str, int] = {}
+        self._waiting: set[TopicPartition] = set()
+        self._wakeups: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
+
+    # -- the writer's side (tests) ---------------------------------------------------------
+
+    def add(self, event: Event, *, source: str = "urn:outboxkit:memory") -> OutboxRecord:
+        """Write ``event`` as a committed outbox row, as a service would."""
+        wire = encode(event, source=source)
+        if wire.topic not in self._topics:
+            raise UnknownTopicError(f"topic {wire.topic!r} is not registered")
+        record = OutboxRecord(
+            id=self._next_id,
+            topic=wire.topic,
+            partition=partition_for_key(wire.key, self._topics[wire.topic]),
+            key=wire.key,
+            value=wire.value,
+            headers=wire.headers,
+            event_id=event.id,
+            created_at=datetime.now(UTC),
+        )
+        self._next_id += 1
+        self._rows[record.id] = _Row(record, event.event_type, datetime.now(UTC))
+        tp = TopicPartition(record.topic, record.partition)
+        if tp in self._waiting:
+            self._wakeups.put_nowait(tp)
+        return record
+
+    def signal_reconnect(self) -> None:
+        """Act as if the notification listener reconnected (notifications may be lost)."""
+        self._wakeups.put_nowait(None)
+
+    @property
+    def rows(self) -> list[tuple[OutboxRecord, RecordState]]:
+        return [(row.record, row.state) for row in self._rows.values()]
+
+    # -- OutboxStorage ----------------------------------------------------------------------
+
+    async def register_topics(self, partitions: Mapping[str, int]) -> None:
+        self._topics.update(partitions)
+
+    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+        blocked = {
+            row.record.key
+            for row in self._rows.values()
+            if row.state == "failed" and _tp(row.record) == tp
+        }
+        found = [
+            row.record
+            for row in sorted(self._rows.values(), key=lambda r: r.record.id)
+            if row.state == "pending" and _tp(row.record) == tp and row.record.key not in blocked
+        ]
+        return found[:limit]
+
+    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+        now = datetime.now(UTC)
+        for record in records:
+            row = self._rows.get(record.id)
+            if row is None:
+                continue
+            if keep:
+                row.state, row.published_at = "published", now
+            else:
+                del self._rows[record.id]
+
+    async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
+        row = self._rows.get(record.id)
+        if row is None or row.state != "pending":
+            return
+        row.record = replace(row.record, attempts=row.record.attempts + 1)
+        row.last_error = error
+        if give_up:
+            row.state = "failed"
+
+    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+        if waiting:
+            self._waiting.add(tp)
+        else:
+            self._waiting.discard(tp)
+
+    async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
+        while True:
+            yield await self._wakeups.get()
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        cutoff = datetime.now(UTC) - older_than
+        old = [
+            rid
+            for rid, row in sorted(self._rows.items())
+            if row.state == "published" and row.published_at and row.published_at < cutoff
+        ][:limit]
+        for rid in old:
+            del self._rows[rid]
+        return len(old)
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        stats: dict[TopicPartition, PartitionBacklog] = {}
+        for row in self._rows.values():
+            tp = _tp(row.record)
+            current = stats.get(tp, PartitionBacklog(tp.topic, tp.partition, 0, None))
+            if row.state == "pending":
+                oldest = current.oldest_created_at
+                current = replace(
+                    current,
+                    pending=current.pending + 1,
+                    oldest_created_at=min(oldest, row.created_at) if oldest else row.created_at,
+                )
+            elif row.state == "failed":
+                current = replace(current, failed=current.failed + 1)
+            stats[tp] = current
+        return sorted(stats.values(), key=lambda b: (b.topic, b.partition))
+
+    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
+        rows = [
+            r for r in sorted(self._rows.values(), key=lambda r: r.record.id) if r.state == state
+        ]
+        return [_info(row) for row in rows[:limit]]
+
+    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
+        count = 0
+        for row in self._rows.values():
+            if row.state == "failed" and row.record.event_id in event_ids:
+                row.state, row.last_error = "pending", None
+                row.record = replace(row.record, attempts=0)
+                count += 1
+        return count
+
+    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
+        doomed = [
+            rid
+            for rid, row in self._rows.items()
+            if row.state == "failed" and row.record.event_id in event_ids
+        ]
+        for rid in doomed:
+            del self._rows[rid]
+        return len(doomed)
+
+    async def replay(self, event_ids: Sequence[UUID]) -> int:
+        kept = [
+            row
+            for row in sorted(self._rows.values(), key=lambda r: r.record.id)
+            if row.state == "published" and row.record.event_id in event_ids
+        ]
+        for row in kept:
+            record = replace(row.record, id=self._next_id, attempts=0)
+            self._next_id += 1
+            self._rows[record.id] = _Row(record, row.event_type, datetime.now(UTC))
+        return len(kept)
+
+
+def _tp(record: OutboxRecord) -> TopicPartition:
+    return TopicPartition(record.topic, record.partition)
+
+
+def _info(row: _Row) -> RecordInfo:
+    r = row.record
+    return RecordInfo(
+        event_id=r.event_id,
+        event_type=row.event_type,
+        topic=r.topic,
+        partition=r.partition,
+        key=r.key,
+        state=row.state,
+        attempts=r.attempts,
+        created_at=row.created_at,
+        last_error=row.last_error,
+        published_at=row.published_at,
+    )

@@ -1,0 +1,87 @@
+"""Prometheus metrics of the relay. Alert on ``outboxkit_relay_oldest_pending_age_seconds``
+(stuck partitions) and ``outboxkit_relay_failed_records`` (parked records); see docs/relay.md."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from outboxkit.relay.records import PartitionBacklog
+
+_LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RelayMetrics:
+    """The relay's metrics in ``registry`` (the default registry unless one is given)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = registry if registry is not None else REGISTRY
+        self.published = Counter(
+            "outboxkit_relay_published",
+            "Records published (acked by Kafka)",
+            ["topic"],
+            registry=reg,
+        )
+        self.publish_errors = Counter(
+            "outboxkit_relay_publish_errors",
+            "Failed publish attempts: rejected (the record), retriable (the broker), fenced",
+            ["topic", "kind"],
+            registry=reg,
+        )
+        self.parked = Counter(
+            "outboxkit_relay_parked",
+            "Records parked as failed after max attempts",
+            ["topic"],
+            registry=reg,
+        )
+        self.batches = Counter(
+            "outboxkit_relay_batches", "Batches claimed and published", ["topic"], registry=reg
+        )
+        self.in_flight = Gauge(
+            "outboxkit_relay_in_flight", "Records sent, not yet confirmed", registry=reg
+        )
+        self.owned_partitions = Gauge(
+            "outboxkit_relay_owned_partitions", "Partitions this relay owns", registry=reg
+        )
+        self.rebalances = Counter(
+            "outboxkit_relay_rebalances", "Partition assignments received", registry=reg
+        )
+        self.wakeups = Counter(
+            "outboxkit_relay_wakeups",
+            "Reasons a partition looked for work: notify (a writer), sweep (fallback timer), "
+            "reconnect (listener came back)",
+            ["reason"],
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "outboxkit_relay_commit_to_ack_seconds",
+            "From the outbox row's insert to Kafka's acknowledgement",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.backlog = Gauge(
+            "outboxkit_relay_backlog", "Pending records", ["topic", "partition"], registry=reg
+        )
+        self.oldest_pending_age = Gauge(
+            "outboxkit_relay_oldest_pending_age_seconds",
+            "Age of the oldest pending record (0 when none)",
+            ["topic", "partition"],
+            registry=reg,
+        )
+        self.failed_records = Gauge(
+            "outboxkit_relay_failed_records",
+            "Records parked as failed, waiting for an operator",
+            ["topic", "partition"],
+            registry=reg,
+        )
+
+    def observe_backlog(self, backlog: list[PartitionBacklog], now_ts: float) -> None:
+        self.backlog.clear()
+        self.oldest_pending_age.clear()
+        self.failed_records.clear()
+        for b in backlog:
+            labels = (b.topic, str(b.partition))
+            self.backlog.labels(*labels).set(b.pending)
+            age = now_ts - b.oldest_created_at.timestamp() if b.oldest_created_at else 0.0
+            self.oldest_pending_age.labels(*labels).set(max(age, 0.0))
+            self.failed_records.labels(*labels).set(b.failed)

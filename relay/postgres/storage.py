@@ -1,0 +1,216 @@
+"""PostgreSQL implementation of :class:`~outboxkit.relay.storage.OutboxStorage`.
+
+Queries run on a small connection pool in autocommit mode (each is one statement; none holds a
+lock past its own execution). Notifications arrive on one dedicated session connection: never
+through a pooler in transaction mode, where ``LISTEN`` does not work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.records import (
+    OutboxRecord,
+    PartitionBacklog,
+    RecordInfo,
+    RecordState,
+    TopicPartition,
+)
+from outboxkit.sql import load_queries
+
+logger = logging.getLogger(__name__)
+
+_QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
+CHANNEL = "outboxkit_outbox"
+
+
+class PostgresOutboxStorage:
+    """Use as ``async with PostgresOutboxStorage(url) as storage:``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        connect_timeout: float = 10.0,
+        listen_check_interval: float = 5.0,
+    ) -> None:
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._listen_check_interval = listen_check_interval
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            kwargs={"autocommit": True, "connect_timeout": max(1, round(connect_timeout))},
+            check=AsyncConnectionPool.check_connection,
+            timeout=connect_timeout,
+            name="outboxkit-relay",
+        )
+
+    async def __aenter__(self) -> Self:
+        await self._pool.open(wait=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+
+    async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
+        async with self._connection() as conn:
+            cur = await conn.execute(_QUERIES[name], params)
+            return cur.rowcount
+
+    async def _fetch(self, name: str, params: Mapping[str, Any]) -> list[TupleRow]:
+        async with self._connection() as conn:
+            cur = await conn.execute(_QUERIES[name], params)
+            return await cur.fetchall()
+
+    # -- OutboxStorage ----------------------------------------------------------------------
+
+    async def register_topics(self, partitions: Mapping[str, int]) -> None:
+        async with self._connection() as conn, conn.cursor() as cur:
+            await cur.executemany(
+                _QUERIES["register_topic"],
+                [{"topic": t, "partitions": n} for t, n in sorted(partitions.items())],
+            )
+
+    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+        rows = await self._fetch(
+            "fetch_pending", {"topic": tp.topic, "partition": tp.partition, "limit": limit}
+        )
+        return [
+            OutboxRecord(
+                id=rid,
+                topic=topic,
+                partition=partition,
+                key=bytes(key),
+                value=None if value is None else bytes(value),
+                headers=tuple(zip(names, (bytes(v) for v in values), strict=True)),
+                event_id=event_id,
+                attempts=attempts,
+                created_at=created_at,
+            )
+            for (
+                rid,
+                topic,
+                partition,
+                key,
+                value,
+                names,
+                values,
+                event_id,
+                attempts,
+                created_at,
+            ) in rows
+        ]
+
+    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+        if records:
+            ids = [r.id for r in records]
+            await self._execute("keep_published" if keep else "delete_published", {"ids": ids})
+
+    async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
+        await self._execute(
+            "record_failure", {"id": record.id, "error": error[:4000], "give_up": give_up}
+        )
+
+    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+        params = {"topic": tp.topic, "partition": tp.partition}
+        await self._execute("set_waiting" if waiting else "clear_waiting", params)
+
+    async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
+        """Notifications from writers. After every (re)connect it yields ``None`` first:
+        notifications sent while the listener was away are lost, so everything is re-read."""
+        delay = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self._connect_timeout)),
+                )
+            except psycopg.OperationalError as exc:
+                logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    yield None
+                    while True:
+                        async for notify in conn.notifies(timeout=self._listen_check_interval):
+                            yield _parse(notify.payload)
+                        # Quiet for a while: make sure the session is still alive.
+                        await conn.execute("SELECT 1")
+            except psycopg.OperationalError as exc:
+                logger.warning("listener connection lost, reconnecting: %s", exc)
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        return await self._execute("purge_published", {"older_than": older_than, "limit": limit})
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        rows = await self._fetch("backlog", {})
+        return [
+            PartitionBacklog(t, p, pending, oldest, failed)
+            for t, p, pending, oldest, failed in rows
+        ]
+
+    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
+        rows = await self._fetch("list_records", {"state": state, "limit": limit})
+        return [
+            RecordInfo(
+                event_id=eid,
+                event_type=etype,
+                topic=topic,
+                partition=partition,
+                key=bytes(key),
+                state=st,
+                attempts=attempts,
+                created_at=created,
+                last_error=error,
+                published_at=published,
+            )
+            for eid, etype, topic, partition, key, st, attempts, created, error, published in rows
+        ]
+
+    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
+        return await self._execute("retry_failed", {"event_ids": list(event_ids)})
+
+    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
+        return await self._execute("skip_failed", {"event_ids": list(event_ids)})
+
+    async def replay(self, event_ids: Sequence[UUID]) -> int:
+        return await self._execute("replay", {"event_ids": list(event_ids)})
+
+
+def _parse(payload: str) -> TopicPartition | None:
+    topic, _, partition = payload.rpartition("/")
+    return TopicPartition(topic, int(partition)) if topic and partition.isdigit() else None

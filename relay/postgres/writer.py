@@ -1,0 +1,75 @@
+"""The service side: add events to the outbox inside the caller's own transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
+from outboxkit.schemas import Event, encode, murmur2
+from outboxkit.sql import load_queries
+
+_QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
+
+
+class PostgresOutbox:
+    """Writes events as outbox rows with the caller's connection, in the caller's transaction.
+
+    Nothing is committed here: the rows become visible to the relay when the caller commits,
+    and vanish if it rolls back. ``source`` names the producing service (CloudEvents
+    ``source``, e.g. ``"urn:service:orders"``)::
+
+        outbox = PostgresOutbox(source="urn:service:orders")
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders …")
+            await outbox.add(conn, OrderPlaced(order_id=…, customer_id=…))
+    """
+
+    def __init__(self, *, source: str) -> None:
+        if not source:
+            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        self.source = source
+
+    async def add(self, conn: psycopg.AsyncConnection[Any], event: Event) -> None:
+        await self.add_many(conn, [event])
+
+    async def add_many(self, conn: psycopg.AsyncConnection[Any], events: Iterable[Event]) -> None:
+        """Add ``events`` in order (one round trip: psycopg pipelines the statements)."""
+        params = [self._params(event) for event in events]
+        if not params:
+            return
+        if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            raise NotInTransactionError
+        async with conn.cursor() as cur:
+            await cur.executemany(_QUERIES["insert_event"], params)
+            if cur.rowcount != len(params):
+                await self._raise_unknown_topic(conn, {p["topic"] for p in params})
+
+    def _params(self, event: Event) -> dict[str, Any]:
+        wire = encode(event, source=self.source)
+        return {
+            "topic": wire.topic,
+            "key_hash": murmur2(wire.key),
+            "key": wire.key,
+            "value": wire.value,
+            "header_names": [name for name, _ in wire.headers],
+            "header_values": [value for _, value in wire.headers],
+            "event_id": event.id,
+            "event_type": event.event_type,
+        }
+
+    @staticmethod
+    async def _raise_unknown_topic(conn: psycopg.AsyncConnection[Any], topics: set[str]) -> None:
+        cur = await conn.execute(
+            "SELECT topic FROM outboxkit.topics WHERE topic = ANY(%s)", (sorted(topics),)
+        )
+        known = {row[0] for row in await cur.fetchall()}
+        missing = ", ".join(sorted(topics - known))
+        raise UnknownTopicError(
+            f"topic(s) {missing} not registered in outboxkit.topics, so their partitions are "
+            "unknown: start the relay with them in OUTBOXKIT_TOPICS (it registers them from "
+            "Kafka's metadata), or run `outboxkit topics sync`. Roll back this transaction."
+        )

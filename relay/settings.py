@@ -1,0 +1,91 @@
+"""The relay's settings: one validated, frozen object (``OUTBOXKIT_*`` environment variables)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from outboxkit.settings import ConnectionSettings
+
+
+class RelaySettings(ConnectionSettings):
+    """Where to read the outbox from, where to publish it, and how."""
+
+    relay_name: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Relay name: its consumer group is outboxkit.relay.<name>; relays of one "
+        "outbox share the name",
+    )
+    transactional: bool = Field(
+        default=True,
+        description="Publish in Kafka transactions with a transactional.id per partition, which "
+        "fences a stale (zombie) relay. Turn off only for brokers without transactions (the "
+        "Tansu demo broker): a zombie could then reorder a key (guarantee G4)",
+    )
+    batch_size: int = Field(
+        default=500, ge=1, le=10_000, description="Records per partition per Kafka transaction"
+    )
+    max_in_flight: int = Field(
+        default=1000, ge=1, description="Records sent and not yet confirmed, over all partitions"
+    )
+    transaction_timeout: float = Field(
+        default=10.0,
+        ge=1.0,
+        description="Seconds before the broker aborts a transaction of a frozen relay (while it "
+        "is open, read_committed consumers of that partition wait)",
+    )
+    session_timeout: float = Field(
+        default=10.0, ge=1.0, description="Seconds without heartbeats before a relay is replaced"
+    )
+    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats")
+    sweep_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between fallback reads of an idle partition (wake-ups are hints)",
+    )
+    max_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="Attempts before a record the broker rejects is parked as failed",
+    )
+    retry_backoff_max: float = Field(
+        default=5.0, gt=0, description="Longest wait between retries after an error"
+    )
+    retention: timedelta | None = Field(
+        default=None,
+        description="Keep published records this long (for replay) instead of deleting them",
+    )
+    cleanup_interval: float = Field(
+        default=30.0, gt=0, description="Seconds between retention cleanups"
+    )
+    cleanup_batch: int = Field(default=1000, ge=1, description="Rows deleted per cleanup batch")
+    revoke_timeout: float = Field(
+        default=20.0,
+        gt=0,
+        description="Seconds a relay waits for in-flight records when a partition is revoked",
+    )
+    metrics_interval: float = Field(
+        default=10.0, gt=0, description="Seconds between backlog measurements"
+    )
+    pool_size: int = Field(default=4, ge=1, description="Database connections of the relay")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if not self.topics:
+            raise ValueError("OUTBOXKIT_TOPICS: the relay needs the topics it publishes to")
+        if self.heartbeat_interval * 3 > self.session_timeout:
+            raise ValueError(
+                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
+            )
+        return self
+
+    @property
+    def group_id(self) -> str:
+        return f"outboxkit.relay.{self.relay_name}"
+
+    def transactional_id(self, topic: str, partition: int) -> str:
+        """One per partition: a new owner's init fences the previous owner of that partition."""
+        return f"{self.group_id}.{topic}.{partition}"
