@@ -1,0 +1,238 @@
+"""Tools for the relay's guarantee tests: keyed writers, relay processes, and a reader that
+checks what reached the topic against what was committed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+
+from outboxkit.relay import PostgresOutbox
+from outboxkit.schemas import Event, EventRegistry
+
+registry = EventRegistry()
+
+
+@registry.register
+class Step(Event, type="test.step", key_field="entity"):
+    """The ``seq``-th event of ``entity``; an entity's events are written in series."""
+
+    entity: str
+    seq: int
+
+
+#: Fast failover for tests: a dead or frozen relay is replaced within ~3 s.
+RELAY_ENV = {
+    "OUTBOXKIT_SESSION_TIMEOUT": "3",
+    "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
+    "OUTBOXKIT_SWEEP_INTERVAL": "1",
+    "OUTBOXKIT_REVOKE_TIMEOUT": "5",
+    "OUTBOXKIT_TRANSACTION_TIMEOUT": "5",
+    "OUTBOXKIT_RETRY_BACKOFF_MAX": "0.5",
+    "OUTBOXKIT_METRICS_INTERVAL": "1",
+}
+
+
+class RelayProcess:
+    """``outboxkit relay`` in a subprocess, so a test can SIGKILL, SIGSTOP or SIGTERM it."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_path = log_dir / f"relay-{uuid.uuid4().hex[:6]}.log"
+        self._env = {**os.environ, **RELAY_ENV, **env}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "outboxkit", "relay"],
+                env=self._env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def relays(log_dir: Path, env: dict[str, str], count: int = 1) -> Iterator[list[RelayProcess]]:
+    started = [RelayProcess(log_dir, env).start() for _ in range(count)]
+    try:
+        yield started
+    finally:
+        for relay in started:
+            relay.kill()
+
+
+def relay_env(pg_url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
+    return {
+        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "OUTBOXKIT_TOPICS": topic,
+        "OUTBOXKIT_RELAY_NAME": f"test-{uuid.uuid4().hex[:8]}",
+        **extra,
+    }
+
+
+async def register_topic(pg_url: str, topic: str, partitions: int) -> None:
+    """What the relay does at start; lets writers begin before any relay runs."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO outboxkit.topics (topic, partitions) VALUES (%s, %s)", (topic, partitions)
+        )
+        await conn.execute("CREATE TABLE IF NOT EXISTS steps (event_id uuid PRIMARY KEY)")
+
+
+@dataclass
+class Writers:
+    """Writes ``entities`` entities' events in series, each event with a business row in the
+    same transaction. ``committed[entity]`` lists the event ids known committed, in order."""
+
+    pg_url: str
+    topic: str
+    entities: int = 8
+    committed: dict[str, list[UUID]] = field(default_factory=lambda: defaultdict(list))
+    seq_of: dict[UUID, tuple[str, int]] = field(default_factory=dict)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    outbox: PostgresOutbox = field(default_factory=lambda: PostgresOutbox(source="urn:test"))
+
+    @property
+    def total(self) -> int:
+        return sum(len(ids) for ids in self.committed.values())
+
+    def start(self, *, writers: int = 4, pause: float = 0.002) -> None:
+        names = [f"entity-{i}" for i in range(self.entities)]
+        for w in range(writers):
+            mine = names[w::writers]
+            self._tasks.append(asyncio.create_task(self._write(mine, pause)))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _write(self, entities: list[str], pause: float) -> None:
+        conn: psycopg.AsyncConnection[object] | None = None
+        seqs = dict.fromkeys(entities, 0)
+        turn = 0
+        while not self._stop.is_set():
+            entity = entities[turn % len(entities)]
+            turn += 1
+            event = Step(topic=self.topic, entity=entity, seq=seqs[entity])
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(self.pg_url, connect_timeout=2)
+                async with conn.transaction():
+                    await conn.execute("INSERT INTO steps VALUES (%s)", (event.id,))
+                    await self.outbox.add(conn, event)
+            except psycopg.OperationalError:
+                # The database went away mid-transaction: did the commit happen? Ask again
+                # once it is back; the business row tells.
+                conn = None
+                if not await self._committed_after_all(event.id):
+                    await asyncio.sleep(0.05)
+                    continue
+            self.committed[entity].append(event.id)
+            self.seq_of[event.id] = (entity, event.seq)
+            seqs[entity] += 1
+            await asyncio.sleep(pause)
+        if conn is not None:
+            await conn.close()
+
+    async def _committed_after_all(self, event_id: UUID) -> bool:
+        while not self._stop.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.pg_url, connect_timeout=2
+                ) as conn:
+                    cur = await conn.execute("SELECT 1 FROM steps WHERE event_id = %s", (event_id,))
+                    return await cur.fetchone() is not None
+            except psycopg.OperationalError:
+                await asyncio.sleep(0.1)
+        return False
+
+
+async def read_topic(
+    bootstrap: str, topic: str, partitions: int
+) -> dict[int, list[tuple[bytes, UUID]]]:
+    """Everything committed on ``topic`` so far (read_committed), per partition in offset order:
+    (key, event id)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        assigned = [KafkaTP(topic, p) for p in range(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        end = await consumer.end_offsets(assigned)
+        result: dict[int, list[tuple[bytes, UUID]]] = {tp.partition: [] for tp in assigned}
+        async with asyncio.timeout(60):
+            while [tp for tp in assigned if await consumer.position(tp) < end[tp]]:
+                batches = await consumer.getmany(*assigned, timeout_ms=500)
+                for tp, records in batches.items():
+                    for record in records:
+                        event_id = UUID(dict(record.headers)["ce_id"].decode())
+                        result[tp.partition].append((record.key or b"", event_id))
+        return result
+    finally:
+        await consumer.stop()
+
+
+def check_guarantees(writers: Writers, published: dict[int, list[tuple[bytes, UUID]]]) -> str:
+    """G1: every committed event is on the topic. G2: per entity, the sequence numbers on the
+    topic never go down (a re-delivery repeats only the latest in-flight event). Returns a short
+    summary; raises AssertionError with the first violation."""
+    per_entity: dict[str, list[int]] = defaultdict(list)
+    seen: set[UUID] = set()
+    duplicates = 0
+    for records in published.values():
+        for _key, event_id in records:
+            if event_id in seen:
+                duplicates += 1
+            seen.add(event_id)
+            if event_id in writers.seq_of:
+                entity, seq = writers.seq_of[event_id]
+                per_entity[entity].append(seq)
+    missing = [
+        (entity, i)
+        for entity, ids in writers.committed.items()
+        for i, event_id in enumerate(ids)
+        if event_id not in seen
+    ]
+    assert not missing, f"G1 violated: {len(missing)} committed events missing, e.g. {missing[:5]}"
+    for entity, seqs in per_entity.items():
+        for before, after in zip(seqs, seqs[1:], strict=False):
+            assert after >= before, f"G2 violated for {entity}: {seqs}"
+    return f"{writers.total} committed, {len(seen)} distinct published, {duplicates} duplicates"

@@ -1,0 +1,172 @@
+"""The relay's guarantees, proven against real PostgreSQL and Apache Kafka servers.
+
+Writers write each entity's events in series (each with a business row in the same
+transaction) while relays run as separate processes that the tests kill, freeze, add and
+remove. Afterwards the topic is read back with read_committed and checked: every committed
+event is there (G1) and per entity the sequence numbers never go down (G2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outboxkit.relay import PostgresOutbox
+from tests.helpers import wait_for
+from tests.integration.conftest import MakeTopic
+from tests.integration.relay_harness import (
+    Step,
+    Writers,
+    check_guarantees,
+    read_topic,
+    register_topic,
+    relay_env,
+    relays,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+async def _pending(pg_url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM outboxkit.outbox WHERE state = 'pending'")
+        row = await cur.fetchone()
+        return int(row[0]) if row else -1
+
+
+async def _drained(
+    pg_url: str, writers: Writers, bootstrap: str, topic: str, partitions: int
+) -> str:
+    await wait_for(lambda: _is_empty(pg_url), within=60, what="the outbox to drain")
+    return check_guarantees(writers, await read_topic(bootstrap, topic, partitions))
+
+
+async def _is_empty(pg_url: str) -> bool:
+    return await _pending(pg_url) == 0
+
+
+async def test_publishes_everything_in_order(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("steps", partitions=3)
+    await register_topic(pg_url, topic, 3)
+    writers = Writers(pg_url, topic, entities=12)
+    with relays(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)):
+        writers.start()
+        await wait_for(lambda: writers.total >= 600, within=60, what="600 events written")
+        await writers.stop()
+        summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 3)
+    print(summary)
+
+
+async def test_late_commit_is_not_skipped(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G3: a transaction that took its outbox id first but commits last is still published."""
+    topic = await make_topic("late", partitions=1)
+    await register_topic(pg_url, topic, 1)
+    outbox = PostgresOutbox(source="urn:test")
+    late = Step(topic=topic, entity="slow", seq=0)
+    with relays(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)):
+        async with await psycopg.AsyncConnection.connect(pg_url) as slow:
+            await slow.execute("BEGIN")
+            await outbox.add(slow, late)  # takes the lowest id, stays uncommitted
+            writers = Writers(pg_url, topic, entities=4)
+            writers.start()
+            await wait_for(lambda: writers.total >= 100, within=30, what="later commits")
+            await writers.stop()
+            await wait_for(lambda: _is_empty(pg_url), within=30, what="later events published")
+            await slow.execute("COMMIT")
+        await wait_for(lambda: _is_empty(pg_url), within=30, what="the late event published")
+        published = await read_topic(kafka_bootstrap, topic, 1)
+    ids = [event_id for records in published.values() for _, event_id in records]
+    assert ids[-1] == late.id, "the late event comes after the ones committed before it"
+    check_guarantees(writers, published)
+
+
+async def test_relay_sigkill_and_restart(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G1/G2 across SIGKILL: a killed relay's in-flight batch is republished by the next one."""
+    topic = await make_topic("killed", partitions=3)
+    await register_topic(pg_url, topic, 3)
+    writers = Writers(pg_url, topic, entities=10)
+    env = relay_env(pg_url, kafka_bootstrap, topic)
+    writers.start()
+    for round_ in range(4):
+        with relays(tmp_path, env) as (relay,):
+            await asyncio.sleep(1.5 + round_ * 0.7)
+            relay.kill()
+    with relays(tmp_path, env):
+        await writers.stop()
+        summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 3)
+    print(summary)
+
+
+async def test_relays_join_and_leave(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G4: 1 → 3 → 2 relays while events flow; partitions move, order and no loss hold."""
+    topic = await make_topic("scaled", partitions=6)
+    await register_topic(pg_url, topic, 6)
+    writers = Writers(pg_url, topic, entities=16)
+    env = relay_env(pg_url, kafka_bootstrap, topic)
+    writers.start()
+    with relays(tmp_path, env, count=1) as first:
+        await asyncio.sleep(2)
+        with relays(tmp_path, env, count=2) as more:
+            await asyncio.sleep(6)
+            assert more[0].terminate() == 0, more[0].log()  # leaves cleanly on SIGTERM
+            await asyncio.sleep(4)
+            await writers.stop()
+            summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 6)
+        assert first[0].process is not None and first[0].process.poll() is None
+    print(summary)
+
+
+async def test_frozen_relay_is_fenced(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G4: a relay frozen (SIGSTOP) past its session timeout loses its partitions; when it
+    wakes (SIGCONT) its transactional producer is fenced, so it cannot reorder a key."""
+    topic = await make_topic("frozen", partitions=2)
+    await register_topic(pg_url, topic, 2)
+    writers = Writers(pg_url, topic, entities=8)
+    env = relay_env(pg_url, kafka_bootstrap, topic)
+    writers.start()
+    with relays(tmp_path, env) as (zombie,):
+        await asyncio.sleep(2)
+        zombie.signal(signal.SIGSTOP)
+        with relays(tmp_path, env) as (successor,):
+            await asyncio.sleep(8)  # > session timeout: the successor owns everything
+            zombie.signal(signal.SIGCONT)
+            await asyncio.sleep(4)
+            await writers.stop()
+            summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 2)
+            assert successor.process is not None and successor.process.poll() is None
+    print(summary)
+
+
+async def test_sigterm_drains_and_exits_zero(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("drain", partitions=2)
+    await register_topic(pg_url, topic, 2)
+    writers = Writers(pg_url, topic, entities=6)
+    with relays(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)) as (relay,):
+        writers.start()
+        await wait_for(lambda: "partitions assigned" in relay.log(), within=30, what="ownership")
+        await wait_for(lambda: writers.total >= 200, within=30, what="events written")
+        started = time.monotonic()
+        assert relay.terminate() == 0, relay.log()
+        assert time.monotonic() - started < 10
+        assert "relay stopped" in relay.log()
+    with relays(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)):
+        await writers.stop()
+        summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 2)
+    print(summary)

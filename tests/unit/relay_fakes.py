@@ -1,0 +1,283 @@
+"""Fakes that drive the relay engine without Kafka or a database.
+
+- :class:`FakeBroker` hands out :class:`FakePublisher` s (``publisher_factory=broker.factory``),
+  keeps what reached each partition, and injects failures: retriable errors (before or after the
+  records became visible), rejected records, fencing, a gate that holds publishes in flight.
+- :class:`ManualOwnership` is the ``ownership_factory``: the test assigns and revokes.
+- :class:`SpyStorage` is the in-memory outbox with a record of the engine's calls and a few
+  injectable storage failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+from uuid import UUID
+
+from aiokafka.errors import KafkaConnectionError
+
+from outboxkit.relay.exceptions import OwnershipLostError
+from outboxkit.relay.memory import InMemoryOutboxStorage
+from outboxkit.relay.ownership import PartitionsCallback
+from outboxkit.relay.records import OutboxRecord, PublishOutcome, TopicPartition
+from outboxkit.relay.settings import RelaySettings
+
+#: What one publish call does instead of succeeding:
+#: ``error``     KafkaConnectionError, nothing reached the topic;
+#: ``lost_ack``  the records reached the topic, then KafkaConnectionError (the ack was lost);
+#: ``fenced``    OwnershipLostError, nothing reached the topic;
+#: ``crash``     RuntimeError, an error the engine does not expect.
+Failure = Literal["error", "lost_ack", "fenced", "crash"]
+
+REJECTION = "MessageSizeTooLargeError: the message is larger than the broker accepts"
+
+
+@dataclass(frozen=True)
+class PublishCall:
+    tp: TopicPartition
+    ids: list[int]
+    publisher: FakePublisher
+    at: float
+
+
+class FakeBroker:
+    """Shared by every publisher of one test: the topic's contents and the failures to inject."""
+
+    def __init__(self) -> None:
+        self.topic: dict[TopicPartition, list[OutboxRecord]] = defaultdict(list)
+        self.publishers: list[FakePublisher] = []
+        self.calls: list[PublishCall] = []
+        #: Failures of the next publish calls, whatever their partition (None: succeed).
+        self.script: deque[Failure | None] = deque()
+        #: Every publish call to that partition fails so.
+        self.always: dict[TopicPartition, Failure] = {}
+        #: Raised by the next ``start()`` calls of a partition's publishers.
+        self.start_failures: dict[TopicPartition, deque[BaseException]] = defaultdict(deque)
+        #: Event id → how many more times the broker rejects it (None: forever).
+        self.reject: dict[UUID, int | None] = {}
+        #: Event id → when it was rejected (monotonic).
+        self.rejections: dict[UUID, list[float]] = defaultdict(list)
+        #: Publishes wait for this gate: ``block()`` holds them in flight.
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        #: Misuses of the Publisher protocol by the engine (should stay empty).
+        self.violations: list[str] = []
+
+    def factory(self, tp: TopicPartition) -> FakePublisher:
+        publisher = FakePublisher(self, tp)
+        self.publishers.append(publisher)
+        return publisher
+
+    def block(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def ids(self, tp: TopicPartition | None = None) -> list[int]:
+        """Ids that reached ``tp`` (or any partition), in topic order, repeats included."""
+        parts = [tp] if tp is not None else sorted(self.topic, key=lambda p: p.partition)
+        return [r.id for p in parts for r in self.topic.get(p, [])]
+
+    def ids_by_key(self) -> dict[bytes, list[int]]:
+        by_key: dict[bytes, list[int]] = defaultdict(list)
+        for records in self.topic.values():
+            for record in records:
+                by_key[record.key].append(record.id)
+        return dict(by_key)
+
+    def calls_to(self, tp: TopicPartition) -> list[PublishCall]:
+        return [c for c in self.calls if c.tp == tp]
+
+    def publishers_of(self, tp: TopicPartition) -> list[FakePublisher]:
+        return [p for p in self.publishers if p.tp == tp]
+
+    def _failure(self, tp: TopicPartition) -> Failure | None:
+        if tp in self.always:
+            return self.always[tp]
+        return self.script.popleft() if self.script else None
+
+    def _rejects(self, record: OutboxRecord) -> bool:
+        if record.event_id not in self.reject:
+            return False
+        left = self.reject[record.event_id]
+        return left is None or left > 0
+
+    def _count_rejection(self, record: OutboxRecord) -> None:
+        left = self.reject[record.event_id]
+        if left is not None:
+            self.reject[record.event_id] = left - 1
+        self.rejections[record.event_id].append(time.monotonic())
+
+
+class FakePublisher:
+    """A :class:`~outboxkit.relay.publisher.Publisher` of one partition, scripted by the broker."""
+
+    def __init__(self, broker: FakeBroker, tp: TopicPartition) -> None:
+        self.broker = broker
+        self.tp = tp
+        self.started = False
+        self.closed = False
+
+    async def start(self) -> None:
+        failures = self.broker.start_failures[self.tp]
+        if failures:
+            raise failures.popleft()
+        self.started = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
+        broker = self.broker
+        broker.calls.append(PublishCall(self.tp, [r.id for r in records], self, time.monotonic()))
+        if not self.started or self.closed:
+            state = "closed" if self.closed else "never started"
+            broker.violations.append(f"publish on a publisher of {self.tp} that is {state}")
+            raise KafkaConnectionError(f"producer is {state}")
+        keys = [r.key for r in records]
+        if len(set(keys)) != len(keys):
+            broker.violations.append(f"two records of one key in one batch: {keys}")
+        if any((r.topic, r.partition) != (self.tp.topic, self.tp.partition) for r in records):
+            broker.violations.append(f"record of another partition sent to {self.tp}")
+        broker.in_flight += len(records)
+        broker.max_in_flight = max(broker.max_in_flight, broker.in_flight)
+        try:
+            await broker.gate.wait()
+            return self._outcome(records, broker._failure(self.tp))
+        finally:
+            broker.in_flight -= len(records)
+
+    def _outcome(self, records: Sequence[OutboxRecord], failure: Failure | None) -> PublishOutcome:
+        broker = self.broker
+        if failure == "fenced":
+            raise OwnershipLostError(f"{self.tp}: ProducerFenced (fake)")
+        if failure == "crash":
+            raise RuntimeError("a bug in the publisher (fake)")
+        # A rejected record aborts a lost-ack batch: nothing of it can have reached the topic.
+        if failure == "error" or (
+            failure == "lost_ack" and any(broker._rejects(r) for r in records)
+        ):
+            raise KafkaConnectionError("connection to the broker lost (fake)")
+        if failure == "lost_ack":
+            broker.topic[self.tp].extend(records)
+            raise KafkaConnectionError("acknowledgement lost (fake)")
+        outcome = PublishOutcome()
+        for record in records:
+            if broker._rejects(record):
+                broker._count_rejection(record)
+                outcome.rejected.append((record, REJECTION))
+            else:
+                outcome.published.append(record)
+        broker.topic[self.tp].extend(outcome.published)
+        return outcome
+
+
+class ManualOwnership:
+    """The relay's ``ownership_factory``: ``start()`` reports the partition counts (and assigns
+    ``initial``), ``run()`` waits until :meth:`end`, the test assigns and revokes."""
+
+    def __init__(
+        self, partitions: dict[str, int], initial: frozenset[TopicPartition] = frozenset()
+    ) -> None:
+        self.partitions = partitions
+        self.initial = initial
+        self.started = False
+        self.stopped = False
+        self._ended = asyncio.Event()
+        self._error: BaseException | None = None
+
+    def __call__(
+        self,
+        settings: RelaySettings,
+        on_assigned: PartitionsCallback,
+        on_revoked: PartitionsCallback,
+    ) -> ManualOwnership:
+        self.settings = settings
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        return self
+
+    async def start(self) -> dict[str, int]:
+        self.started = True
+        if self.initial:
+            await self.on_assigned(self.initial)
+        return dict(self.partitions)
+
+    async def run(self) -> None:
+        await self._ended.wait()
+        if self._error is not None:
+            raise self._error
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Make ``run()`` return, or raise ``error``."""
+        self._error = error
+        self._ended.set()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+@dataclass(frozen=True)
+class Fetch:
+    tp: TopicPartition
+    found: int
+    while_waiting: bool
+
+
+class SpyStorage(InMemoryOutboxStorage):
+    """The in-memory outbox, recording what the engine asks of it.
+
+    ``notify=False`` drops the waiting declarations, so writers wake nobody (only the sweep
+    finds new rows); ``fetch_errors`` and ``register_error`` make those calls fail."""
+
+    def __init__(self, *, notify: bool = True) -> None:
+        super().__init__()
+        self.notify = notify
+        self.declared: set[TopicPartition] = set()
+        self.waiting_calls: list[tuple[TopicPartition, bool]] = []
+        self.fetches: list[Fetch] = []
+        self.fetch_errors: deque[BaseException] = deque()
+        self.register_error: BaseException | None = None
+        self.purges: list[tuple[timedelta, int, int]] = []
+
+    async def register_topics(self, partitions: Mapping[str, int]) -> None:
+        if self.register_error is not None:
+            raise self.register_error
+        await super().register_topics(partitions)
+
+    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+        if self.fetch_errors:
+            raise self.fetch_errors.popleft()
+        found = await super().fetch_pending(tp, limit)
+        self.fetches.append(Fetch(tp, len(found), tp in self.declared))
+        return found
+
+    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+        self.waiting_calls.append((tp, waiting))
+        if waiting:
+            self.declared.add(tp)
+        else:
+            self.declared.discard(tp)
+        if self.notify:
+            await super().set_waiting(tp, waiting)
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        deleted = await super().purge_published(older_than, limit)
+        self.purges.append((older_than, limit, deleted))
+        return deleted
+
+    def idle_looks(self, tp: TopicPartition) -> int:
+        """Reads of ``tp`` that found nothing after its worker declared itself waiting: after
+        one, the worker is in (or entering) its long wait."""
+        return sum(1 for f in self.fetches if f.tp == tp and f.while_waiting and not f.found)
+
+    def state_of(self, record: OutboxRecord) -> str | None:
+        return next((state for r, state in self.rows if r.id == record.id), None)
