@@ -43,5 +43,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # aiokafka reports every reconnect attempt at ERROR; the relay reports what matters.
-    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+    # aiokafka logs every reconnect attempt at ERROR, many per second while a broker is down;
+    # outboxkit logs each failure it retries once, with its backoff. Debug shows them all.
+    if root.level > logging.DEBUG:
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

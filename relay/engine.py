@@ -117,6 +117,7 @@ class _Worker:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    publisher: Publisher | None = None
 
 
 class Relay:
@@ -151,7 +152,11 @@ class Relay:
     async def run(self) -> None:
         ownership = self._ownership_factory(self.settings, self.assign, self.revoke)
         partitions = await ownership.start()
-        await self.storage.register_topics(partitions)
+        try:
+            await self._register_topics(partitions)
+        except BaseException:
+            await ownership.stop()
+            raise
         self._running = True
         side_tasks = [
             asyncio.create_task(ownership.run(), name="ownership"),
@@ -177,6 +182,12 @@ class Relay:
             with contextlib.suppress(Exception):
                 await ownership.stop()
             logger.info("relay stopped")
+
+    async def _register_topics(self, partitions: dict[str, int]) -> None:
+        """Writers need the partition counts: keep trying while the database is away."""
+        async for attempt in self._retrying(logger):
+            with attempt:
+                await self.storage.register_topics(partitions)
 
     def stop(self) -> None:
         """Ask :meth:`run` to drain and return."""
@@ -222,7 +233,6 @@ class Relay:
 
     async def _work(self, worker: _Worker) -> None:
         tp = worker.tp
-        publisher: Publisher | None = None
         waiting = False
         log = logger.bind(partition=str(tp))
         try:
@@ -230,25 +240,14 @@ class Relay:
                 try:
                     async for attempt in self._retrying(log):
                         with attempt:
-                            if publisher is None:
-                                publisher = self._publisher_factory(tp)
-                                await publisher.start()  # fences the previous owner
-                            worker.wake.clear()
-                            published = await self._cycle(tp, publisher, log)
+                            published = await self._cycle(worker, log)
                 except OwnershipLostError as exc:
                     log.warning("partition fenced: another relay owns it now", error=str(exc))
                     self.metrics.publish_errors.labels(tp.topic, "fenced").inc()
                     return
-                except KafkaError:
-                    # The publisher may be in any state: start a fresh one next time.
-                    if publisher is not None:
-                        await publisher.close()
-                        publisher = None
-                    continue
                 if published:
                     if waiting:
-                        await self._set_waiting(tp, False)
-                        waiting = False
+                        waiting = await self._set_waiting(tp, False)
                     continue
                 if not waiting:
                     # Declare idle, then look once more: a row committed before the
@@ -262,8 +261,27 @@ class Relay:
             if waiting:
                 with contextlib.suppress(Exception):
                     await self._set_waiting(tp, False)
-            if publisher is not None:
-                await publisher.close()
+            await self._drop_publisher(worker)
+
+    async def _publisher(self, worker: _Worker) -> Publisher:
+        if worker.publisher is None:
+            worker.publisher = self._publisher_factory(worker.tp)
+            try:
+                async with asyncio.timeout(self.settings.publish_timeout):
+                    await worker.publisher.start()  # fences the previous owner
+            except BaseException:
+                await self._drop_publisher(worker)
+                raise
+        return worker.publisher
+
+    async def _drop_publisher(self, worker: _Worker) -> None:
+        """After a Kafka error the producer may be in any state: the next attempt starts a
+        fresh one (which, with transactions, also aborts whatever this one left open)."""
+        if worker.publisher is not None:
+            publisher, worker.publisher = worker.publisher, None
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.settings.publish_timeout):
+                    await publisher.close()
 
     def _retrying(self, log: structlog.typing.FilteringBoundLogger) -> AsyncRetrying:
         def before_sleep(state: RetryCallState) -> None:
@@ -283,21 +301,24 @@ class Relay:
             reraise=True,
         )
 
-    async def _cycle(
-        self, tp: TopicPartition, publisher: Publisher, log: structlog.typing.FilteringBoundLogger
-    ) -> bool:
-        """Publish one batch of ``tp``; return whether there was anything to publish."""
+    async def _cycle(self, worker: _Worker, log: structlog.typing.FilteringBoundLogger) -> bool:
+        """Publish one batch of the worker's partition; return whether there was any."""
+        tp = worker.tp
+        worker.wake.clear()
+        publisher = await self._publisher(worker)
         granted = await self._budget.take(self.settings.batch_size)
         try:
             batch = first_per_key(await self.storage.fetch_pending(tp, granted))
             if not batch:
                 return False
             try:
-                outcome = await publisher.publish(batch)
+                async with asyncio.timeout(self.settings.publish_timeout):
+                    outcome = await publisher.publish(batch)
             except OwnershipLostError:
                 raise
             except Exception:
                 self.metrics.publish_errors.labels(tp.topic, "retriable").inc()
+                await self._drop_publisher(worker)
                 raise
             # Kafka has them: only now may they leave the outbox.
             await self.storage.mark_published(

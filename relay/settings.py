@@ -51,6 +51,12 @@ class RelaySettings(ConnectionSettings):
         ge=1,
         description="Attempts before a record the broker rejects is parked as failed",
     )
+    publish_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a batch may take to be acknowledged before the relay discards the "
+        "producer and retries with a fresh one",
+    )
     retry_backoff_max: float = Field(
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )

@@ -11,15 +11,20 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from uuid import UUID
 
 import psycopg
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from outboxkit.relay import PostgresOutbox
+from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.relay import PostgresOutbox, PostgresOutboxStorage
 from tests.helpers import wait_for
-from tests.integration.conftest import MakeTopic
+from tests.integration.conftest import MakeTopic, migrate_database
 from tests.integration.relay_harness import (
+    Big,
     Step,
     Writers,
     check_guarantees,
@@ -125,7 +130,8 @@ async def test_relays_join_and_leave(
             await asyncio.sleep(4)
             await writers.stop()
             summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 6)
-        assert first[0].process is not None and first[0].process.poll() is None
+        assert first[0].process is not None
+        assert first[0].process.poll() is None
     print(summary)
 
 
@@ -148,7 +154,8 @@ async def test_frozen_relay_is_fenced(
             await asyncio.sleep(4)
             await writers.stop()
             summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 2)
-            assert successor.process is not None and successor.process.poll() is None
+            assert successor.process is not None
+            assert successor.process.poll() is None
     print(summary)
 
 
@@ -170,3 +177,107 @@ async def test_sigterm_drains_and_exits_zero(
         await writers.stop()
         summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 2)
     print(summary)
+
+
+async def test_broker_restart(
+    pg_url: str, kafka_factory: Callable[[int], KafkaCluster], tmp_path: Path
+) -> None:
+    """G1/G2 across a broker stop and start (same ports and data) while writers write."""
+    cluster = await asyncio.to_thread(kafka_factory, 1)
+    bootstrap = cluster.bootstrap_servers
+    topic = "restarted"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, 3, 1)])
+    await admin.close()
+    await register_topic(pg_url, topic, 3)
+    writers = Writers(pg_url, topic, entities=8)
+    with relays(tmp_path, relay_env(pg_url, bootstrap, topic)) as (relay,):
+        writers.start()
+        await wait_for(lambda: "partitions assigned" in relay.log(), within=30, what="ownership")
+        await wait_for(lambda: writers.total >= 300, within=30, what="events written")
+        await asyncio.to_thread(cluster.nodes[0].stop)
+        await wait_for(lambda: writers.total >= 900, within=30, what="writes while Kafka is down")
+        await asyncio.to_thread(cluster.nodes[0].start)
+        await writers.stop()
+        summary = await _drained(pg_url, writers, bootstrap, topic, 3)
+        assert relay.process is not None
+        assert relay.process.poll() is None, relay.log()
+    print(summary)
+
+
+async def test_database_connections_killed_and_server_restarted(
+    pg_factory: Callable[[], EmbeddedPostgres],
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+) -> None:
+    """G1/G2 when the relay's connections are terminated and PostgreSQL crashes and restarts;
+    G5's fallback: the listener reconnects and re-reads everything."""
+    server = await asyncio.to_thread(pg_factory)
+    url = server.url()
+    await migrate_database(url)
+    topic = await make_topic("dbrestart", partitions=3)
+    await register_topic(url, topic, 3)
+    writers = Writers(url, topic, entities=8)
+    with relays(tmp_path, relay_env(url, kafka_bootstrap, topic)) as (relay,):
+        writers.start()
+        await wait_for(lambda: "partitions assigned" in relay.log(), within=30, what="ownership")
+        await wait_for(lambda: writers.total >= 200, within=30, what="events written")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        await wait_for(lambda: writers.total >= 400, within=30, what="writes after the kill")
+        await asyncio.to_thread(server.restart, "immediate")
+        await wait_for(lambda: writers.total >= 700, within=60, what="writes after the crash")
+        await writers.stop()
+        summary = await _drained(url, writers, kafka_bootstrap, topic, 3)
+        assert relay.process is not None
+        assert relay.process.poll() is None, relay.log()
+    print(summary)
+
+
+async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G8 (outbox side): an oversize record is retried with backoff, then parked as failed with
+    the error; later events of its key wait behind it, other keys flow; `retry`/`skip` unblock."""
+    topic = await make_topic("poison", partitions=1)
+    await register_topic(pg_url, topic, 1)
+    outbox = PostgresOutbox(source="urn:test")
+    poison = Big(topic=topic, entity="poisoned", blob="x" * 2_000_000)
+    behind = Step(topic=topic, entity="poisoned", seq=1)
+    other = Step(topic=topic, entity="healthy", seq=0)
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn, conn.transaction():
+        await outbox.add_many(conn, [poison, behind, other])
+    env = relay_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_MAX_ATTEMPTS="3")
+    with relays(tmp_path, env) as (relay,):
+
+        async def states() -> dict[UUID, tuple[str, int, str | None]]:
+            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+                cur = await conn.execute(
+                    "SELECT event_id, state, attempts, last_error FROM outboxkit.outbox"
+                )
+                return {row[0]: row[1:] for row in await cur.fetchall()}
+
+        async def parked() -> bool:
+            return (await states()).get(poison.id, ("",))[0] == "failed"
+
+        await wait_for(parked, within=60, what="the oversize record parked")
+        rows = await states()
+        _state, attempts, error = rows[poison.id]
+        assert attempts == 3
+        assert error is not None
+        assert "MessageSizeTooLargeError" in error
+        assert rows[behind.id][0] == "pending", "its key waits behind it"
+        assert other.id not in rows, "other keys are not blocked"
+        assert "record parked as failed" in relay.log()
+
+        async with PostgresOutboxStorage(pg_url) as storage:
+            assert await storage.skip_failed([poison.id]) == 1
+        await wait_for(lambda: _is_empty(pg_url), within=30, what="the key unblocked")
+        published = await read_topic(kafka_bootstrap, topic, 1)
+    ids = [event_id for _, event_id in published[0]]
+    assert ids == [other.id, behind.id]
