@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,6 +25,14 @@ import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from outboxkit.embedded._process import (
+    free_port,
+    make_traversable,
+    port_is_open,
+    spawn,
+    stop_process,
+    wait_until,
+)
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
@@ -169,3 +179,43 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
     yield start
     for cluster in clusters:
         cluster.close()
+
+
+# --- PgBouncer --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pgbouncer_url(pg_url: str, tmp_path: Path) -> Iterator[str]:
+    """``pg_url`` reached through PgBouncer in transaction-pooling mode (Debian's pgbouncer)."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        pytest.fail("pgbouncer is missing: apt-get install pgbouncer", pytrace=False)
+    server = urlsplit(pg_url)
+    port = free_port()
+    workdir = tmp_path / "pgbouncer"
+    workdir.mkdir()
+    (workdir / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={server.hostname} port={server.port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        f"unix_socket_dir = {workdir}\n"
+        "auth_type = trust\n"
+        f"auth_file = {workdir / 'users.txt'}\n"
+        "pool_mode = transaction\n"
+        "max_client_conn = 200\ndefault_pool_size = 20\n"
+    )
+    (workdir / "users.txt").write_text('"postgres" ""\n')
+    # PgBouncer refuses to run as root.
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    if user:
+        make_traversable(workdir)
+        for path in [workdir, *workdir.iterdir()]:
+            shutil.chown(path, user)
+    log_path = workdir / "pgbouncer.log"
+    process = spawn([binary, str(workdir / "pgbouncer.ini")], log_path=log_path, user=user)
+    try:
+        wait_until(lambda: port_is_open(port), timeout=10, what="PgBouncer", process=process)
+        yield urlunsplit(server._replace(netloc=f"{server.username}@127.0.0.1:{port}"))
+    finally:
+        stop_process(process, signal.SIGTERM, timeout=10)

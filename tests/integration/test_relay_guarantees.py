@@ -281,3 +281,28 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
         published = await read_topic(kafka_bootstrap, topic, 1)
     ids = [event_id for _, event_id in published[0]]
     assert ids == [other.id, behind.id]
+
+
+async def test_writers_through_pgbouncer_still_wake_the_relay(
+    pg_url: str, pgbouncer_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G5 with a pooler: writers go through PgBouncer in transaction mode, the relay LISTENs on
+    its own direct session. With the fallback sweep set to 60 s, only wake-ups can deliver the
+    events within the deadline."""
+    topic = await make_topic("pooled", partitions=2)
+    await register_topic(pg_url, topic, 2)
+    outbox = PostgresOutbox(source="urn:test")
+    env = relay_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_SWEEP_INTERVAL="60")
+    with relays(tmp_path, env) as (relay,):
+        await wait_for(lambda: "partitions assigned" in relay.log(), within=30, what="ownership")
+        await wait_for(lambda: _is_empty(pg_url), within=10, what="the relay to go idle")
+        # PgBouncer 1.18 cannot carry server-side prepared statements in transaction mode.
+        async with await psycopg.AsyncConnection.connect(
+            pgbouncer_url, prepare_threshold=None
+        ) as conn:
+            for seq in range(20):
+                started = time.monotonic()
+                async with conn.transaction():
+                    await outbox.add(conn, Step(topic=topic, entity="pooled", seq=seq))
+                await wait_for(lambda: _is_empty(pg_url), within=5, what="a woken relay")
+                assert time.monotonic() - started < 5
