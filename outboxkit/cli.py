@@ -10,8 +10,11 @@ import asyncio
 import json
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, TypeVar
+from uuid import UUID
 
 import prometheus_client
 import psycopg
@@ -22,8 +25,16 @@ from outboxkit.check import redact, run_checks
 from outboxkit.exceptions import ConfigurationError
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
-from outboxkit.relay import PostgresOutboxStorage, Relay, RelaySettings
+from outboxkit.relay import (
+    OutboxStorage,
+    PostgresOutboxStorage,
+    Relay,
+    RelaySettings,
+    StorageUnavailableError,
+)
 from outboxkit.settings import ConnectionSettings, load_settings
+
+T = TypeVar("T")
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -197,6 +208,109 @@ def relay(
         asyncio.run(run())
     except ConfigurationError as exc:
         raise _fail_config(exc) from None
+
+
+outbox_app = typer.Typer(
+    help="Inspect and repair the outbox: pending backlog, failed records, retry, skip, replay.",
+    no_args_is_help=True,
+)
+app.add_typer(outbox_app, name="outbox")
+
+EventIds = Annotated[list[str], typer.Argument(help="Event ids (UUIDs).")]
+Limit = Annotated[int, typer.Option(help="At most this many rows.")]
+
+
+def _storage(database_url: str | None) -> PostgresOutboxStorage:
+    try:
+        settings = load_settings(ConnectionSettings, database_url=database_url)
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    if settings.database_kind != "postgresql":
+        raise _fail_config(ConfigurationError("outbox commands support PostgreSQL so far"))
+    return PostgresOutboxStorage(settings.database_url, connect_timeout=settings.connect_timeout)
+
+
+def _event_ids(values: list[str]) -> list[UUID]:
+    try:
+        return [UUID(value) for value in values]
+    except ValueError as exc:
+        raise _fail_config(ConfigurationError(f"not an event id (UUID): {exc}")) from None
+
+
+def _run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:
+    storage = _storage(database_url)
+
+    async def run() -> T:
+        async with storage:
+            return await action(storage)
+
+    try:
+        return asyncio.run(run())
+    except StorageUnavailableError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+@outbox_app.command("pending")
+def outbox_pending(database_url: DatabaseUrl = None, json_output: JsonOutput = False) -> None:
+    """Pending and failed records per partition, and the age of the oldest pending one."""
+    backlog = _run_storage(database_url, lambda s: s.backlog())
+    if json_output:
+        typer.echo(json.dumps([asdict(b) for b in backlog], default=str, indent=2))
+        return
+    if not backlog:
+        typer.echo("nothing pending")
+    now = datetime.now(UTC)
+    for b in backlog:
+        age = f"{(now - b.oldest_created_at).total_seconds():.1f} s" if b.oldest_created_at else "-"
+        typer.echo(
+            f"{b.topic}/{b.partition}: {b.pending} pending (oldest {age}), {b.failed} failed"
+        )
+
+
+@outbox_app.command("failed")
+def outbox_failed(
+    database_url: DatabaseUrl = None, limit: Limit = 100, json_output: JsonOutput = False
+) -> None:
+    """Records the broker refused (parked after retries), with their errors."""
+    records = _run_storage(database_url, lambda s: s.list_records("failed", limit))
+    if json_output:
+        typer.echo(json.dumps([asdict(r) for r in records], default=str, indent=2))
+        return
+    if not records:
+        typer.echo("no failed records")
+    for r in records:
+        typer.echo(
+            f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={r.key!r} "
+            f"attempts={r.attempts}: {r.last_error}"
+        )
+
+
+def _repair(database_url: str | None, ids: list[UUID], verb: str, method: str) -> None:
+    count = _run_storage(database_url, lambda s: getattr(s, method)(ids))
+    if count == 0:
+        typer.echo(f"error: no matching record for {', '.join(map(str, ids))}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    typer.echo(f"{verb} {count} record(s)")
+
+
+@outbox_app.command("retry")
+def outbox_retry(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+    """Put failed records back in line (their key stays blocked until they are published)."""
+    _repair(database_url, _event_ids(event_ids), "retrying", "retry_failed")
+
+
+@outbox_app.command("skip")
+def outbox_skip(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+    """Drop failed records without publishing them; their keys flow again."""
+    _repair(database_url, _event_ids(event_ids), "skipped", "skip_failed")
+
+
+@outbox_app.command("replay")
+def outbox_replay(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+    """Publish kept (published) records again, after everything pending. Needs a retention
+    (OUTBOXKIT_RETENTION) so that published records are kept."""
+    _repair(database_url, _event_ids(event_ids), "replaying", "replay")
 
 
 def main() -> None:
