@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Annotated, TypeVar
 from uuid import UUID
 
-import prometheus_client
 import psycopg
 import typer
 
@@ -25,10 +24,12 @@ from outboxkit.check import redact, run_checks
 from outboxkit.exceptions import ConfigurationError
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
+from outboxkit.probes import serve_probes
 from outboxkit.relay import (
     OutboxStorage,
     PostgresOutboxStorage,
     Relay,
+    RelayHealth,
     RelaySettings,
     StorageUnavailableError,
 )
@@ -154,9 +155,11 @@ async def _migrate(settings: ConnectionSettings) -> list[str]:
 LogFormatOption = Annotated[
     str, typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", help="console or json")
 ]
-MetricsPort = Annotated[
+HttpPort = Annotated[
     int | None,
-    typer.Option(envvar="OUTBOXKIT_METRICS_PORT", help="Serve Prometheus metrics on this port."),
+    typer.Option(
+        envvar="OUTBOXKIT_HTTP_PORT", help="Serve /healthz and /metrics (Prometheus) on this port."
+    ),
 ]
 
 
@@ -172,7 +175,7 @@ def relay(
             envvar="OUTBOXKIT_RELAY_NAME", help="Relay name: group outboxkit.relay.<name>."
         ),
     ] = None,
-    metrics_port: MetricsPort = None,
+    http_port: HttpPort = None,
     log_format: LogFormatOption = "console",
 ) -> None:
     """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group."""
@@ -189,8 +192,6 @@ def relay(
         raise _fail_config(exc) from None
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("the relay supports PostgreSQL so far"))
-    if metrics_port is not None:
-        prometheus_client.start_http_server(metrics_port)
 
     async def run() -> None:
         async with PostgresOutboxStorage(
@@ -202,6 +203,13 @@ def relay(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, worker.stop)
+            if http_port is not None:
+
+                def health() -> tuple[bool, RelayHealth]:
+                    state = worker.health()
+                    return state.healthy, state
+
+                await serve_probes(http_port, health)
             await worker.run()
 
     try:

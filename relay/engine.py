@@ -68,12 +68,18 @@ _RETRIABLE = (StorageUnavailableError, KafkaError, OSError, _RetryLater)
 
 @dataclass
 class RelayHealth:
-    """What a liveness/readiness probe reports."""
+    """What a liveness/readiness probe reports. ``healthy`` is false when the relay is not
+    running or an owned partition has had pending records for longer than ``stall_after``."""
 
-    owned: list[str]
-    last_progress: float | None
-    last_error: str | None
     running: bool
+    owned: list[str]
+    stalled: list[str]
+    seconds_since_progress: float | None
+    last_error: str | None
+
+    @property
+    def healthy(self) -> bool:
+        return self.running and not self.stalled
 
 
 def first_per_key(records: Sequence[OutboxRecord]) -> list[OutboxRecord]:
@@ -146,6 +152,7 @@ class Relay:
         self._running = False
         self._last_progress: float | None = None
         self._last_error: str | None = None
+        self._stalled: set[TopicPartition] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -194,11 +201,13 @@ class Relay:
         self._stopping.set()
 
     def health(self) -> RelayHealth:
+        since = None if self._last_progress is None else time.monotonic() - self._last_progress
         return RelayHealth(
-            owned=sorted(str(tp) for tp in self._workers),
-            last_progress=self._last_progress,
-            last_error=self._last_error,
             running=self._running,
+            owned=sorted(str(tp) for tp in self._workers),
+            stalled=sorted(str(tp) for tp in self._stalled if tp in self._workers),
+            seconds_since_progress=since,
+            last_error=self._last_error,
         )
 
     # -- ownership ---------------------------------------------------------------------------
@@ -385,7 +394,15 @@ class Relay:
     async def _measure_backlog(self) -> None:
         while True:
             with contextlib.suppress(StorageUnavailableError):
-                self.metrics.observe_backlog(await self.storage.backlog(), time.time())
+                backlog = await self.storage.backlog()
+                now = time.time()
+                self.metrics.observe_backlog(backlog, now)
+                self._stalled = {
+                    TopicPartition(b.topic, b.partition)
+                    for b in backlog
+                    if b.oldest_created_at is not None
+                    and now - b.oldest_created_at.timestamp() > self.settings.stall_after
+                }
             await asyncio.sleep(self.settings.metrics_interval)
 
     async def _clean_up(self) -> None:

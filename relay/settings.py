@@ -76,6 +76,12 @@ class RelaySettings(ConnectionSettings):
     metrics_interval: float = Field(
         default=10.0, gt=0, description="Seconds between backlog measurements"
     )
+    stall_after: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds a pending record may wait before the health probe reports its "
+        "partition as stalled",
+    )
     pool_size: int = Field(default=4, ge=1, description="Database connections of the relay")
 
     @model_validator(mode="after")

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from uuid import UUID
 
+import httpx
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.embedded._process import free_port
 from outboxkit.relay import PostgresOutbox, PostgresOutboxStorage
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, migrate_database
@@ -61,11 +63,25 @@ async def test_publishes_everything_in_order(
     topic = await make_topic("steps", partitions=3)
     await register_topic(pg_url, topic, 3)
     writers = Writers(pg_url, topic, entities=12)
-    with relays(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)):
+    port = free_port()
+    env = relay_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_HTTP_PORT=str(port))
+    with relays(tmp_path, env):
         writers.start()
         await wait_for(lambda: writers.total >= 600, within=60, what="600 events written")
         await writers.stop()
         summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 3)
+        # The worker's probe and metrics.
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            health = await http.get("/healthz")
+            assert health.status_code == 200
+            assert health.json()["owned"] == [f"{topic}/0", f"{topic}/1", f"{topic}/2"]
+            metrics = (await http.get("/metrics")).text
+        line = f'outboxkit_relay_published_total{{topic="{topic}"}} '
+        [published] = [
+            float(m.removeprefix(line)) for m in metrics.splitlines() if m.startswith(line)
+        ]
+        assert published >= writers.total
+        assert "outboxkit_relay_commit_to_ack_seconds_bucket" in metrics
     print(summary)
 
 
