@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from aiokafka.errors import KafkaError
@@ -45,9 +45,19 @@ _IDLE_RECHECK = 0.05
 
 
 class Ownership(Protocol):
-    async def start(self) -> dict[str, int]: ...
-    async def run(self) -> None: ...
-    async def stop(self) -> None: ...
+    """Consumer-group membership: calls back on assignment and revocation."""
+
+    async def start(self) -> dict[str, int]:
+        """Join; return each topic's partition count."""
+
+    def partition_counts(self) -> dict[str, int]:
+        """Each topic's partition count as known now (it may have grown since start)."""
+
+    async def run(self) -> None:
+        """Stay a member until cancelled."""
+
+    async def stop(self) -> None:
+        """Leave (revocation drains first)."""
 
 
 OwnershipFactory = Callable[[RelaySettings, PartitionsCallback, PartitionsCallback], Ownership]
@@ -153,29 +163,39 @@ class Relay:
         self._last_progress: float | None = None
         self._last_error: str | None = None
         self._stalled: set[TopicPartition] = set()
+        self._worker_failed = asyncio.Event()
+        self._worker_error: BaseException | None = None
+        self._ownership: Ownership | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         ownership = self._ownership_factory(self.settings, self.assign, self.revoke)
+        self._ownership = ownership
         partitions = await ownership.start()
-        try:
-            await self._register_topics(partitions)
-        except BaseException:
-            await ownership.stop()
-            raise
-        self._running = True
-        side_tasks = [
-            asyncio.create_task(ownership.run(), name="ownership"),
-            asyncio.create_task(self._dispatch_wakeups(), name="wakeups"),
-            asyncio.create_task(self._measure_backlog(), name="metrics"),
-        ]
-        if self.settings.retention is not None:
-            side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
+        side_tasks: list[asyncio.Task[Any]] = []
         stopping = asyncio.create_task(self._stopping.wait(), name="stop")
         try:
+            registering = asyncio.create_task(self._register_topics(partitions))
+            await asyncio.wait([stopping, registering], return_when="FIRST_COMPLETED")
+            if not registering.done():  # stopped while the database is away
+                registering.cancel()
+                await asyncio.gather(registering, return_exceptions=True)
+                return
+            registering.result()
+            self._running = True
+            side_tasks += [
+                asyncio.create_task(ownership.run(), name="ownership"),
+                asyncio.create_task(self._dispatch_wakeups(), name="wakeups"),
+                asyncio.create_task(self._measure_backlog(), name="metrics"),
+                asyncio.create_task(self._worker_failed.wait(), name="partition worker"),
+            ]
+            if self.settings.retention is not None:
+                side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
             done, _ = await asyncio.wait([stopping, *side_tasks], return_when="FIRST_COMPLETED")
             for task in done:
+                if task.get_name() == "partition worker" and self._worker_error is not None:
+                    raise self._worker_error
                 if task is not stopping:
                     # A side task never ends by itself: its exception stops the relay.
                     task.result()
@@ -214,12 +234,25 @@ class Relay:
 
     async def assign(self, partitions: frozenset[TopicPartition]) -> None:
         self.metrics.rebalances.inc()
+        if self._ownership is not None:
+            # Kafka rebalances when a subscribed topic gains partitions: writers must learn the
+            # new count. Best effort; the next rebalance or restart tries again.
+            try:
+                await self.storage.register_topics(self._ownership.partition_counts())
+            except Exception as exc:  # never keep the workers below from starting
+                logger.warning("could not record the partition counts", error=repr(exc))
         for tp in partitions:
             if tp not in self._workers:
                 worker = _Worker(tp)
                 worker.task = asyncio.create_task(self._work(worker), name=f"partition {tp}")
+                worker.task.add_done_callback(self._on_worker_done)
                 self._workers[tp] = worker
         self.metrics.owned_partitions.set(len(self._workers))
+
+    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._worker_error = task.exception()
+            self._worker_failed.set()
 
     async def revoke(self, partitions: frozenset[TopicPartition]) -> None:
         """Stop the workers of ``partitions`` and wait for their in-flight batch (bounded)."""
@@ -247,8 +280,10 @@ class Relay:
         try:
             while not worker.stop.is_set():
                 try:
-                    async for attempt in self._retrying(log):
+                    async for attempt in self._retrying(log, worker.stop):
                         with attempt:
+                            if worker.stop.is_set():
+                                return  # revoked during a backoff: start nothing new
                             published = await self._cycle(worker, log)
                 except OwnershipLostError as exc:
                     log.warning("partition fenced: another relay owns it now", error=str(exc))
@@ -292,7 +327,15 @@ class Relay:
                 async with asyncio.timeout(self.settings.publish_timeout):
                     await publisher.close()
 
-    def _retrying(self, log: structlog.typing.FilteringBoundLogger) -> AsyncRetrying:
+    def _retrying(
+        self, log: structlog.typing.FilteringBoundLogger, stop: asyncio.Event | None = None
+    ) -> AsyncRetrying:
+        async def sleep(seconds: float) -> None:
+            # A revocation cuts the backoff short.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await (stop or asyncio.Event()).wait()
+
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             self._last_error = repr(error)
@@ -305,7 +348,10 @@ class Relay:
 
         return AsyncRetrying(
             retry=retry_if_exception_type(_RETRIABLE),
-            wait=wait_exponential_jitter(initial=0.05, max=self.settings.retry_backoff_max),
+            wait=wait_exponential_jitter(
+                multiplier=0.05, max=self.settings.retry_backoff_max, jitter=0.2
+            ),
+            sleep=sleep,
             before_sleep=before_sleep,
             reraise=True,
         )

@@ -31,8 +31,9 @@ from outboxkit.relay.settings import RelaySettings
 #: ``error``     KafkaConnectionError, nothing reached the topic;
 #: ``lost_ack``  the records reached the topic, then KafkaConnectionError (the ack was lost);
 #: ``fenced``    OwnershipLostError, nothing reached the topic;
-#: ``crash``     RuntimeError, an error the engine does not expect.
-Failure = Literal["error", "lost_ack", "fenced", "crash"]
+#: ``crash``     RuntimeError, an error the engine does not expect;
+#: ``hang``      no answer, ever (until cancelled).
+Failure = Literal["error", "lost_ack", "fenced", "crash", "hang"]
 
 REJECTION = "MessageSizeTooLargeError: the message is larger than the broker accepts"
 
@@ -151,7 +152,10 @@ class FakePublisher:
         broker.max_in_flight = max(broker.max_in_flight, broker.in_flight)
         try:
             await broker.gate.wait()
-            return self._outcome(records, broker._failure(self.tp))
+            failure = broker._failure(self.tp)
+            if failure == "hang":
+                await asyncio.Event().wait()
+            return self._outcome(records, failure)
         finally:
             broker.in_flight -= len(records)
 
@@ -182,7 +186,10 @@ class FakePublisher:
 
 class ManualOwnership:
     """The relay's ``ownership_factory``: ``start()`` reports the partition counts (and assigns
-    ``initial``), ``run()`` waits until :meth:`end`, the test assigns and revokes."""
+    ``initial``), ``run()`` waits until :meth:`end`, the test assigns and revokes.
+
+    Like aiokafka's rebalance listener, ``start()`` swallows what the assignment callback
+    raises (kept in ``callback_errors``)."""
 
     def __init__(
         self, partitions: dict[str, int], initial: frozenset[TopicPartition] = frozenset()
@@ -191,6 +198,7 @@ class ManualOwnership:
         self.initial = initial
         self.started = False
         self.stopped = False
+        self.callback_errors: list[Exception] = []
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
 
@@ -208,7 +216,13 @@ class ManualOwnership:
     async def start(self) -> dict[str, int]:
         self.started = True
         if self.initial:
-            await self.on_assigned(self.initial)
+            try:
+                await self.on_assigned(self.initial)
+            except Exception as exc:
+                self.callback_errors.append(exc)
+        return dict(self.partitions)
+
+    def partition_counts(self) -> dict[str, int]:
         return dict(self.partitions)
 
     async def run(self) -> None:
@@ -236,7 +250,8 @@ class SpyStorage(InMemoryOutboxStorage):
     """The in-memory outbox, recording what the engine asks of it.
 
     ``notify=False`` drops the waiting declarations, so writers wake nobody (only the sweep
-    finds new rows); ``fetch_errors`` and ``register_error`` make those calls fail."""
+    finds new rows). ``fetch_errors`` fail the next reads; ``register_errors`` the next
+    ``register_topics`` calls (None: that one succeeds), then ``register_error`` fails all."""
 
     def __init__(self, *, notify: bool = True) -> None:
         super().__init__()
@@ -245,12 +260,16 @@ class SpyStorage(InMemoryOutboxStorage):
         self.waiting_calls: list[tuple[TopicPartition, bool]] = []
         self.fetches: list[Fetch] = []
         self.fetch_errors: deque[BaseException] = deque()
+        self.register_errors: deque[BaseException | None] = deque()
         self.register_error: BaseException | None = None
+        self.register_calls = 0
         self.purges: list[tuple[timedelta, int, int]] = []
 
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
-        if self.register_error is not None:
-            raise self.register_error
+        self.register_calls += 1
+        error = self.register_errors.popleft() if self.register_errors else self.register_error
+        if error is not None:
+            raise error
         await super().register_topics(partitions)
 
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
