@@ -1,5 +1,28 @@
-"""The inbox: consumes events and runs each handler's effects exactly once."""
+"""The inbox: consumes events and runs each handler's effects exactly once.
 
-from outboxkit.inbox.exceptions import InboxError
+Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
+``outboxkit inbox module:inbox``)."""
 
-__all__ = ["InboxError"]
+from outboxkit.inbox.consumer import InboxWorker
+from outboxkit.inbox.exceptions import (
+    HandlerRegistrationError,
+    InboxError,
+    InboxStorageUnavailableError,
+)
+from outboxkit.inbox.handlers import Inbox
+from outboxkit.inbox.metrics import InboxMetrics
+from outboxkit.inbox.postgres import PostgresInboxStore
+from outboxkit.inbox.settings import InboxSettings
+from outboxkit.inbox.store import InboxStore
+
+__all__ = [
+    "HandlerRegistrationError",
+    "Inbox",
+    "InboxError",
+    "InboxMetrics",
+    "InboxSettings",
+    "InboxStorageUnavailableError",
+    "InboxStore",
+    "InboxWorker",
+    "PostgresInboxStore",
+]

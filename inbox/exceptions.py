@@ -1,7 +1,23 @@
-"""Errors of the inbox (Kafka → handler, effects once)."""
+"""Errors of the inbox (Kafka → handler, effects once).
+
+InboxError
+├── HandlerRegistrationError   a handler declared for a non-Event or twice
+├── InboxStorageUnavailableError   the database cannot be reached (retriable: pause, never DLQ)
+└── DeadLetterError            a record could not be written to its dead-letter topic
+"""
 
 from outboxkit.exceptions import OutboxkitError
 
 
 class InboxError(OutboxkitError):
     """The inbox failed."""
+
+
+class HandlerRegistrationError(InboxError):
+    """A handler was registered wrongly."""
+
+
+class InboxStorageUnavailableError(InboxError):
+    """The inbox database cannot be reached; the consumer pauses and tries again."""
+
+    retriable = True

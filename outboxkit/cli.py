@@ -7,6 +7,7 @@ Every option has an ``OUTBOXKIT_*`` environment variable twin, shown in ``--help
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import signal
@@ -22,6 +23,7 @@ import typer
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
 from outboxkit.exceptions import ConfigurationError
+from outboxkit.inbox import Inbox, InboxSettings, InboxWorker, PostgresInboxStore
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import serve_probes
@@ -216,6 +218,66 @@ def relay(
         asyncio.run(run())
     except ConfigurationError as exc:
         raise _fail_config(exc) from None
+
+
+@app.command("inbox")
+def inbox_command(
+    target: Annotated[
+        str,
+        typer.Argument(help="Your Inbox object as module:attribute, e.g. payments.events:inbox"),
+    ],
+    *,
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    http_port: HttpPort = None,
+    log_format: LogFormatOption = "console",
+) -> None:
+    """Consume events and run the handlers of an Inbox until SIGTERM/SIGINT, then commit and
+    leave the group."""
+    configure_logging("json" if log_format == "json" else "console")
+    try:
+        inbox = _import_inbox(target)
+        settings = load_settings(
+            InboxSettings,
+            database_url=database_url,
+            kafka_bootstrap_servers=kafka_bootstrap_servers,
+            topics=topics,
+        )
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    if settings.database_kind != "postgresql":
+        raise _fail_config(ConfigurationError("the inbox supports PostgreSQL so far"))
+
+    async def run() -> None:
+        async with PostgresInboxStore(
+            settings.database_url,
+            pool_size=settings.pool_size,
+            connect_timeout=settings.connect_timeout,
+        ) as store:
+            worker = InboxWorker(inbox, settings, store)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.stop)
+            if http_port is not None:
+                await serve_probes(http_port, lambda: (True, {"inbox": inbox.name}))
+            await worker.run()
+
+    asyncio.run(run())
+
+
+def _import_inbox(target: str) -> Inbox:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    inbox = getattr(module, attribute, None)
+    if not isinstance(inbox, Inbox):
+        raise ConfigurationError(f"{target!r} is not an outboxkit.inbox.Inbox (got {inbox!r})")
+    return inbox
 
 
 outbox_app = typer.Typer(

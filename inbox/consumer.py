@@ -1,0 +1,312 @@
+"""The inbox worker: Kafka → decode → (dedupe row + handler) in one DB transaction → offset.
+
+Records of a partition are handled in order; the partitions of a poll run concurrently. The
+Kafka offset of a record is committed only after its database transaction committed, so a crash
+in between redelivers it and the dedupe row absorbs it (guarantee G6). Bad input is contained
+(G8): a record that does not decode, or whose handler keeps raising, goes to the dead-letter
+topic ``<topic><dlq_suffix>`` with its original bytes and headers saying why; a database outage
+is not the record's fault: the worker pauses and retries the same record without moving on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from datetime import timedelta
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from tenacity import (
+    AsyncRetrying,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from outboxkit.inbox.deadletter import dead_letter_headers
+from outboxkit.inbox.exceptions import InboxStorageUnavailableError
+from outboxkit.inbox.handlers import Handler, Inbox
+from outboxkit.inbox.metrics import InboxMetrics
+from outboxkit.inbox.settings import InboxSettings
+from outboxkit.inbox.store import InboxStore
+from outboxkit.schemas import Event, EventDecodeError
+
+logger = structlog.get_logger("outboxkit.inbox")
+
+#: Test hook, never set in production: the probability of SIGKILLing this process right after a
+#: record's database commit and before its offset commit (the crash G6 is about).
+_CRASH_AFTER_COMMIT = float(os.environ.get("OUTBOXKIT_TEST_CRASH_AFTER_COMMIT", "0") or 0)
+
+
+class _Stopping(Exception):
+    """The worker was asked to stop while waiting to retry."""
+
+
+class InboxWorker:
+    """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        inbox: Inbox,
+        settings: InboxSettings,
+        store: InboxStore,
+        *,
+        metrics: InboxMetrics | None = None,
+    ) -> None:
+        self.inbox = inbox
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics or InboxMetrics()
+        self.group_id = f"outboxkit.inbox.{inbox.name}"
+        self._stopping = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._pending_offsets: dict[TopicPartition, int] = {}
+        self._log = logger.bind(inbox=inbox.name)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap_servers,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            isolation_level="read_committed",  # a fenced relay's aborted records stay invisible
+            auto_offset_reset="earliest",
+            max_poll_records=s.max_records,
+            session_timeout_ms=int(s.session_timeout * 1000),
+            heartbeat_interval_ms=int(s.heartbeat_interval * 1000),
+            client_id=self.group_id,
+        )
+        consumer.subscribe(s.topics, listener=_CommitOnRevoke(self))
+        producer = AIOKafkaProducer(
+            bootstrap_servers=s.kafka_bootstrap_servers,
+            acks="all",
+            enable_idempotence=True,
+            client_id=f"{self.group_id}.dlq",
+        )
+        self._consumer, self._producer = consumer, producer
+        await producer.start()
+        try:
+            await consumer.start()
+            cleanup = asyncio.create_task(self._clean_up(), name="cleanup")
+            try:
+                while not self._stopping.is_set():
+                    batches = await consumer.getmany(timeout_ms=500)
+                    if batches:
+                        await self._process_poll(consumer, batches)
+                    if cleanup.done():
+                        cleanup.result()  # a dead side task stops the worker loudly
+            finally:
+                cleanup.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await cleanup
+                await self._commit(consumer)
+                await consumer.stop()  # leaves the group
+        finally:
+            await producer.stop()
+            self._log.info("inbox stopped")
+
+    # -- a poll ------------------------------------------------------------------------------
+
+    async def _process_poll(
+        self,
+        consumer: AIOKafkaConsumer,
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+    ) -> None:
+        self._idle.clear()
+        try:
+            await asyncio.gather(*(self._process_partition(tp, rs) for tp, rs in batches.items()))
+        finally:
+            self._idle.set()
+        await self._commit(consumer)
+        for tp in batches:
+            high = consumer.highwater(tp)
+            if high is not None and tp in self._pending_offsets:
+                self.metrics.lag.labels(self.inbox.name, tp.topic, str(tp.partition)).set(
+                    max(high - self._pending_offsets[tp], 0)
+                )
+
+    async def _process_partition(
+        self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]
+    ) -> None:
+        for record in records:
+            if self._stopping.is_set():
+                return
+            try:
+                await self._process_record(record)
+            except _Stopping:
+                return
+            # Done with this record (effects committed, absorbed or dead-lettered).
+            self._pending_offsets[tp] = record.offset + 1
+
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
+        if not self._pending_offsets:
+            return
+        offsets = {tp: OffsetAndMetadata(o, "") for tp, o in self._pending_offsets.items()}
+        try:
+            await consumer.commit(offsets)
+            for tp, o in list(self._pending_offsets.items()):
+                if offsets[tp].offset == o:
+                    del self._pending_offsets[tp]
+        except (CommitFailedError, KafkaError) as exc:
+            # A rebalance took the partitions: their next owner re-reads from the last commit and
+            # the dedupe rows absorb what this worker already did.
+            self._log.warning("offset commit failed", error=repr(exc))
+            self._pending_offsets.clear()
+
+    # -- one record --------------------------------------------------------------------------
+
+    async def _process_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        self.metrics.consumed.labels(self.inbox.name, record.topic).inc()
+        try:
+            event = self.inbox.registry.decode_record(record)
+        except EventDecodeError as exc:
+            await self._dead_letter(record, str(exc.reason), exc)
+            return
+        handler = self.inbox.handler_for(event)
+        if handler is None:
+            return  # registered for decoding only
+        log = self._log.bind(event_id=str(event.id), event_type=event.event_type)
+        while True:
+            try:
+                await self._handle(event, handler, record, log)
+                return
+            except InboxStorageUnavailableError as exc:
+                # Not the record's fault: keep the position and try the same record again.
+                self.metrics.storage_errors.labels(self.inbox.name).inc()
+                log.warning("database unavailable, pausing", error=str(exc))
+                await self._pause()
+            except Exception as exc:  # the handler kept raising
+                log.error("handler failed, dead-lettering", error=repr(exc))
+                await self._dead_letter(record, "handler_failed", exc)
+                return
+
+    async def _handle(
+        self,
+        event: Event,
+        handler: Handler,
+        record: ConsumerRecord[bytes, bytes],
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.settings.handler_attempts),
+            wait=wait_exponential_jitter(
+                multiplier=0.05, max=self.settings.retry_backoff_max, jitter=0.2
+            ),
+            retry=retry_if_not_exception_type(InboxStorageUnavailableError),
+            before_sleep=lambda state: log.warning(
+                "handler raised, retrying",
+                attempt=state.attempt_number,
+                error=repr(state.outcome.exception() if state.outcome else None),
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                started = time.perf_counter()
+                ran = await self.store.process(
+                    self.inbox.name,
+                    event,
+                    handler,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+                self.metrics.handler_seconds.labels(self.inbox.name).observe(
+                    time.perf_counter() - started
+                )
+        if ran:
+            self.metrics.handled.labels(self.inbox.name).inc()
+            if _CRASH_AFTER_COMMIT and _random() < _CRASH_AFTER_COMMIT:
+                os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            self.metrics.duplicates.labels(self.inbox.name).inc()
+            log.debug("duplicate absorbed")
+
+    async def _dead_letter(
+        self, record: ConsumerRecord[bytes, bytes], reason: str, error: BaseException
+    ) -> None:
+        """Write the record to its dead-letter topic; retry until Kafka has it (never drop)."""
+        assert self._producer is not None
+        topic = f"{record.topic}{self.settings.dlq_suffix}"
+        headers = dead_letter_headers(record, inbox=self.inbox.name, reason=reason, error=error)
+        while True:
+            try:
+                await self._producer.send_and_wait(
+                    topic, record.value, key=record.key, headers=headers
+                )
+                break
+            except KafkaError as exc:
+                self._log.error(
+                    "cannot write to the dead-letter topic, retrying",
+                    topic=topic,
+                    error=repr(exc),
+                    hint="create the topic, or fix OUTBOXKIT_DLQ_SUFFIX",
+                )
+                await self._pause()
+        self.metrics.dead_lettered.labels(self.inbox.name, reason).inc()
+        self._log.warning(
+            "record dead-lettered",
+            reason=reason,
+            error=str(error)[:500],
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+        )
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.retry_backoff_max):
+                await self._stopping.wait()
+        if self._stopping.is_set():
+            raise _Stopping
+
+    # -- side task ---------------------------------------------------------------------------
+
+    async def _clean_up(self) -> None:
+        retention: timedelta = self.settings.inbox_retention
+        while True:
+            with contextlib.suppress(InboxStorageUnavailableError):
+                deleted = self.settings.cleanup_batch
+                while deleted == self.settings.cleanup_batch:
+                    deleted = await self.store.purge(retention, self.settings.cleanup_batch)
+                    self.metrics.cleaned.inc(deleted)
+                self.metrics.dedupe_rows.labels(self.inbox.name).set(
+                    await self.store.count(self.inbox.name)
+                )
+            await asyncio.sleep(self.settings.cleanup_interval)
+
+
+def _random() -> float:
+    return int.from_bytes(os.urandom(4), "big") / 2**32
+
+
+class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On revocation wait for the poll in progress, then commit what it finished. Never raises
+    (aiokafka would swallow it): a failure only means redeliveries, which dedupe absorbs."""
+
+    def __init__(self, worker: InboxWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        try:
+            await self._worker._idle.wait()
+            if self._worker._consumer is not None:
+                await self._worker._commit(self._worker._consumer)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("committing on revocation failed")
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        return None

@@ -1,0 +1,66 @@
+"""What a user writes: an :class:`Inbox` with one handler per event type.
+
+    inbox = Inbox("payments")
+
+    @inbox.handler(OrderPlaced)
+    async def charge(event: OrderPlaced, tx: psycopg.AsyncConnection) -> None:
+        await tx.execute("INSERT INTO charges …", (event.order_id, event.total))
+
+``tx`` is the open transaction in which the inbox records the event id: the handler's writes
+commit together with it, exactly once per event id. Handlers say nothing about dedupe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from outboxkit.inbox.exceptions import HandlerRegistrationError
+from outboxkit.schemas import Event, EventRegistry
+
+E = TypeVar("E", bound=Event)
+
+Handler = Callable[[Any, psycopg.AsyncConnection[Any]], Awaitable[None]]
+
+
+class Inbox:
+    """Handlers of one consumer, named ``name`` (group ``outboxkit.inbox.<name>``; the dedupe
+    key is (name, event id))."""
+
+    def __init__(self, name: str, *, registry: EventRegistry | None = None) -> None:
+        if not name or not all(c.isalnum() or c in "._-" for c in name):
+            raise HandlerRegistrationError(f"inbox name {name!r}: use letters, digits, . _ -")
+        self.name = name
+        self.registry = registry or EventRegistry()
+        self._handlers: dict[type[Event], Handler] = {}
+
+    def handler(
+        self, event_cls: type[E]
+    ) -> Callable[
+        [Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]]],
+        Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]],
+    ]:
+        """Register the decorated coroutine for ``event_cls`` (and the class in the registry)."""
+        if not (isinstance(event_cls, type) and issubclass(event_cls, Event)):
+            raise HandlerRegistrationError(f"{event_cls!r} is not an Event subclass")
+        if event_cls in self._handlers:
+            raise HandlerRegistrationError(f"{event_cls.__name__} already has a handler")
+
+        def register(
+            func: Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]],
+        ) -> Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]]:
+            if event_cls not in self.registry:
+                self.registry.register(event_cls)
+            self._handlers[event_cls] = func
+            return func
+
+        return register
+
+    def handler_for(self, event: Event) -> Handler | None:
+        return self._handlers.get(type(event))
+
+    @property
+    def event_types(self) -> list[type[Event]]:
+        return list(self._handlers)

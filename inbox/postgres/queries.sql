@@ -1,0 +1,23 @@
+-- The inbox's queries on PostgreSQL. Table: migrations/postgresql/0003_inbox.sql.
+
+-- claim_event --
+-- In the handler's transaction. A conflict means this consumer took effect for the event
+-- before (a relay re-send, a redelivery after a crash, a replay): nothing is inserted and the
+-- handler is skipped. The row lock of a concurrent insert of the same key makes the second
+-- transaction wait and then see the conflict, so two workers never both run the handler.
+INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
+VALUES (%(consumer)s, %(event_id)s, %(event_type)s, %(topic)s, %(partition)s, %(offset)s)
+ON CONFLICT (consumer, event_id) DO NOTHING
+
+-- purge --
+-- Oldest first through inbox_received_at_idx, in small batches that never hold long locks.
+DELETE FROM outboxkit.inbox
+WHERE ctid IN (
+    SELECT ctid FROM outboxkit.inbox
+    WHERE received_at < now() - %(older_than)s
+    ORDER BY received_at
+    LIMIT %(limit)s
+)
+
+-- count --
+SELECT count(*) FROM outboxkit.inbox WHERE consumer = %(consumer)s

@@ -1,0 +1,53 @@
+"""The inbox worker's settings: one validated, frozen object (``OUTBOXKIT_*`` variables)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from outboxkit.settings import ConnectionSettings
+
+
+class InboxSettings(ConnectionSettings):
+    """Where to consume from, where to record effects, and how to treat bad input."""
+
+    dlq_suffix: str = Field(
+        default=".dlq",
+        min_length=1,
+        description="Dead-letter topic of a topic: <topic><suffix> (the topic must exist)",
+    )
+    handler_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="Attempts of a raising handler before its event is dead-lettered",
+    )
+    retry_backoff_max: float = Field(
+        default=5.0, gt=0, description="Longest wait between retries after an error"
+    )
+    inbox_retention: timedelta = Field(
+        default=timedelta(days=7),
+        description="Keep dedupe records this long; a duplicate arriving later is processed "
+        "again, so keep it longer than the relay's retention plus any replay window",
+    )
+    cleanup_interval: float = Field(default=60.0, gt=0, description="Seconds between cleanups")
+    cleanup_batch: int = Field(default=1000, ge=1, description="Rows deleted per cleanup batch")
+    max_records: int = Field(
+        default=500, ge=1, description="Records fetched per poll (over all partitions)"
+    )
+    session_timeout: float = Field(
+        default=10.0, ge=1.0, description="Seconds without heartbeats before a worker is replaced"
+    )
+    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats")
+    pool_size: int = Field(default=8, ge=1, description="Database connections of the worker")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if not self.topics:
+            raise ValueError("OUTBOXKIT_TOPICS: the inbox needs the topics it consumes")
+        if self.heartbeat_interval * 3 > self.session_timeout:
+            raise ValueError(
+                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
+            )
+        return self
