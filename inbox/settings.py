@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from outboxkit.settings import ConnectionSettings
+from outboxkit.settings import ConnectionSettings, Duration
 
 
 class InboxSettings(ConnectionSettings):
@@ -26,7 +26,7 @@ class InboxSettings(ConnectionSettings):
     retry_backoff_max: float = Field(
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )
-    inbox_retention: timedelta = Field(
+    inbox_retention: Duration = Field(
         default=timedelta(days=7),
         description="Keep dedupe records this long; a duplicate arriving later is processed "
         "again, so keep it longer than the relay's retention plus any replay window",

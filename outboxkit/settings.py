@@ -9,10 +9,12 @@ the environment variable and says what to put there.
 
 from __future__ import annotations
 
+import contextlib
+from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from outboxkit.exceptions import ConfigurationError
@@ -28,6 +30,19 @@ _SCHEMES: dict[str, DatabaseKind] = {
     "mongodb": "mongodb",
     "mongodb+srv": "mongodb",
 }
+
+
+def _seconds_or_iso(value: object) -> object:
+    """Environment variables are strings: read "90" or "1.5" as seconds (ISO 8601 "PT90S",
+    "P7D" and pydantic's other forms pass through)."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return timedelta(seconds=float(value))
+    return value
+
+
+#: A duration setting: seconds ("3600") or ISO 8601 ("P7D", "PT1H").
+Duration = Annotated[timedelta, BeforeValidator(_seconds_or_iso)]
 
 
 def _split_commas(value: object) -> object:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Self
 
 from pydantic import Field, model_validator
 
-from outboxkit.settings import ConnectionSettings
+from outboxkit.settings import ConnectionSettings, Duration
 
 
 class RelaySettings(ConnectionSettings):
@@ -60,7 +59,7 @@ class RelaySettings(ConnectionSettings):
     retry_backoff_max: float = Field(
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )
-    retention: timedelta | None = Field(
+    retention: Duration | None = Field(
         default=None,
         description="Keep published records this long (for replay) instead of deleting them",
     )

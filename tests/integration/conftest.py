@@ -150,8 +150,10 @@ async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
     await admin.start()
     created: list[str] = []
 
-    async def create(prefix: str = "t", *, partitions: int = 1, replication: int = 1) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    async def create(
+        prefix: str = "t", *, partitions: int = 1, replication: int = 1, name: str | None = None
+    ) -> str:
+        name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
         await admin.create_topics([NewTopic(name, partitions, replication)])
         created.append(name)
         return name

@@ -1,0 +1,36 @@
+"""The inbox the inbox tests run (``outboxkit inbox tests.integration.inbox_app:inbox``).
+
+Its handler writes one ``effects`` row per handled event, with no unique constraint: a second
+effect of one event would show up as a second row."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+from pydantic import Field
+
+from outboxkit.inbox import Inbox
+from outboxkit.schemas import Event
+
+#: Each test names its own inbox (and so its own consumer group and dedupe key).
+inbox = Inbox(os.environ.get("TEST_INBOX_NAME", "tests"))
+
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS effects (event_id uuid, entity text, seq int)"
+
+
+class Payment(Event, type="test.payment", key_field="entity"):
+    entity: str
+    seq: int
+    amount: int = Field(default=1, ge=0)
+
+
+@inbox.handler(Payment)
+async def take_effect(event: Payment, tx: psycopg.AsyncConnection[Any]) -> None:
+    if event.entity == "always-fails":
+        raise RuntimeError(f"handler cannot process {event.entity}")
+    await tx.execute(
+        "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
+        (event.id, event.entity, event.seq),
+    )

@@ -1,0 +1,152 @@
+"""Tools for the inbox tests: produce events (and garbage) like a relay would, run inbox
+workers as processes, and read effects, offsets and dead letters back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from outboxkit.schemas import Event, encode
+from tests.integration.inbox_app import EFFECTS_DDL
+
+REPO = Path(__file__).resolve().parents[2]
+
+INBOX_ENV = {
+    "OUTBOXKIT_SESSION_TIMEOUT": "3",
+    "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
+    "OUTBOXKIT_RETRY_BACKOFF_MAX": "0.5",
+    "OUTBOXKIT_HANDLER_ATTEMPTS": "3",
+    "PYTHONPATH": str(REPO),
+}
+
+
+class InboxProcess:
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_path = log_dir / f"inbox-{uuid.uuid4().hex[:6]}.log"
+        self._env = {**os.environ, **INBOX_ENV, **env}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> InboxProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "outboxkit", "inbox", "tests.integration.inbox_app:inbox"],
+                env=self._env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        self.process.terminate()
+        return self.process.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def inbox_env(pg_url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
+    """Environment of an inbox worker for ``topic``; its inbox (and group) is named after it."""
+    return {
+        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "OUTBOXKIT_TOPICS": topic,
+        "TEST_INBOX_NAME": topic,
+        **extra,
+    }
+
+
+def group_of(topic: str) -> str:
+    return f"outboxkit.inbox.{topic}"
+
+
+async def create_effects_table(pg_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(EFFECTS_DDL)
+
+
+async def produce(
+    bootstrap: str,
+    events: Sequence[Event],
+    *,
+    raw: Sequence[tuple[str, bytes | None, list[tuple[str, bytes]]]] = (),
+) -> None:
+    """Publish encoded ``events`` (and ``raw`` (topic, value, headers) records) as a relay would."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for event in events:
+            wire = encode(event, source="urn:test")
+            await producer.send(wire.topic, wire.value, key=wire.key, headers=list(wire.headers))
+        for topic, value, headers in raw:
+            await producer.send(topic, value, key=b"raw", headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def effects(pg_url: str) -> list[tuple[uuid.UUID, str, int]]:
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute("SELECT event_id, entity, seq FROM effects")
+        return await cur.fetchall()
+
+
+async def caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
+    """Whether ``group`` has committed offsets up to the end of every partition of ``topic``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await admin.start()
+    await consumer.start()
+    try:
+        try:
+            committed = await admin.list_consumer_group_offsets(group)
+        except KafkaError:  # no group yet, or its coordinator is loading
+            return False
+        tps = [KafkaTP(topic, p) for p in range(partitions)]
+        end = await consumer.end_offsets(tps)
+        # A partition that never had a record has no committed offset, and needs none.
+        return all((committed[tp].offset if tp in committed else 0) >= end[tp] for tp in tps)
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tp = KafkaTP(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        async with asyncio.timeout(30):
+            while await consumer.position(tp) < end:
+                records.extend((await consumer.getmany(tp, timeout_ms=500)).get(tp, []))
+        return records
+    finally:
+        await consumer.stop()

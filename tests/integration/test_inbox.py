@@ -1,0 +1,245 @@
+"""The inbox's guarantees against real PostgreSQL and Apache Kafka: effects once (G6), bad input
+contained (G8), bounded dedupe storage (G7). Workers run as processes the tests kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outboxkit.embedded import EmbeddedPostgres
+from outboxkit.schemas import encode
+from tests.helpers import wait_for
+from tests.integration.conftest import MakeTopic, migrate_database
+from tests.integration.inbox_app import Payment
+from tests.integration.inbox_harness import (
+    InboxProcess,
+    caught_up,
+    create_effects_table,
+    effects,
+    group_of,
+    inbox_env,
+    produce,
+    read_all,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def _once_each(found: list[tuple[object, str, int]], expected: list[Payment]) -> None:
+    counts = Counter(event_id for event_id, _, _ in found)
+    assert set(counts) == {e.id for e in expected}, "every event took effect"
+    assert max(counts.values()) == 1, f"an event took effect twice: {counts.most_common(3)}"
+
+
+async def test_duplicates_from_any_source_take_effect_once(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("payments", partitions=3)
+    await create_effects_table(pg_url)
+    events = [Payment(topic=topic, entity=f"e{i % 7}", seq=i) for i in range(60)]
+    # A relay re-send (everything twice), then a replay of some, later.
+    await produce(kafka_bootstrap, [*events, *events])
+    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    try:
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3),
+            within=60,
+            what="catch up",
+        )
+        await produce(kafka_bootstrap, events[:10])
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3), within=30, what="replay"
+        )
+        _once_each(await effects(pg_url), events)
+        assert worker.terminate() == 0, worker.log()
+        assert "inbox stopped" in worker.log()
+    finally:
+        worker.kill()
+
+
+async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("payments")
+    dlq = await make_topic(name=f"{topic}.dlq")
+    await create_effects_table(pg_url)
+    good = [Payment(topic=topic, entity="ok", seq=i) for i in range(3)]
+    failing = Payment(topic=topic, entity="always-fails", seq=0)
+    valid = encode(good[0], source="urn:test")
+    headers = dict(valid.headers)
+    unknown_type = [(n, b"test.nobody" if n == "ce_type" else v) for n, v in valid.headers]
+    invalid_payload = json.dumps({"entity": "x", "seq": 1, "amount": -5}).encode()
+    await produce(
+        kafka_bootstrap,
+        [],
+        raw=[
+            (topic, b"\xff\x00 garbage", []),
+            (topic, valid.value, unknown_type),
+            (topic, invalid_payload, list(valid.headers)),
+        ],
+    )
+    await produce(kafka_bootstrap, [failing, *good])
+    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    try:
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
+        )
+        assert worker.alive(), worker.log()
+    finally:
+        worker.kill()
+    _once_each(await effects(pg_url), good)
+    letters = await read_all(kafka_bootstrap, dlq)
+    reasons = [dict(r.headers)["outboxkit-error-reason"].decode() for r in letters]
+    assert reasons == ["missing_header", "unknown_type", "invalid_payload", "handler_failed"]
+    garbage, _, invalid, handler = letters
+    assert garbage.value == b"\xff\x00 garbage"
+    assert invalid.value == invalid_payload
+    assert dict(invalid.headers)["ce_id"] == headers["ce_id"]
+    h = dict(handler.headers)
+    assert h["outboxkit-error-type"] == b"RuntimeError"
+    assert b"cannot process always-fails" in h["outboxkit-error-message"]
+    assert (h["outboxkit-source-topic"], h["outboxkit-inbox"]) == (topic.encode(), topic.encode())
+    assert h["outboxkit-source-offset"] == b"3"
+
+
+async def test_crash_between_database_commit_and_offset_commit(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G6: SIGKILL right after a record's transaction commits and before its offset commit, at
+    random records, again and again; each restart redelivers; every event takes effect once."""
+    topic = await make_topic("payments", partitions=2)
+    await create_effects_table(pg_url)
+    events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(200)]
+    await produce(kafka_bootstrap, events)
+    env = inbox_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_TEST_CRASH_AFTER_COMMIT="0.03")
+    crashes = 0
+
+    async def done_or_dead(worker: InboxProcess) -> bool:
+        return not worker.alive() or await caught_up(kafka_bootstrap, group_of(topic), topic, 2)
+
+    while not await caught_up(kafka_bootstrap, group_of(topic), topic, 2):
+        worker = InboxProcess(tmp_path, env).start()
+        try:
+            await wait_for(lambda w=worker: done_or_dead(w), within=60, what="a crash or the end")
+            crashed = not worker.alive()  # died by the test hook's SIGKILL
+        finally:
+            worker.kill()
+        crashes += crashed
+        assert crashes < 60, "too many rounds"
+    assert crashes >= 3, "the test hook crashed the worker too rarely to prove anything"
+    _once_each(await effects(pg_url), events)
+    print(f"{crashes} crashes between database commit and offset commit")
+
+
+async def test_database_restart_loses_nothing_and_dead_letters_nothing(
+    pg_factory: Callable[[], EmbeddedPostgres],
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+) -> None:
+    server = await asyncio.to_thread(pg_factory)
+    url = server.url()
+    await migrate_database(url)
+    await create_effects_table(url)
+    topic = await make_topic("payments", partitions=2)
+    await make_topic(name=f"{topic}.dlq")
+    first = [Payment(topic=topic, entity=f"e{i % 4}", seq=i) for i in range(100)]
+    second = [Payment(topic=topic, entity=f"e{i % 4}", seq=i) for i in range(100, 200)]
+    worker = InboxProcess(tmp_path, inbox_env(url, kafka_bootstrap, topic)).start()
+    try:
+        await produce(kafka_bootstrap, first)
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=60, what="first"
+        )
+        await asyncio.to_thread(server.stop, "immediate")
+        await produce(kafka_bootstrap, second)  # arrives while the database is down
+        await asyncio.sleep(2)
+        await asyncio.to_thread(server.start)
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=90, what="all"
+        )
+        assert worker.alive(), worker.log()
+        assert "record dead-lettered" not in worker.log()
+    finally:
+        worker.kill()
+    _once_each(await effects(url), first + second)
+    assert await read_all(kafka_bootstrap, f"{topic}.dlq") == []
+
+
+async def test_two_workers_rebalancing_take_each_effect_once(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("payments", partitions=4)
+    await create_effects_table(pg_url)
+    env = inbox_env(pg_url, kafka_bootstrap, topic)
+    batches = [
+        [Payment(topic=topic, entity=f"e{i % 9}", seq=b * 100 + i) for i in range(100)]
+        for b in range(4)
+    ]
+    one = InboxProcess(tmp_path, env).start()
+    two = InboxProcess(tmp_path, env)
+    try:
+        await produce(kafka_bootstrap, batches[0])
+        two.start()  # joins: a rebalance while records flow
+        await produce(kafka_bootstrap, batches[1])
+        await asyncio.sleep(3)
+        one.kill()  # dies without leaving: its partitions move after the session timeout
+        await produce(kafka_bootstrap, batches[2])
+        await produce(kafka_bootstrap, batches[3])
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 4), within=90, what="all"
+        )
+    finally:
+        one.kill()
+        two.kill()
+    _once_each(await effects(pg_url), [e for batch in batches for e in batch])
+
+
+async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """G7: dedupe rows older than the retention go, in small batches, while the worker runs."""
+    topic = await make_topic("payments")
+    await create_effects_table(pg_url)
+    env = inbox_env(
+        pg_url,
+        kafka_bootstrap,
+        topic,
+        OUTBOXKIT_INBOX_RETENTION="2",
+        OUTBOXKIT_CLEANUP_INTERVAL="0.5",
+        OUTBOXKIT_CLEANUP_BATCH="7",
+    )
+    events = [Payment(topic=topic, entity="e", seq=i) for i in range(50)]
+    worker = InboxProcess(tmp_path, env).start()
+
+    async def dedupe_rows() -> int:
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            cur = await conn.execute("SELECT count(*) FROM outboxkit.inbox")
+            row = await cur.fetchone()
+            return int(row[0]) if row else -1
+
+    try:
+        await produce(kafka_bootstrap, events)
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
+        )
+        assert await dedupe_rows() > 0
+        await wait_for(lambda: _is_zero(dedupe_rows), within=15, what="cleanup")
+        later = [Payment(topic=topic, entity="e", seq=i) for i in range(50, 60)]
+        await produce(kafka_bootstrap, later)
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=30, what="more"
+        )
+    finally:
+        worker.kill()
+    _once_each(await effects(pg_url), events + later)
+
+
+async def _is_zero(count: Callable[[], object]) -> bool:
+    return await count() == 0  # type: ignore[misc]
