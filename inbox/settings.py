@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from outboxkit.settings import ConnectionSettings, Duration
+from outboxkit.settings import Duration, WorkerSettings
 
 
-class InboxSettings(ConnectionSettings):
+class InboxSettings(WorkerSettings):
     """Where to consume from, where to record effects, and how to treat bad input."""
 
     dlq_suffix: str = Field(
@@ -23,9 +22,6 @@ class InboxSettings(ConnectionSettings):
         ge=1,
         description="Attempts of a raising handler before its event is dead-lettered",
     )
-    retry_backoff_max: float = Field(
-        default=5.0, gt=0, description="Longest wait between retries after an error"
-    )
     inbox_retention: Duration = Field(
         default=timedelta(days=7),
         description="Keep dedupe records this long; a duplicate arriving later is processed "
@@ -36,18 +32,4 @@ class InboxSettings(ConnectionSettings):
     max_records: int = Field(
         default=500, ge=1, description="Records fetched per poll (over all partitions)"
     )
-    session_timeout: float = Field(
-        default=10.0, ge=1.0, description="Seconds without heartbeats before a worker is replaced"
-    )
-    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats")
     pool_size: int = Field(default=8, ge=1, description="Database connections of the worker")
-
-    @model_validator(mode="after")
-    def _coherent(self) -> Self:
-        if not self.topics:
-            raise ValueError("OUTBOXKIT_TOPICS: the inbox needs the topics it consumes")
-        if self.heartbeat_interval * 3 > self.session_timeout:
-            raise ValueError(
-                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
-            )
-        return self

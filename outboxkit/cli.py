@@ -26,7 +26,7 @@ from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import Inbox, InboxSettings, InboxWorker, PostgresInboxStore
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
-from outboxkit.probes import serve_probes
+from outboxkit.probes import HealthCheck, serve_probes
 from outboxkit.relay import (
     OutboxStorage,
     PostgresOutboxStorage,
@@ -202,17 +202,12 @@ def relay(
             connect_timeout=settings.connect_timeout,
         ) as storage:
             worker = Relay(settings, storage)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.stop)
-            if http_port is not None:
 
-                def health() -> tuple[bool, RelayHealth]:
-                    state = worker.health()
-                    return state.healthy, state
+            def health() -> tuple[bool, RelayHealth]:
+                state = worker.health()
+                return state.healthy, state
 
-                await serve_probes(http_port, health)
-            await worker.run()
+            await _run_worker(worker.run, worker.stop, http_port, health)
 
     try:
         asyncio.run(run())
@@ -256,14 +251,26 @@ def inbox_command(
             connect_timeout=settings.connect_timeout,
         ) as store:
             worker = InboxWorker(inbox, settings, store)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.stop)
-            if http_port is not None:
-                await serve_probes(http_port, lambda: (True, {"inbox": inbox.name}))
-            await worker.run()
+            await _run_worker(
+                worker.run, worker.stop, http_port, lambda: (True, {"inbox": inbox.name})
+            )
 
     asyncio.run(run())
+
+
+async def _run_worker(
+    run: Callable[[], Awaitable[None]],
+    stop: Callable[[], None],
+    http_port: int | None,
+    health: HealthCheck,
+) -> None:
+    """Run a worker until SIGTERM/SIGINT asks it to drain, with its probes if a port is given."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    if http_port is not None:
+        await serve_probes(http_port, health)
+    await run()
 
 
 def _import_inbox(target: str) -> Inbox:

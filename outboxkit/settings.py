@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from outboxkit.exceptions import ConfigurationError
@@ -103,6 +103,28 @@ class ConnectionSettings(BaseSettings):
     @property
     def database_kind(self) -> DatabaseKind:
         return _SCHEMES[urlsplit(self.database_url).scheme]
+
+
+class WorkerSettings(ConnectionSettings):
+    """What every long-running worker (relay, inbox) shares: its topics and its group timing."""
+
+    session_timeout: float = Field(
+        default=10.0, ge=1.0, description="Seconds without heartbeats before a worker is replaced"
+    )
+    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats")
+    retry_backoff_max: float = Field(
+        default=5.0, gt=0, description="Longest wait between retries after an error"
+    )
+
+    @model_validator(mode="after")
+    def _worker_coherent(self) -> Self:
+        if not self.topics:
+            raise ValueError("OUTBOXKIT_TOPICS: a worker needs the topics it works on")
+        if self.heartbeat_interval * 3 > self.session_timeout:
+            raise ValueError(
+                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
+            )
+        return self
 
 
 def load_settings(cls: type[S], **values: Any) -> S:

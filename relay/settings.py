@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Self
+from pydantic import Field
 
-from pydantic import Field, model_validator
-
-from outboxkit.settings import ConnectionSettings, Duration
+from outboxkit.settings import Duration, WorkerSettings
 
 
-class RelaySettings(ConnectionSettings):
+class RelaySettings(WorkerSettings):
     """Where to read the outbox from, where to publish it, and how."""
 
     relay_name: str = Field(
@@ -36,10 +34,6 @@ class RelaySettings(ConnectionSettings):
         description="Seconds before the broker aborts a transaction of a frozen relay (while it "
         "is open, read_committed consumers of that partition wait)",
     )
-    session_timeout: float = Field(
-        default=10.0, ge=1.0, description="Seconds without heartbeats before a relay is replaced"
-    )
-    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats")
     sweep_interval: float = Field(
         default=5.0,
         gt=0,
@@ -55,9 +49,6 @@ class RelaySettings(ConnectionSettings):
         gt=0,
         description="Seconds a batch may take to be acknowledged before the relay discards the "
         "producer and retries with a fresh one",
-    )
-    retry_backoff_max: float = Field(
-        default=5.0, gt=0, description="Longest wait between retries after an error"
     )
     retention: Duration | None = Field(
         default=None,
@@ -82,16 +73,6 @@ class RelaySettings(ConnectionSettings):
         "partition as stalled",
     )
     pool_size: int = Field(default=4, ge=1, description="Database connections of the relay")
-
-    @model_validator(mode="after")
-    def _coherent(self) -> Self:
-        if not self.topics:
-            raise ValueError("OUTBOXKIT_TOPICS: the relay needs the topics it publishes to")
-        if self.heartbeat_interval * 3 > self.session_timeout:
-            raise ValueError(
-                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
-            )
-        return self
 
     @property
     def group_id(self) -> str:

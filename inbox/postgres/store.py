@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from types import TracebackType
 from typing import Self
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.handlers import Handler
+from outboxkit.pg import connection, make_pool
 from outboxkit.schemas import Event
 from outboxkit.sql import load_queries
 
@@ -24,15 +23,8 @@ class PostgresInboxStore:
     """Use as ``async with PostgresInboxStore(url) as store:``."""
 
     def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            kwargs={"autocommit": True, "connect_timeout": max(1, round(connect_timeout))},
-            check=AsyncConnectionPool.check_connection,
-            timeout=connect_timeout,
-            name="outboxkit-inbox",
+        self._pool = make_pool(
+            url, size=pool_size, connect_timeout=connect_timeout, name="outboxkit-inbox"
         )
 
     async def __aenter__(self) -> Self:
@@ -47,13 +39,8 @@ class PostgresInboxStore:
     ) -> None:
         await self._pool.close()
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise InboxStorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
+        return connection(self._pool, InboxStorageUnavailableError)
 
     async def process(
         self,

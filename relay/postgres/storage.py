@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -18,8 +18,8 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from outboxkit.pg import connection, make_pool
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.records import (
     OutboxRecord,
@@ -50,15 +50,8 @@ class PostgresOutboxStorage:
         self._url = url
         self._connect_timeout = connect_timeout
         self._listen_check_interval = listen_check_interval
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            kwargs={"autocommit": True, "connect_timeout": max(1, round(connect_timeout))},
-            check=AsyncConnectionPool.check_connection,
-            timeout=connect_timeout,
-            name="outboxkit-relay",
+        self._pool = make_pool(
+            url, size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
         )
 
     async def __aenter__(self) -> Self:
@@ -73,13 +66,8 @@ class PostgresOutboxStorage:
     ) -> None:
         await self._pool.close()
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
+        return connection(self._pool, StorageUnavailableError)
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
         async with self._connection() as conn:

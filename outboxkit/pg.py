@@ -1,0 +1,41 @@
+"""Connection pools for outboxkit's own PostgreSQL queries (the relay's and the inbox's)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from outboxkit.exceptions import OutboxkitError
+
+Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+
+
+def make_pool(url: str, *, size: int, connect_timeout: float, name: str) -> Pool:
+    """A closed pool of autocommit connections, each checked before use (a server restart
+    leaves broken connections behind). Open it with ``await pool.open(wait=False)``."""
+    return AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=size,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": max(1, round(connect_timeout))},
+        check=AsyncConnectionPool.check_connection,
+        timeout=connect_timeout,
+        name=name,
+    )
+
+
+@asynccontextmanager
+async def connection(
+    pool: Pool, unavailable: type[OutboxkitError]
+) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+    """A pooled connection; an unreachable server surfaces as ``unavailable`` (retriable)."""
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        raise unavailable(f"PostgreSQL is unavailable: {exc}") from exc
