@@ -14,15 +14,24 @@ from outboxkit.exceptions import OutboxkitError
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 
-def make_pool(url: str, *, size: int, connect_timeout: float, name: str) -> Pool:
+def make_pool(
+    url: str, *, size: int, connect_timeout: float, name: str, statement_timeout: float = 30.0
+) -> Pool:
     """A closed pool of autocommit connections, each checked before use (a server restart
-    leaves broken connections behind). Open it with ``await pool.open(wait=False)``."""
+    leaves broken connections behind). Open it with ``await pool.open(wait=False)``.
+
+    ``statement_timeout`` bounds every statement: one that runs away (a bad plan, a lock held
+    by someone else) fails and is retried instead of freezing its caller without a word."""
     return AsyncConnectionPool(
         url,
         min_size=1,
         max_size=size,
         open=False,
-        kwargs={"autocommit": True, "connect_timeout": max(1, round(connect_timeout))},
+        kwargs={
+            "autocommit": True,
+            "connect_timeout": max(1, round(connect_timeout)),
+            "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
+        },
         check=AsyncConnectionPool.check_connection,
         timeout=connect_timeout,
         name=name,
@@ -37,5 +46,5 @@ async def connection(
     try:
         async with pool.connection() as conn:
             yield conn
-    except (psycopg.OperationalError, PoolTimeout) as exc:
+    except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
         raise unavailable(f"PostgreSQL is unavailable: {exc}") from exc

@@ -361,11 +361,13 @@ class Relay:
         tp = worker.tp
         worker.wake.clear()
         publisher = await self._publisher(worker)
-        granted = await self._budget.take(self.settings.batch_size)
+        batch = first_per_key(await self.storage.fetch_pending(tp, self.settings.batch_size))
+        if not batch:
+            return False
+        # Count what is really sent against the bound, not what might have been.
+        granted = await self._budget.take(len(batch))
+        batch = batch[:granted]
         try:
-            batch = first_per_key(await self.storage.fetch_pending(tp, granted))
-            if not batch:
-                return False
             try:
                 async with asyncio.timeout(self.settings.publish_timeout):
                     outcome = await publisher.publish(batch)

@@ -21,20 +21,35 @@ FROM outboxkit.topics t
 WHERE t.topic = %(topic)s
 
 -- fetch_pending --
--- The head of one partition, oldest first: a range scan of the partial index
--- outbox_pending_idx, however many published rows are kept. No locks and no marks: only the
--- partition's owner (its Kafka assignment) reads here, and Kafka fences a stale owner.
--- Keys with a failed record are skipped, so nothing overtakes a parked record of its key.
-SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names, o.header_values,
-       o.event_id, o.attempts, o.created_at
-FROM outboxkit.outbox o
-WHERE o.topic = %(topic)s AND o.partition = %(partition)s AND o.state = 'pending'
-  AND NOT EXISTS (
-      SELECT 1 FROM outboxkit.outbox f
-      WHERE f.state = 'failed' AND f.topic = o.topic AND f.partition = o.partition
-        AND f.key = o.key
-  )
-ORDER BY o.id
+-- The head of one partition, oldest first, one record per key (the per-key barrier): the first
+-- %(scan)s pending rows are read in id order from the partial index outbox_pending_idx, and only
+-- the oldest row of each key in them is returned, so rows a batch cannot take are not shipped.
+-- ORDER BY (topic, partition, id) rather than id alone: only outbox_pending_idx gives that order,
+-- so the planner cannot switch to a primary-key scan through dead rows (seen after an
+-- autoanalyze during a large drain: one partition stalled for 50 s).
+-- No locks and no marks: only the partition's owner (its Kafka assignment) reads here, and
+-- Kafka fences a stale owner. Keys with a failed record are skipped, so nothing overtakes a
+-- parked record of its key.
+SELECT id, topic, partition, key, value, header_names, header_values, event_id, attempts,
+       created_at
+FROM (
+    SELECT DISTINCT ON (head.key) head.*
+    FROM (
+        SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names, o.header_values,
+               o.event_id, o.attempts, o.created_at
+        FROM outboxkit.outbox o
+        WHERE o.topic = %(topic)s AND o.partition = %(partition)s AND o.state = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM outboxkit.outbox f
+              WHERE f.state = 'failed' AND f.topic = o.topic AND f.partition = o.partition
+                AND f.key = o.key
+          )
+        ORDER BY o.topic, o.partition, o.id
+        LIMIT %(scan)s
+    ) head
+    ORDER BY head.key, head.id
+) firsts
+ORDER BY id
 LIMIT %(limit)s
 
 -- delete_published --

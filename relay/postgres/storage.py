@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 CHANNEL = "outboxkit_outbox"
 
+#: fetch_pending reads this many rows per record it may return: with repeated keys near the
+#: head, a wider window still fills the batch with distinct keys.
+_SCAN_FACTOR = 4
+
 
 class PostgresOutboxStorage:
     """Use as ``async with PostgresOutboxStorage(url) as storage:``."""
@@ -89,9 +93,13 @@ class PostgresOutboxStorage:
             )
 
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        rows = await self._fetch(
-            "fetch_pending", {"topic": tp.topic, "partition": tp.partition, "limit": limit}
-        )
+        params = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "limit": limit,
+            "scan": limit * _SCAN_FACTOR,
+        }
+        rows = await self._fetch("fetch_pending", params)
         return [
             OutboxRecord(
                 id=rid,

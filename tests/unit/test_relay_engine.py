@@ -737,3 +737,13 @@ async def test_health_reports_ownership_progress_and_stalled_partitions(
     await h.close()
     health = h.relay.health()
     assert (health.running, health.owned, health.healthy) == (False, [], False)
+
+
+def test_the_aiokafka_transaction_backoff_we_tune_still_exists() -> None:
+    """relay/publisher.py shortens aiokafka's retry after CONCURRENT_TRANSACTIONS; an aiokafka
+    upgrade that renames the constant must not silently bring back 20 ms per transaction."""
+    from aiokafka.producer import sender  # noqa: PLC0415
+
+    from outboxkit.relay import publisher  # noqa: PLC0415
+
+    assert sender.BACKOFF_OVERRIDE == publisher._CONCURRENT_TRANSACTIONS_BACKOFF
