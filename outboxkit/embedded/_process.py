@@ -36,7 +36,7 @@ def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: if the Python process dies (even by SIGKILL), so does the
     server, so a killed test run leaves no broker or database behind."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -64,7 +64,7 @@ def spawn(
             group=primary_group(user),
             extra_groups=[] if user else None,
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, before exec
         )
     finally:
         log.close()

@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests.integration.inbox_app import EFFECTS_DDL
 
@@ -46,6 +47,7 @@ class InboxProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
             )
         return self
 

@@ -21,6 +21,7 @@ import psycopg
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
+from outboxkit.embedded._process import die_with_parent
 from outboxkit.relay import PostgresOutbox
 from outboxkit.schemas import Event, EventRegistry
 
@@ -68,6 +69,7 @@ class RelayProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "outboxkit", "relay"],
                 env=self._env,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
