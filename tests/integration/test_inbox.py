@@ -159,7 +159,7 @@ async def test_database_restart_loses_nothing_and_dead_letters_nothing(
         )
         await asyncio.to_thread(server.stop, "immediate")
         await produce(kafka_bootstrap, second)  # arrives while the database is down
-        await asyncio.sleep(2)
+        await wait_for(lambda: "database unavailable" in worker.log(), within=30, what="a pause")
         await asyncio.to_thread(server.start)
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=90, what="all"
@@ -188,7 +188,7 @@ async def test_two_workers_rebalancing_take_each_effect_once(
         await produce(kafka_bootstrap, batches[0])
         two.start()  # joins: a rebalance while records flow
         await produce(kafka_bootstrap, batches[1])
-        await asyncio.sleep(3)
+        await wait_for(lambda: _count_at_least(pg_url, 200), within=60, what="two batches")
         one.kill()  # dies without leaving: its partitions move after the session timeout
         await produce(kafka_bootstrap, batches[2])
         await produce(kafka_bootstrap, batches[3])
@@ -239,6 +239,10 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
     finally:
         worker.kill()
     _once_each(await effects(pg_url), events + later)
+
+
+async def _count_at_least(pg_url: str, count: int) -> bool:
+    return len(await effects(pg_url)) >= count
 
 
 async def _is_zero(count: Callable[[], object]) -> bool:

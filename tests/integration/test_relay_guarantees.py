@@ -27,6 +27,7 @@ from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, migrate_database
 from tests.integration.relay_harness import (
     Big,
+    RelayProcess,
     Step,
     Writers,
     check_guarantees,
@@ -51,6 +52,15 @@ async def _drained(
 ) -> str:
     await wait_for(lambda: _is_empty(pg_url), within=60, what="the outbox to drain")
     return check_guarantees(writers, await read_topic(bootstrap, topic, partitions))
+
+
+def _owns(relay: RelayProcess) -> bool:
+    return "partitions assigned" in relay.log()
+
+
+async def _written_more(writers: Writers, count: int) -> None:
+    target = writers.total + count
+    await wait_for(lambda: writers.total >= target, within=30, what=f"{count} more events")
 
 
 async def _is_empty(pg_url: str) -> bool:
@@ -121,7 +131,9 @@ async def test_relay_sigkill_and_restart(
     writers.start()
     for round_ in range(4):
         with relays(tmp_path, env) as (relay,):
-            await asyncio.sleep(1.5 + round_ * 0.7)
+            await wait_for(lambda r=relay: _owns(r), within=30, what="ownership")
+            # Kill it at a different point of its work each round.
+            await _written_more(writers, 100 + round_ * 150)
             relay.kill()
     with relays(tmp_path, env):
         await writers.stop()
@@ -139,11 +151,13 @@ async def test_relays_join_and_leave(
     env = relay_env(pg_url, kafka_bootstrap, topic)
     writers.start()
     with relays(tmp_path, env, count=1) as first:
-        await asyncio.sleep(2)
+        await wait_for(lambda: _owns(first[0]), within=30, what="ownership")
+        await _written_more(writers, 200)
         with relays(tmp_path, env, count=2) as more:
-            await asyncio.sleep(6)
+            await wait_for(lambda: all(map(_owns, more)), within=30, what="a rebalance to 3")
+            await _written_more(writers, 300)
             assert more[0].terminate() == 0, more[0].log()  # leaves cleanly on SIGTERM
-            await asyncio.sleep(4)
+            await _written_more(writers, 300)
             await writers.stop()
             summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 6)
         assert first[0].process is not None
@@ -162,12 +176,20 @@ async def test_frozen_relay_is_fenced(
     env = relay_env(pg_url, kafka_bootstrap, topic)
     writers.start()
     with relays(tmp_path, env) as (zombie,):
-        await asyncio.sleep(2)
+        await wait_for(lambda: _owns(zombie), within=30, what="ownership")
+        await _written_more(writers, 200)
         zombie.signal(signal.SIGSTOP)
         with relays(tmp_path, env) as (successor,):
-            await asyncio.sleep(8)  # > session timeout: the successor owns everything
+            # It gets the partitions only once the frozen one's session timed out.
+            await wait_for(lambda: _owns(successor), within=30, what="the takeover")
+            await _written_more(writers, 200)
             zombie.signal(signal.SIGCONT)
-            await asyncio.sleep(4)
+            await wait_for(
+                lambda: "fenced" in zombie.log() or "partitions revoked" in zombie.log(),
+                within=30,
+                what="the zombie to notice",
+            )
+            await _written_more(writers, 200)
             await writers.stop()
             summary = await _drained(pg_url, writers, kafka_bootstrap, topic, 2)
             assert successor.process is not None
