@@ -8,7 +8,6 @@ from outboxkit.relay.engine import Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     NotInTransactionError,
     OwnershipLostError,
-    RecordNotFoundError,
     RelayError,
     StorageUnavailableError,
     UnknownTopicError,
@@ -30,7 +29,6 @@ __all__ = [
     "PostgresOutbox",
     "PostgresOutboxStorage",
     "RecordInfo",
-    "RecordNotFoundError",
     "Relay",
     "RelayError",
     "RelayHealth",

@@ -23,10 +23,6 @@ class UnknownTopicError(RelayError):
     """The topic is not registered in outboxkit.topics."""
 
 
-class RecordNotFoundError(RelayError):
-    """No outbox record has that event id."""
-
-
 class OwnershipLostError(RelayError):
     """Another relay took over this partition; this one must stop publishing it."""
 

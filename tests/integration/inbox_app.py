@@ -12,6 +12,7 @@ import psycopg
 from pydantic import Field
 
 from outboxkit.inbox import Inbox
+from outboxkit.relay import PostgresOutbox
 from outboxkit.schemas import Event
 
 #: Each test names its own inbox (and so its own consumer group and dedupe key).
@@ -34,3 +35,22 @@ async def take_effect(event: Payment, tx: psycopg.AsyncConnection[Any]) -> None:
         "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
         (event.id, event.entity, event.seq),
     )
+
+
+class Refund(Event, type="test.refund", key_field="entity"):
+    entity: str
+    seq: int
+
+
+class RefundIssued(Event, type="test.refund_issued", topic="refunds-issued", key_field="entity"):
+    entity: str
+    seq: int
+
+
+outbox = PostgresOutbox(source="urn:test:inbox")
+
+
+@inbox.handler(Refund)
+async def issue_refund(event: Refund, tx: psycopg.AsyncConnection[Any]) -> None:
+    """Chaining: the handler's effect is an outbox event, in the same transaction."""
+    await outbox.add(tx, RefundIssued(entity=event.entity, seq=event.seq))

@@ -16,7 +16,7 @@ from outboxkit.embedded import EmbeddedPostgres
 from outboxkit.schemas import encode
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, migrate_database
-from tests.integration.inbox_app import Payment
+from tests.integration.inbox_app import Payment, Refund
 from tests.integration.inbox_harness import (
     InboxProcess,
     caught_up,
@@ -239,6 +239,30 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
     finally:
         worker.kill()
     _once_each(await effects(pg_url), events + later)
+
+
+async def test_handler_chains_an_outbox_event_once(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """inbox → handler → outbox in one transaction: a redelivered event adds no second row."""
+    topic = await make_topic("refunds")
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("INSERT INTO outboxkit.topics VALUES ('refunds-issued', 3)")
+    refunds = [Refund(topic=topic, entity=f"r{i}", seq=i) for i in range(20)]
+    await produce(kafka_bootstrap, [*refunds, *refunds])
+    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    try:
+        await wait_for(
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
+        )
+    finally:
+        worker.kill()
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT key, count(*) FROM outboxkit.outbox WHERE topic = 'refunds-issued' GROUP BY key"
+        )
+        rows = dict(await cur.fetchall())
+    assert rows == {f"r{i}".encode(): 1 for i in range(20)}
 
 
 async def _count_at_least(pg_url: str, count: int) -> bool:
