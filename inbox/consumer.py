@@ -33,7 +33,7 @@ from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.handlers import Handler, Inbox
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
-from outboxkit.inbox.store import InboxStore
+from outboxkit.inbox.store import Delivery, InboxStore
 from outboxkit.schemas import Event, EventDecodeError
 
 logger = structlog.get_logger("outboxkit.inbox")
@@ -139,15 +139,66 @@ class InboxWorker:
     async def _process_partition(
         self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]
     ) -> None:
-        for record in records:
-            if self._stopping.is_set():
-                return
+        """Handle ``records`` in order, several per database transaction. A record's offset is
+        marked done only once its transaction committed (or it was absorbed or dead-lettered)."""
+        batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery]] = []
+        try:
+            for record in records:
+                if self._stopping.is_set():
+                    break
+                self.metrics.consumed.labels(self.inbox.name, record.topic).inc()
+                try:
+                    event = self.inbox.registry.decode_record(record)
+                except EventDecodeError as exc:
+                    await self._flush(tp, batch)
+                    await self._dead_letter(record, str(exc.reason), exc)
+                    self._pending_offsets[tp] = record.offset + 1
+                    continue
+                handler = self.inbox.handler_for(event)
+                if handler is None:  # registered for decoding only: nothing to do
+                    await self._flush(tp, batch)
+                    self._pending_offsets[tp] = record.offset + 1
+                    continue
+                delivery = Delivery(event, handler, record.topic, record.partition, record.offset)
+                batch.append((record, delivery))
+                if len(batch) >= self.settings.transaction_batch:
+                    await self._flush(tp, batch)
+            await self._flush(tp, batch)
+        except _Stopping:
+            return
+
+    async def _flush(
+        self, tp: TopicPartition, batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery]]
+    ) -> None:
+        """Commit ``batch`` in one transaction; a record whose handler raises goes through the
+        one-record path (retries with backoff, then the dead-letter topic). Empties ``batch``."""
+        while batch:
+            started = time.perf_counter()
             try:
+                outcome = await self.store.process_batch(self.inbox.name, [d for _, d in batch])
+            except InboxStorageUnavailableError as exc:
+                # Not the records' fault: keep the position and try the same batch again.
+                self.metrics.storage_errors.labels(self.inbox.name).inc()
+                self._log.warning("database unavailable, pausing", error=str(exc))
+                await self._pause()
+                continue
+            if outcome.ran:
+                self.metrics.handler_seconds.labels(self.inbox.name).observe(
+                    (time.perf_counter() - started) / len(outcome.ran)
+                )
+            for (record, _), ran in zip(batch, outcome.ran, strict=False):
+                counter = self.metrics.handled if ran else self.metrics.duplicates
+                counter.labels(self.inbox.name).inc()
+                self._pending_offsets[tp] = record.offset + 1
+            if any(outcome.ran):
+                _maybe_crash()
+            done = len(outcome.ran)
+            if outcome.failed is not None:
+                record = batch[done][0]
                 await self._process_record(record)
-            except _Stopping:
-                return
-            # Done with this record (effects committed, absorbed or dead-lettered).
-            self._pending_offsets[tp] = record.offset + 1
+                self._pending_offsets[tp] = record.offset + 1
+                done += 1
+            del batch[:done]
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         if not self._pending_offsets:
@@ -167,7 +218,7 @@ class InboxWorker:
     # -- one record --------------------------------------------------------------------------
 
     async def _process_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        self.metrics.consumed.labels(self.inbox.name, record.topic).inc()
+        """One record on its own: retries a raising handler with backoff, then dead-letters."""
         try:
             event = self.inbox.registry.decode_record(record)
         except EventDecodeError as exc:
@@ -227,8 +278,7 @@ class InboxWorker:
                 )
         if ran:
             self.metrics.handled.labels(self.inbox.name).inc()
-            if _CRASH_AFTER_COMMIT and _random() < _CRASH_AFTER_COMMIT:
-                os.kill(os.getpid(), signal.SIGKILL)
+            _maybe_crash()
         else:
             self.metrics.duplicates.labels(self.inbox.name).inc()
             log.debug("duplicate absorbed")
@@ -287,8 +337,10 @@ class InboxWorker:
             await asyncio.sleep(self.settings.cleanup_interval)
 
 
-def _random() -> float:
-    return int.from_bytes(os.urandom(4), "big") / 2**32
+def _maybe_crash() -> None:
+    """The test hook: after a database commit, before the offset commit."""
+    if _CRASH_AFTER_COMMIT and int.from_bytes(os.urandom(4), "big") / 2**32 < _CRASH_AFTER_COMMIT:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]

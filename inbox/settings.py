@@ -29,6 +29,12 @@ class InboxSettings(WorkerSettings):
     )
     cleanup_interval: float = Field(default=60.0, gt=0, description="Seconds between cleanups")
     cleanup_batch: int = Field(default=1000, ge=1, description="Rows deleted per cleanup batch")
+    transaction_batch: int = Field(
+        default=100,
+        ge=1,
+        description="Records of one partition handled in one database transaction (one commit); "
+        "each in a savepoint, so a failing handler only rolls back its own record",
+    )
     max_records: int = Field(
         default=500, ge=1, description="Records fetched per poll (over all partitions)"
     )

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
 from outboxkit.inbox.handlers import Handler
 from outboxkit.schemas import Event
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One decoded record to take effect for: the event, its handler and where it came from."""
+
+    event: Event
+    handler: Handler
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """``ran[i]``: whether delivery i's handler ran (False: a duplicate, absorbed). The
+    transaction committed exactly ``len(ran)`` deliveries. ``failed`` names the delivery whose
+    handler raised (its effects were rolled back; the ones after it were not attempted)."""
+
+    ran: list[bool] = field(default_factory=list)
+    failed: tuple[int, Exception] | None = None
 
 
 class InboxStore(Protocol):
@@ -23,6 +46,11 @@ class InboxStore(Protocol):
         """In one transaction: record (consumer, event id); if it was new, run ``handler``.
         Return whether the handler ran (False: a duplicate, absorbed). A handler exception
         rolls everything back and propagates."""
+
+    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
+        """Like :meth:`process` for several deliveries in **one** transaction (one commit, one
+        fsync), each in a savepoint: a raising handler rolls back only its own delivery, and the
+        batch stops there and commits what came before."""
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` dedupe records older than ``older_than``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from types import TracebackType
@@ -12,6 +13,7 @@ from psycopg.rows import TupleRow
 
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.handlers import Handler
+from outboxkit.inbox.store import BatchOutcome, Delivery
 from outboxkit.pg import connection, make_pool
 from outboxkit.schemas import Event
 from outboxkit.sql import load_queries
@@ -53,21 +55,31 @@ class PostgresInboxStore:
         offset: int,
     ) -> bool:
         async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                _QUERIES["claim_event"],
-                {
-                    "consumer": consumer,
-                    "event_id": event.id,
-                    "event_type": event.event_type,
-                    "topic": topic,
-                    "partition": partition,
-                    "offset": offset,
-                },
-            )
+            delivery = Delivery(event, handler, topic, partition, offset)
+            cur = await conn.execute(_QUERIES["claim_event"], _claim_params(consumer, delivery))
             if cur.rowcount == 0:
                 return False
             await handler(event, conn)
             return True
+
+    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
+        outcome = BatchOutcome()
+        async with self._connection() as conn, conn.transaction():
+            for index, d in enumerate(deliveries):
+                try:
+                    async with conn.transaction():  # a savepoint per delivery
+                        cur = await conn.execute(
+                            _QUERIES["claim_event"], _claim_params(consumer, d)
+                        )
+                        if cur.rowcount:
+                            await d.handler(d.event, conn)
+                except psycopg.OperationalError:
+                    raise  # the connection is gone: nothing of this batch committed
+                except Exception as exc:
+                    outcome.failed = (index, exc)
+                    break
+                outcome.ran.append(bool(cur.rowcount))
+        return outcome
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         async with self._connection() as conn:
@@ -79,3 +91,14 @@ class PostgresInboxStore:
             cur = await conn.execute(_QUERIES["count"], {"consumer": consumer})
             row = await cur.fetchone()
             return int(row[0]) if row else 0
+
+
+def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
+    return {
+        "consumer": consumer,
+        "event_id": d.event.id,
+        "event_type": d.event.event_type,
+        "topic": d.topic,
+        "partition": d.partition,
+        "offset": d.offset,
+    }

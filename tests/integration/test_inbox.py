@@ -115,9 +115,16 @@ async def test_crash_between_database_commit_and_offset_commit(
     random records, again and again; each restart redelivers; every event takes effect once."""
     topic = await make_topic("payments", partitions=2)
     await create_effects_table(pg_url)
-    events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(200)]
+    events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(400)]
     await produce(kafka_bootstrap, events)
-    env = inbox_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_TEST_CRASH_AFTER_COMMIT="0.03")
+    # Small transactions (7 records) so that there are many commits to crash after.
+    env = inbox_env(
+        pg_url,
+        kafka_bootstrap,
+        topic,
+        OUTBOXKIT_TEST_CRASH_AFTER_COMMIT="0.2",
+        OUTBOXKIT_TRANSACTION_BATCH="7",
+    )
     crashes = 0
 
     async def done_or_dead(worker: InboxProcess) -> bool:
