@@ -86,6 +86,8 @@ class RelayHealth:
     stalled: list[str]
     seconds_since_progress: float | None
     last_error: str | None
+    #: Owned per the group, but another relay's producer fenced ours (a rebalance is coming).
+    fenced: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -163,6 +165,7 @@ class Relay:
         self._last_progress: float | None = None
         self._last_error: str | None = None
         self._stalled: set[TopicPartition] = set()
+        self._fenced: set[TopicPartition] = set()
         self._worker_failed = asyncio.Event()
         self._worker_error: BaseException | None = None
         self._ownership: Ownership | None = None
@@ -226,6 +229,7 @@ class Relay:
             running=self._running,
             owned=sorted(str(tp) for tp in self._workers),
             stalled=sorted(str(tp) for tp in self._stalled if tp in self._workers),
+            fenced=sorted(str(tp) for tp in self._fenced if tp in self._workers),
             seconds_since_progress=since,
             last_error=self._last_error,
         )
@@ -243,6 +247,7 @@ class Relay:
                 logger.warning("could not record the partition counts", error=repr(exc))
         for tp in partitions:
             if tp not in self._workers:
+                self._fenced.discard(tp)
                 worker = _Worker(tp)
                 worker.task = asyncio.create_task(self._work(worker), name=f"partition {tp}")
                 worker.task.add_done_callback(self._on_worker_done)
@@ -287,6 +292,7 @@ class Relay:
                             published = await self._cycle(worker, log)
                 except OwnershipLostError as exc:
                     log.warning("partition fenced: another relay owns it now", error=str(exc))
+                    self._fenced.add(tp)
                     self.metrics.publish_errors.labels(tp.topic, "fenced").inc()
                     return
                 if published:
