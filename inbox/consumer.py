@@ -265,14 +265,11 @@ class InboxWorker:
         async for attempt in retrying:
             with attempt:
                 started = time.perf_counter()
-                ran = await self.store.process(
-                    self.inbox.name,
-                    event,
-                    handler,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                )
+                delivery = Delivery(event, handler, record.topic, record.partition, record.offset)
+                outcome = await self.store.process_batch(self.inbox.name, [delivery])
+                if outcome.failed is not None:
+                    raise outcome.failed[1]
+                [ran] = outcome.ran
                 self.metrics.handler_seconds.labels(self.inbox.name).observe(
                     time.perf_counter() - started
                 )

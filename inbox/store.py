@@ -33,24 +33,11 @@ class BatchOutcome:
 
 
 class InboxStore(Protocol):
-    async def process(
-        self,
-        consumer: str,
-        event: Event,
-        handler: Handler,
-        *,
-        topic: str,
-        partition: int,
-        offset: int,
-    ) -> bool:
-        """In one transaction: record (consumer, event id); if it was new, run ``handler``.
-        Return whether the handler ran (False: a duplicate, absorbed). A handler exception
-        rolls everything back and propagates."""
-
     async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
-        """Like :meth:`process` for several deliveries in **one** transaction (one commit, one
-        fsync), each in a savepoint: a raising handler rolls back only its own delivery, and the
-        batch stops there and commits what came before."""
+        """In **one** transaction (one commit, one fsync), for each delivery: record (consumer,
+        event id); if that was new, run its handler. Each delivery has a savepoint: a raising
+        handler rolls back only its own delivery, and the batch stops there and commits what
+        came before. A database failure raises and commits nothing."""
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` dedupe records older than ``older_than``."""

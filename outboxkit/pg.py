@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Self
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -48,3 +50,28 @@ async def connection(
             yield conn
     except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
         raise unavailable(f"PostgreSQL is unavailable: {exc}") from exc
+
+
+class PooledStore:
+    """Base of outboxkit's PostgreSQL stores: a pool opened and closed with ``async with``,
+    and connections whose failures surface as the store's own retriable error."""
+
+    unavailable: type[OutboxkitError]
+
+    def __init__(self, url: str, *, pool_size: int, connect_timeout: float, name: str) -> None:
+        self._pool = make_pool(url, size=pool_size, connect_timeout=connect_timeout, name=name)
+
+    async def __aenter__(self) -> Self:
+        await self._pool.open(wait=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._pool.close()
+
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
+        return connection(self._pool, self.unavailable)

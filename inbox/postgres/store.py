@@ -3,64 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from types import TracebackType
-from typing import Self
 
 import psycopg
-from psycopg.rows import TupleRow
 
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
-from outboxkit.inbox.handlers import Handler
 from outboxkit.inbox.store import BatchOutcome, Delivery
-from outboxkit.pg import connection, make_pool
-from outboxkit.schemas import Event
+from outboxkit.pg import PooledStore
 from outboxkit.sql import load_queries
 
 _QUERIES = load_queries("outboxkit.inbox.postgres", "queries.sql")
 
 
-class PostgresInboxStore:
+class PostgresInboxStore(PooledStore):
     """Use as ``async with PostgresInboxStore(url) as store:``."""
 
+    unavailable = InboxStorageUnavailableError
+
     def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
-        self._pool = make_pool(
-            url, size=pool_size, connect_timeout=connect_timeout, name="outboxkit-inbox"
+        super().__init__(
+            url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-inbox"
         )
-
-    async def __aenter__(self) -> Self:
-        await self._pool.open(wait=False)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._pool.close()
-
-    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
-        return connection(self._pool, InboxStorageUnavailableError)
-
-    async def process(
-        self,
-        consumer: str,
-        event: Event,
-        handler: Handler,
-        *,
-        topic: str,
-        partition: int,
-        offset: int,
-    ) -> bool:
-        async with self._connection() as conn, conn.transaction():
-            delivery = Delivery(event, handler, topic, partition, offset)
-            cur = await conn.execute(_QUERIES["claim_event"], _claim_params(consumer, delivery))
-            if cur.rowcount == 0:
-                return False
-            await handler(event, conn)
-            return True
 
     async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
         outcome = BatchOutcome()

@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from outboxkit.pg import connection, make_pool
+from outboxkit.pg import PooledStore
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.records import (
     OutboxRecord,
@@ -40,8 +38,10 @@ CHANNEL = "outboxkit_outbox"
 _SCAN_FACTOR = 4
 
 
-class PostgresOutboxStorage:
+class PostgresOutboxStorage(PooledStore):
     """Use as ``async with PostgresOutboxStorage(url) as storage:``."""
+
+    unavailable = StorageUnavailableError
 
     def __init__(
         self,
@@ -54,24 +54,9 @@ class PostgresOutboxStorage:
         self._url = url
         self._connect_timeout = connect_timeout
         self._listen_check_interval = listen_check_interval
-        self._pool = make_pool(
-            url, size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
+        super().__init__(
+            url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
         )
-
-    async def __aenter__(self) -> Self:
-        await self._pool.open(wait=False)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._pool.close()
-
-    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
-        return connection(self._pool, StorageUnavailableError)
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
         async with self._connection() as conn:
