@@ -22,8 +22,10 @@ import typer
 
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
+from outboxkit.demo.cli import demo_app
 from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import Inbox, InboxSettings, InboxWorker, PostgresInboxStore
+from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import HealthCheck, serve_probes
@@ -286,6 +288,9 @@ def _import_inbox(target: str) -> Inbox:
         raise ConfigurationError(f"{target!r} is not an outboxkit.inbox.Inbox (got {inbox!r})")
     return inbox
 
+
+app.add_typer(demo_app, name="demo")
+app.add_typer(pipeline_app, name="pipeline")
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox: pending backlog, failed records, retry, skip, replay.",

@@ -1,0 +1,1 @@
+"""The Spark pipeline: PySpark Structured Streaming over the outbox topics (``[spark]`` extra)."""

@@ -1,0 +1,1 @@
+"""``outboxkit demo``: the whole flow on one machine with no external services."""
