@@ -91,7 +91,7 @@ class InboxWorker:
         producer = AIOKafkaProducer(
             bootstrap_servers=s.kafka_bootstrap_servers,
             acks="all",
-            enable_idempotence=True,
+            enable_idempotence=s.dlq_idempotence,
             client_id=f"{self.group_id}.dlq",
         )
         self._consumer, self._producer = consumer, producer

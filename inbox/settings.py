@@ -17,6 +17,11 @@ class InboxSettings(WorkerSettings):
         min_length=1,
         description="Dead-letter topic of a topic: <topic><suffix> (the topic must exist)",
     )
+    dlq_idempotence: bool = Field(
+        default=True,
+        description="Write dead letters with an idempotent producer (no duplicates when a send is "
+        "retried). Turn off only for brokers without idempotent producers (the Tansu demo broker)",
+    )
     handler_attempts: int = Field(
         default=5,
         ge=1,
