@@ -3,7 +3,7 @@
 Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
-from outboxkit.inbox.consumer import InboxWorker
+from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.exceptions import (
     HandlerRegistrationError,
     InboxError,
@@ -19,6 +19,7 @@ __all__ = [
     "HandlerRegistrationError",
     "Inbox",
     "InboxError",
+    "InboxHealth",
     "InboxMetrics",
     "InboxSettings",
     "InboxStorageUnavailableError",

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import structlog
@@ -47,6 +48,24 @@ class _Stopping(Exception):
     """The worker was asked to stop while waiting to retry."""
 
 
+@dataclass
+class InboxHealth:
+    """What a probe reports about an inbox worker. ``healthy`` is false when the worker is not
+    running or the database has been unavailable since ``last_error``."""
+
+    running: bool
+    assigned: list[str]
+    #: Records behind the partition's high watermark, as of the last poll.
+    lag: dict[str, int] = field(default_factory=dict)
+    seconds_since_progress: float | None = None
+    last_error: str | None = None
+    database_available: bool = True
+
+    @property
+    def healthy(self) -> bool:
+        return self.running and self.database_available
+
+
 class InboxWorker:
     """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`."""
 
@@ -70,6 +89,23 @@ class InboxWorker:
         self._producer: AIOKafkaProducer | None = None
         self._pending_offsets: dict[TopicPartition, int] = {}
         self._log = logger.bind(inbox=inbox.name)
+        self._running = False
+        self._assigned: frozenset[TopicPartition] = frozenset()
+        self._lag: dict[TopicPartition, int] = {}
+        self._last_progress: float | None = None
+        self._last_error: str | None = None
+        self._database_available = True
+
+    def health(self) -> InboxHealth:
+        since = None if self._last_progress is None else time.monotonic() - self._last_progress
+        return InboxHealth(
+            running=self._running,
+            assigned=sorted(f"{tp.topic}[{tp.partition}]" for tp in self._assigned),
+            lag={f"{tp.topic}[{tp.partition}]": n for tp, n in sorted(self._lag.items())},
+            seconds_since_progress=since,
+            last_error=self._last_error,
+            database_available=self._database_available,
+        )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -99,6 +135,7 @@ class InboxWorker:
         try:
             await consumer.start()
             cleanup = asyncio.create_task(self._clean_up(), name="cleanup")
+            self._running = True
             try:
                 while not self._stopping.is_set():
                     batches = await consumer.getmany(timeout_ms=500)
@@ -107,6 +144,7 @@ class InboxWorker:
                     if cleanup.done():
                         cleanup.result()  # a dead side task stops the worker loudly
             finally:
+                self._running = False
                 cleanup.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await cleanup
@@ -132,9 +170,9 @@ class InboxWorker:
         for tp in batches:
             high = consumer.highwater(tp)
             if high is not None and tp in self._pending_offsets:
-                self.metrics.lag.labels(self.inbox.name, tp.topic, str(tp.partition)).set(
-                    max(high - self._pending_offsets[tp], 0)
-                )
+                lag = max(high - self._pending_offsets[tp], 0)
+                self._lag[tp] = lag
+                self.metrics.lag.labels(self.inbox.name, tp.topic, str(tp.partition)).set(lag)
 
     async def _process_partition(
         self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]
@@ -178,10 +216,12 @@ class InboxWorker:
                 outcome = await self.store.process_batch(self.inbox.name, [d for _, d in batch])
             except InboxStorageUnavailableError as exc:
                 # Not the records' fault: keep the position and try the same batch again.
-                self.metrics.storage_errors.labels(self.inbox.name).inc()
+                self._storage_unavailable(exc)
                 self._log.warning("database unavailable, pausing", error=str(exc))
                 await self._pause()
                 continue
+            self._database_available = True
+            self._last_progress = time.monotonic()
             if outcome.ran:
                 self.metrics.handler_seconds.labels(self.inbox.name).observe(
                     (time.perf_counter() - started) / len(outcome.ran)
@@ -231,13 +271,16 @@ class InboxWorker:
         while True:
             try:
                 await self._handle(event, handler, record, log)
+                self._database_available = True
+                self._last_progress = time.monotonic()
                 return
             except InboxStorageUnavailableError as exc:
                 # Not the record's fault: keep the position and try the same record again.
-                self.metrics.storage_errors.labels(self.inbox.name).inc()
+                self._storage_unavailable(exc)
                 log.warning("database unavailable, pausing", error=str(exc))
                 await self._pause()
             except Exception as exc:  # the handler kept raising
+                self._last_error = f"handler failed: {exc!r}"
                 log.error("handler failed, dead-lettering", error=repr(exc))
                 await self._dead_letter(record, "handler_failed", exc)
                 return
@@ -311,6 +354,11 @@ class InboxWorker:
             offset=record.offset,
         )
 
+    def _storage_unavailable(self, exc: InboxStorageUnavailableError) -> None:
+        self.metrics.storage_errors.labels(self.inbox.name).inc()
+        self._database_available = False
+        self._last_error = str(exc)
+
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.retry_backoff_max):
@@ -348,6 +396,9 @@ class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         self._worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._worker._assigned -= revoked
+        for tp in revoked:
+            self._worker._lag.pop(tp, None)
         try:
             await self._worker._idle.wait()
             if self._worker._consumer is not None:
@@ -358,4 +409,4 @@ class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
             logger.exception("committing on revocation failed")
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        return None
+        self._worker._assigned |= assigned

@@ -64,3 +64,8 @@ class Inbox:
     @property
     def event_types(self) -> list[type[Event]]:
         return list(self._handlers)
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics of the handled event types: what this inbox consumes by default."""
+        return sorted({cls.event_topic for cls in self._handlers if cls.event_topic is not None})

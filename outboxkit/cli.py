@@ -24,7 +24,13 @@ from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
 from outboxkit.demo.cli import demo_app
 from outboxkit.exceptions import ConfigurationError
-from outboxkit.inbox import Inbox, InboxSettings, InboxWorker, PostgresInboxStore
+from outboxkit.inbox import (
+    Inbox,
+    InboxHealth,
+    InboxSettings,
+    InboxWorker,
+    PostgresInboxStore,
+)
 from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
@@ -253,9 +259,12 @@ def inbox_command(
             connect_timeout=settings.connect_timeout,
         ) as store:
             worker = InboxWorker(inbox, settings, store)
-            await _run_worker(
-                worker.run, worker.stop, http_port, lambda: (True, {"inbox": inbox.name})
-            )
+
+            def health() -> tuple[bool, InboxHealth]:
+                state = worker.health()
+                return state.healthy, state
+
+            await _run_worker(worker.run, worker.stop, http_port, health)
 
     asyncio.run(run())
 
