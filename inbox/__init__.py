@@ -4,7 +4,9 @@ Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
+from outboxkit.inbox.dlq import DeadLetter, read_dead_letters, replay_dead_letters
 from outboxkit.inbox.exceptions import (
+    DeadLetterError,
     HandlerRegistrationError,
     InboxError,
     InboxStorageUnavailableError,
@@ -16,6 +18,8 @@ from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import InboxStore
 
 __all__ = [
+    "DeadLetter",
+    "DeadLetterError",
     "HandlerRegistrationError",
     "Inbox",
     "InboxError",
@@ -26,4 +30,6 @@ __all__ = [
     "InboxStore",
     "InboxWorker",
     "PostgresInboxStore",
+    "read_dead_letters",
+    "replay_dead_letters",
 ]

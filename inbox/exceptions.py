@@ -3,7 +3,7 @@
 InboxError
 ├── HandlerRegistrationError   a handler declared for a non-Event or twice
 ├── InboxStorageUnavailableError   the database cannot be reached (retriable: pause, never DLQ)
-└── DeadLetterError            a record could not be written to its dead-letter topic
+└── DeadLetterError            a dead-letter topic cannot be read, or a replay is impossible
 """
 
 from outboxkit.exceptions import OutboxkitError
@@ -21,3 +21,7 @@ class InboxStorageUnavailableError(InboxError):
     """The inbox database cannot be reached; the consumer pauses and tries again."""
 
     retriable = True
+
+
+class DeadLetterError(InboxError):
+    """A dead-letter topic cannot be read or replayed as asked."""

@@ -11,7 +11,8 @@ import importlib
 import json
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, TypeVar
@@ -19,19 +20,26 @@ from uuid import UUID
 
 import psycopg
 import typer
+from aiokafka.errors import KafkaError
+from rich.progress import Progress
 
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
 from outboxkit.demo.cli import demo_app
 from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import (
+    DeadLetter,
+    DeadLetterError,
     Inbox,
     InboxHealth,
     InboxSettings,
     InboxWorker,
     PostgresInboxStore,
+    read_dead_letters,
+    replay_dead_letters,
 )
 from outboxkit.inbox.spark.cli import pipeline_app
+from outboxkit.kafka import partition_counts
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import HealthCheck, serve_probes
@@ -223,7 +231,15 @@ def relay(
         raise _fail_config(exc) from None
 
 
-@app.command("inbox")
+inbox_app = typer.Typer(
+    help="Run an inbox worker (outboxkit inbox module:inbox), or inspect and replay its "
+    "dead-letter topics (outboxkit inbox dlq …).",
+    no_args_is_help=True,
+)
+app.add_typer(inbox_app, name="inbox")
+
+
+@inbox_app.command("run")
 def inbox_command(
     target: Annotated[
         str,
@@ -404,5 +420,157 @@ def outbox_replay(event_ids: EventIds, database_url: DatabaseUrl = None) -> None
     _repair(database_url, _event_ids(event_ids), "replaying", "replay")
 
 
-def main() -> None:
-    app()
+dlq_app = typer.Typer(
+    help="Dead-letter topics (<topic><suffix>): list what the inbox dead-lettered, replay it.",
+    no_args_is_help=True,
+)
+inbox_app.add_typer(dlq_app, name="dlq")
+
+DlqSuffix = Annotated[
+    str,
+    typer.Option(
+        envvar="OUTBOXKIT_DLQ_SUFFIX", help="Dead-letter topic of a topic: <topic><suffix>."
+    ),
+]
+
+
+def _dlq_topics(topics: str | None, suffix: str) -> list[str]:
+    names = [t.strip() for t in (topics or "").split(",") if t.strip()]
+    if not names:
+        raise _fail_config(
+            ConfigurationError("OUTBOXKIT_TOPICS is not set: give the inbox's topics (--topics)")
+        )
+    return [name if name.endswith(suffix) else f"{name}{suffix}" for name in names]
+
+
+def _bootstrap(servers: str | None) -> list[str]:
+    return [s.strip() for s in (servers or "localhost:9092").split(",") if s.strip()]
+
+
+def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list[DeadLetter]:
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(read_dead_letters(_bootstrap(servers), topics, limit=limit))
+    except (DeadLetterError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+@dlq_app.command("list")
+def dlq_list(
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    dlq_suffix: DlqSuffix = ".dlq",
+    limit: Limit = 100,
+    json_output: JsonOutput = False,
+) -> None:
+    """Dead-lettered records with their reason, error and source position, oldest first."""
+    letters = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), limit)
+    if json_output:
+        typer.echo(json.dumps([d.summary() for d in letters], indent=2))
+        return
+    if not letters:
+        typer.echo("no dead-lettered records")
+    for d in letters:
+        info = d.summary()
+        typer.echo(
+            f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
+            f"from {info['source']}: {info['reason']}: {info['error']}"
+        )
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    event_ids: Annotated[
+        list[str] | None, typer.Argument(help="Event ids (UUIDs) to replay.", show_default=False)
+    ] = None,
+    *,
+    replay_all: Annotated[
+        bool, typer.Option("--all", help="Replay every dead-lettered record.")
+    ] = False,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    dlq_suffix: DlqSuffix = ".dlq",
+    json_output: JsonOutput = False,
+) -> None:
+    """Publish dead-lettered events again to the partitions they came from (after fixing the
+    handler, say). Each takes effect once; a replayed event comes after newer ones of its key."""
+    if not event_ids and not replay_all:
+        raise _fail_config(ConfigurationError("give event ids to replay, or --all"))
+    wanted = set(map(str, _event_ids(event_ids or [])))
+    letters = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), None)
+    if not replay_all:
+        letters = [d for d in letters if d.event_id in wanted]
+        missing = wanted - {d.event_id for d in letters}
+        if missing:
+            typer.echo(
+                f"error: no dead-lettered record with event id {', '.join(sorted(missing))}",
+                err=True,
+            )
+            raise typer.Exit(EXIT_FAILED)
+    with Progress(disable=json_output, transient=True) as progress:
+        task = progress.add_task("replaying", total=len(letters))
+        try:
+            sent = asyncio.run(
+                replay_dead_letters(
+                    _bootstrap(kafka_bootstrap_servers),
+                    letters,
+                    on_sent=lambda _: progress.advance(task),
+                )
+            )
+        except (DeadLetterError, KafkaError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_FAILED) from None
+    if json_output:
+        typer.echo(json.dumps({"replayed": [d.summary() for d in letters]}, indent=2))
+    else:
+        typer.echo(f"replayed {sent} record(s)")
+
+
+topics_app = typer.Typer(help="The topics the outbox writes to.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+
+@topics_app.command("sync")
+def topics_sync(
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Record the topics' partition counts (from Kafka) in the database, so that writers can
+    add events for them before a relay has started (the relay does this itself at start)."""
+    try:
+        settings = load_settings(
+            ConnectionSettings,
+            database_url=database_url,
+            kafka_bootstrap_servers=kafka_bootstrap_servers,
+            topics=topics,
+        )
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    if not settings.topics:
+        raise _fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        counts = asyncio.run(partition_counts(settings.kafka_bootstrap_servers, settings.topics))
+    except (ConfigurationError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    _run_storage(database_url, lambda storage: storage.register_topics(counts))
+    if json_output:
+        typer.echo(json.dumps(counts, indent=2))
+    else:
+        for topic, partitions in sorted(counts.items()):
+            typer.echo(f"{topic}: {partitions} partitions")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    app(args=_inbox_runs_by_default(list(sys.argv[1:] if argv is None else argv)))
+
+
+def _inbox_runs_by_default(args: list[str]) -> list[str]:
+    """``outboxkit inbox module:obj`` means ``outboxkit inbox run module:obj``."""
+    if len(args) >= 2 and args[0] == "inbox" and args[1] not in {"run", "dlq", "--help"}:
+        return ["inbox", "run", *args[1:]]
+    return args

@@ -18,6 +18,9 @@ from outboxkit.schemas import Event
 #: Each test names its own inbox (and so its own consumer group and dedupe key).
 inbox = Inbox(os.environ.get("TEST_INBOX_NAME", "tests"))
 
+#: The entity whose events the handler refuses (a bug a test "fixes" by restarting without it).
+FAILING_ENTITY = os.environ.get("TEST_FAILING_ENTITY", "always-fails")
+
 EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS effects (event_id uuid, entity text, seq int)"
 
 
@@ -29,7 +32,7 @@ class Payment(Event, type="test.payment", key_field="entity"):
 
 @inbox.handler(Payment)
 async def take_effect(event: Payment, tx: psycopg.AsyncConnection[Any]) -> None:
-    if event.entity == "always-fails":
+    if event.entity == FAILING_ENTITY:
         raise RuntimeError(f"handler cannot process {event.entity}")
     await tx.execute(
         "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
