@@ -100,8 +100,8 @@ class InboxWorker:
         since = None if self._last_progress is None else time.monotonic() - self._last_progress
         return InboxHealth(
             running=self._running,
-            assigned=sorted(f"{tp.topic}[{tp.partition}]" for tp in self._assigned),
-            lag={f"{tp.topic}[{tp.partition}]": n for tp, n in sorted(self._lag.items())},
+            assigned=sorted(f"{tp.topic}/{tp.partition}" for tp in self._assigned),
+            lag={f"{tp.topic}/{tp.partition}": n for tp, n in sorted(self._lag.items())},
             seconds_since_progress=since,
             last_error=self._last_error,
             database_available=self._database_available,

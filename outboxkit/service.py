@@ -114,6 +114,9 @@ class Outboxkit:
         self.inbox_worker: InboxWorker | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._failed: dict[str, str] = {}
+        self._resolved: (
+            tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings] | None
+        ) = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -181,10 +184,22 @@ class Outboxkit:
         async with self:
             yield {"outboxkit": self}
 
+    @property
+    def database_url(self) -> str:
+        """The service's database (validates the settings if that has not happened yet)."""
+        return self._resolve_settings()[2].database_url
+
     def _resolve_settings(
         self,
     ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:
         """Validate every setting before anything starts: a mistake fails the startup."""
+        if self._resolved is None:
+            self._resolved = self._validate_settings()
+        return self._resolved
+
+    def _validate_settings(
+        self,
+    ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:
         relay: RelaySettings | None = None
         if isinstance(self._relay_option, RelaySettings):
             relay = self._relay_option

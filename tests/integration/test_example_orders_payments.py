@@ -1,0 +1,76 @@
+"""The example services (examples/orders_payments) against real PostgreSQL and Apache Kafka:
+an order placed over HTTP is paid by the payments service exactly once, and the payment comes
+back to the orders service — outbox → relay → inbox → handler → outbox → relay → inbox."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from examples.orders_payments import orders, payments
+from tests.helpers import wait_for
+from tests.integration.conftest import MakeTopic
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI, name: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}") as client:
+            await wait_for(lambda: _ready(client), within=60, what=f"{name} ready")
+            yield client
+
+
+async def _ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/healthz")).status_code == 200
+
+
+async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for topic in ("shop.orders", "shop.payments"):
+        await make_topic(name=topic, partitions=3)
+        await make_topic(name=f"{topic}.dlq")
+    for name, value in {
+        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_SESSION_TIMEOUT": "3",
+        "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
+        "OUTBOXKIT_SWEEP_INTERVAL": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    orders_app = orders.create_app(CollectorRegistry())
+    payments_app = payments.create_app(CollectorRegistry())
+    async with serve(orders_app, "orders") as shop, serve(payments_app, "payments") as bank:
+        placed = []
+        for i in range(12):
+            response = await shop.post(
+                "/orders",
+                json={
+                    "customer_id": f"c{i % 3}",
+                    "lines": [{"sku": "tea", "quantity": 2, "unit_price": "3.25"}],
+                },
+            )
+            assert response.status_code == 201, response.text
+            placed.append(response.json())
+        assert placed[0]["amount"] == "6.50"
+
+        async def all_paid() -> bool:
+            for order in placed:
+                found = (await shop.get(f"/orders/{order['order_id']}")).json()
+                if found["status"] != "paid":
+                    return False
+            return True
+
+        await wait_for(all_paid, within=60, what="every order paid")
+        for order in placed:
+            payment = (await bank.get(f"/payments/{order['order_id']}")).json()
+            assert payment["amount"] == "6.50"
+        assert (await shop.get("/orders/o-nope")).status_code == 404
