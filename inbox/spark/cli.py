@@ -1,5 +1,146 @@
-"""``outboxkit pipeline`` (filled in by the Spark work). Imports pyspark lazily."""
+"""``outboxkit pipeline``: run the Spark pipeline locally, or fetch its connector jars.
+
+pyspark is imported only inside the commands, so ``outboxkit`` works without the ``[spark]``
+extra. Under ``spark-submit`` the same command runs through ``outboxkit/inbox/spark/__main__.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Annotated, Any
 
 import typer
 
-pipeline_app = typer.Typer(help="Run the Spark pipeline over the outbox topics.")
+from outboxkit.exceptions import ConfigurationError
+from outboxkit.inbox.spark.exceptions import PipelineError
+from outboxkit.inbox.spark.settings import PipelineSettings
+from outboxkit.settings import load_settings
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+pipeline_app = typer.Typer(
+    help="Run the Spark pipeline over the outbox topics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _option(env: str, help_text: str) -> Any:
+    return typer.Option(envvar=f"OUTBOXKIT_{env}", help=help_text, show_default=False)
+
+
+def _fail(code: int, message: object) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@pipeline_app.command("run")
+def run(
+    *,
+    output: Annotated[
+        str | None, _option("PIPELINE_OUTPUT", "Parquet root: order_totals/, quarantine/.")
+    ] = None,
+    checkpoint: Annotated[
+        str | None,
+        _option("PIPELINE_CHECKPOINT", "Checkpoint root (default <output>/_checkpoints)."),
+    ] = None,
+    trigger: Annotated[
+        str | None,
+        _option("PIPELINE_TRIGGER", "available-now, or an interval in seconds (streaming)."),
+    ] = None,
+    watermark: Annotated[
+        str | None,
+        _option("PIPELINE_WATERMARK", "Allowed lateness, seconds or ISO 8601 (default PT1H)."),
+    ] = None,
+    window: Annotated[
+        str | None,
+        _option("PIPELINE_WINDOW", "Aggregation window, seconds or ISO 8601 (default PT1H)."),
+    ] = None,
+    name: Annotated[str | None, _option("PIPELINE_NAME", "Pipeline name.")] = None,
+    table: Annotated[str | None, _option("PIPELINE_TABLE", "Serving table.")] = None,
+    database_url: Annotated[
+        str | None, _option("DATABASE_URL", "postgresql://… of the serving table.")
+    ] = None,
+    kafka_bootstrap_servers: Annotated[
+        str | None, _option("KAFKA_BOOTSTRAP_SERVERS", "host:port[,host:port…]")
+    ] = None,
+    topics: Annotated[
+        str | None, _option("TOPICS", "Topics to read (default shop.orders).")
+    ] = None,
+    max_offsets_per_trigger: Annotated[
+        int | None, _option("PIPELINE_MAX_OFFSETS_PER_TRIGGER", "Records per micro-batch.")
+    ] = None,
+    master: Annotated[
+        str | None, _option("SPARK_MASTER", "Spark master (default local[*]).")
+    ] = None,
+    spark_jars: Annotated[
+        str | None, _option("SPARK_JARS", "Directory of the Kafka connector jars.")
+    ] = None,
+) -> None:
+    """Run the example pipeline: order totals to Parquet and PostgreSQL, bad records to
+    quarantine. available-now stops when the backlog is done; an interval runs until
+    SIGTERM/SIGINT."""
+    try:
+        settings = load_settings(
+            PipelineSettings,
+            pipeline_output=output,
+            pipeline_checkpoint=checkpoint,
+            pipeline_trigger=trigger,
+            pipeline_watermark=watermark,
+            pipeline_window=window,
+            pipeline_name=name,
+            pipeline_table=table,
+            database_url=database_url,
+            kafka_bootstrap_servers=kafka_bootstrap_servers,
+            topics=topics,
+            pipeline_max_offsets_per_trigger=max_offsets_per_trigger,
+            spark_master=master,
+            spark_jars=spark_jars,
+        )
+    except ConfigurationError as exc:
+        raise _fail(EXIT_CONFIG, exc) from None
+    try:
+        from outboxkit.inbox.spark.pipeline import run_pipeline  # noqa: PLC0415 (needs pyspark)
+    except ImportError as exc:
+        raise _fail(
+            EXIT_CONFIG, f"{exc}: the pipeline needs pip install 'outboxkit[spark]'"
+        ) from None
+    from outboxkit.logs import configure_logging  # noqa: PLC0415
+
+    configure_logging()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        reports = run_pipeline(settings, stop=stop)
+    except PipelineError as exc:
+        raise _fail(EXIT_FAILED, exc) from None
+    for report in reports:
+        typer.echo(
+            f"{report.name}: {report.batches} batches, {report.input_rows} records, "
+            f"{report.late_rows} late rows dropped"
+        )
+
+
+@pipeline_app.command("jars")
+def jars(
+    connector_version: Annotated[
+        str | None,
+        _option("SPARK_CONNECTOR_VERSION", "Connector version (default: the installed pyspark's)."),
+    ] = None,
+) -> None:
+    """Fetch the Spark Kafka connector jars with Maven (once) and print their directory."""
+    from outboxkit.inbox.spark.jars import fetch_connector  # noqa: PLC0415
+
+    try:
+        typer.echo(str(fetch_connector(version=connector_version)))
+    except PipelineError as exc:
+        raise _fail(EXIT_FAILED, exc) from None
+
+
+def main() -> None:
+    """Entry point of ``python -m outboxkit.inbox.spark`` and of ``spark-submit``."""
+    pipeline_app(prog_name="outboxkit pipeline")

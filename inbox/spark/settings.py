@@ -1,0 +1,164 @@
+"""The pipeline's settings: one validated, frozen object (``OUTBOXKIT_*`` environment variables).
+
+Importing this module does not import pyspark: the CLI validates settings (and exits 2 on bad
+ones) before it starts a JVM.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from outboxkit.settings import ENV_PREFIX, Duration
+
+AVAILABLE_NOW: Literal["available-now"] = "available-now"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+
+
+def spark_duration(value: timedelta) -> str:
+    """A duration as Spark's interval text (``"3600000 milliseconds"``)."""
+    return f"{round(value.total_seconds() * 1000)} milliseconds"
+
+
+class PipelineSettings(BaseSettings):
+    """Where the pipeline reads, where it writes, and how it treats time."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+    )
+
+    kafka_bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+        default=["localhost:9092"],
+        min_length=1,
+        description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
+    )
+    topics: Annotated[list[str], NoDecode] = Field(
+        default=["shop.orders"],
+        min_length=1,
+        description="Topics the pipeline reads, comma-separated",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL database of the serving table (postgresql://…); without it the "
+        "pipeline writes Parquet only",
+    )
+    pipeline_name: str = Field(
+        default="shop-order-totals",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Name of the pipeline: prefixes its query names and its batch-log rows",
+    )
+    pipeline_output: str = Field(
+        description="Directory or URI (file:, hdfs:, s3a:…) under which the pipeline writes its "
+        "Parquet outputs: order_totals/ and quarantine/",
+    )
+    pipeline_checkpoint: str | None = Field(
+        default=None,
+        description="Checkpoint directory or URI (one subdirectory per query); "
+        "<pipeline_output>/_checkpoints when not set. Reuse it to resume; never share it "
+        "between two running pipelines",
+    )
+    pipeline_trigger: Literal["available-now"] | Duration = Field(
+        default=AVAILABLE_NOW,
+        description="available-now (process the backlog in micro-batches, then stop) or an "
+        "interval in seconds or ISO 8601 (run until stopped, one micro-batch per interval)",
+    )
+    pipeline_watermark: Duration = Field(
+        default=timedelta(hours=1),
+        description="How far behind the newest event time an event may arrive and still count; "
+        "also how long an event id is remembered for dropping duplicates",
+    )
+    pipeline_window: Duration = Field(
+        default=timedelta(hours=1), description="Length of the event-time windows aggregated"
+    )
+    pipeline_table: str = Field(
+        default="shop_order_totals",
+        description="PostgreSQL table (optionally schema.table) of the serving aggregates; "
+        "created if missing",
+    )
+    pipeline_starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where a new checkpoint starts reading (ignored when resuming one)",
+    )
+    pipeline_max_offsets_per_trigger: int | None = Field(
+        default=None, ge=1, description="At most this many records per micro-batch"
+    )
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark master of `outboxkit pipeline run` (spark-submit sets its own)",
+    )
+    spark_jars: str | None = Field(
+        default=None,
+        description="Directory of the Spark Kafka connector jars; fetched with Maven into "
+        "~/.cache/outboxkit when not set (spark-submit users pass --packages instead)",
+    )
+    spark_connector_version: str | None = Field(
+        default=None,
+        description="spark-sql-kafka-0-10 version to fetch; by default the installed pyspark's, "
+        "or the newest published release of its major version before it",
+    )
+    spark_shuffle_partitions: int | None = Field(
+        default=None,
+        ge=1,
+        description="spark.sql.shuffle.partitions (state store partitions; fixed by the first "
+        "run of a checkpoint); 4 locally when not set, Spark's default under spark-submit",
+    )
+
+    @field_validator("kafka_bootstrap_servers", "topics", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _host_port(cls, value: list[str]) -> list[str]:
+        for server in value:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgresql(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("the pipeline's serving table needs PostgreSQL: postgresql://…")
+        return value
+
+    @field_validator("pipeline_table")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _IDENTIFIER.fullmatch(value):
+            raise ValueError(f"{value!r} is not a table name (letters, digits, _; schema.table)")
+        return value
+
+    @field_validator("pipeline_watermark", "pipeline_window")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than zero")
+        return value
+
+    @field_validator("pipeline_trigger")
+    @classmethod
+    def _positive_interval(cls, value: str | timedelta) -> str | timedelta:
+        if isinstance(value, timedelta) and value <= timedelta(0):
+            raise ValueError("give available-now or an interval longer than zero")
+        return value
+
+    @property
+    def checkpoint(self) -> str:
+        """The checkpoint root (each query uses a subdirectory named after it)."""
+        return self.pipeline_checkpoint or f"{self.pipeline_output.rstrip('/')}/_checkpoints"
+
+    def output(self, name: str) -> str:
+        return f"{self.pipeline_output.rstrip('/')}/{name}"
+
+    @property
+    def available_now(self) -> bool:
+        return self.pipeline_trigger == AVAILABLE_NOW
