@@ -60,7 +60,11 @@ def build_session(settings: PipelineSettings) -> SparkSession:
             fetch_connector(version=settings.spark_connector_version)
         )
         jars = ",".join(str(jar) for jar in connector_jars(Path(jars_dir)))
-        builder = builder.master(settings.spark_master).config("spark.jars", jars)
+        builder = (
+            builder.master(settings.spark_master)
+            .config("spark.jars", jars)
+            .config("spark.ui.showConsoleProgress", "false")
+        )
         partitions = partitions or LOCAL_SHUFFLE_PARTITIONS
     spark = builder.getOrCreate()
     configure_session(spark, shuffle_partitions=partitions)

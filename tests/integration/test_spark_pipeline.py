@@ -1,0 +1,383 @@
+"""The Spark pipeline against a real Kafka broker and PostgreSQL, in local[2].
+
+The sinks must equal a plain recount (in Python) of the distinct valid events; bad records are
+in quarantine with their error; a driver killed with SIGKILL and restarted from its checkpoint
+counts nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
+from outboxkit.schemas import Event, encode
+from tests.integration.conftest import REPO, MakeTopic
+
+pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [spark] extra")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from outboxkit.inbox.spark import PipelineSettings, PostgresBatchSink, run_pipeline  # noqa: E402
+from outboxkit.inbox.spark.jars import connector_jars  # noqa: E402
+from outboxkit.inbox.spark.pipeline import query_names  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+Record = tuple[bytes, bytes | None, list[tuple[str, bytes]]]
+
+
+@pytest.fixture(scope="session")
+def spark_jars() -> Path:
+    """The Spark Kafka connector jars, fetched with Maven on first use."""
+    result = subprocess.run(
+        [sys.executable, "-m", "outboxkit.inbox.spark.jars"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"fetching the Spark Kafka connector failed:\n{result.stderr}", pytrace=False)
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def spark(spark_jars: Path) -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("outboxkit-tests")
+        .config("spark.jars", ",".join(map(str, connector_jars(spark_jars))))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+# --- events and the plain recount --------------------------------------------------------------
+
+
+def order(n: int, at: datetime, *, customer: str | None = None, topic: str) -> OrderPlaced:
+    quantity = 1 + n % 3
+    price = Decimal(10 + n % 7) + Decimal("0.25")
+    return OrderPlaced(
+        topic=topic,
+        occurred_at=at,
+        order_id=f"o-{n}",
+        customer_id=customer or f"c-{n % 3}",
+        currency=Currency.EUR if n % 4 else Currency.USD,
+        lines=[OrderLine(sku=f"s-{n}", quantity=quantity, unit_price=price)],
+        amount=price * quantity,
+        note="gift" if n % 5 == 0 else None,
+    )
+
+
+def wire(event: Event) -> Record:
+    encoded = encode(event, source="urn:test:shop")
+    return encoded.key, encoded.value, list(encoded.headers)
+
+
+@dataclass(frozen=True)
+class Total:
+    orders: int
+    items: int
+    amount: Decimal
+
+
+TotalsKey = tuple[datetime, str, str]
+
+
+def recount(events: list[OrderPlaced]) -> dict[TotalsKey, Total]:
+    """Order totals of the distinct events, in plain Python."""
+    distinct = {e.id: e for e in events}.values()
+    orders: Counter[TotalsKey] = Counter()
+    items: Counter[TotalsKey] = Counter()
+    amounts: dict[TotalsKey, Decimal] = {}
+    for e in distinct:
+        start = e.occurred_at.replace(minute=0, second=0, microsecond=0)
+        key = (start, e.customer_id, e.currency.value)
+        orders[key] += 1
+        items[key] += sum(line.quantity for line in e.lines)
+        amounts[key] = amounts.get(key, Decimal(0)) + e.amount
+    return {k: Total(orders[k], items[k], amounts[k]) for k in orders}
+
+
+def serving_table(url: str, table: str = "shop_order_totals") -> dict[TotalsKey, Total]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            f"SELECT window_start, customer_id, currency, orders, items, amount FROM {table}"
+        ).fetchall()
+    return {(r[0], r[1], r[2]): Total(r[3], r[4], r[5]) for r in rows}
+
+
+def lake(spark: SparkSession, settings: PipelineSettings) -> dict[TotalsKey, Total]:
+    table = spark.read.parquet(settings.output("order_totals")).toArrow().to_pylist()
+    result = {(r["window_start"], r["customer_id"], r["currency"]): r for r in table}
+    assert len(result) == len(table), "a window was written twice"
+    return {k: Total(r["orders"], r["items"], r["amount"]) for k, r in result.items()}
+
+
+def closed(totals: dict[TotalsKey, Total], watermark: datetime) -> dict[TotalsKey, Total]:
+    """The windows an append-mode aggregation has emitted once the watermark is here."""
+    return {k: v for k, v in totals.items() if k[0] + HOUR <= watermark}
+
+
+async def produce(bootstrap: str, topic: str, records: list[Record]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for key, value, headers in records:
+            await producer.send(topic, value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def settings_for(
+    tmp_path: Path, bootstrap: str, topic: str, pg_url: str, **extra: Any
+) -> PipelineSettings:
+    return PipelineSettings(
+        kafka_bootstrap_servers=bootstrap,
+        topics=topic,
+        database_url=pg_url,
+        pipeline_name="test",
+        pipeline_output=str(tmp_path / "lake"),
+        pipeline_checkpoint=str(tmp_path / "checkpoints"),
+        pipeline_watermark=HOUR,
+        pipeline_window=HOUR,
+        spark_shuffle_partitions=2,
+        **extra,
+    )
+
+
+def garbage(template: Record) -> tuple[list[Record], list[str]]:
+    """Records that must not decode, and the reason each gets."""
+    key, value, headers = template
+    assert value is not None
+
+    def swap(name: str, new: bytes) -> list[tuple[str, bytes]]:
+        return [(k, new if k == name else v) for k, v in headers]
+
+    records: list[Record] = [
+        (key, b"\xff not json", headers),
+        (key, value, []),
+        (key, value, swap("ce_type", b"shop.order_refunded")),
+        (key, value, swap("ce_schemaversion", b"7")),
+        (key, value.replace(b'"amount":"', b'"amount":"-'), headers),
+        (key, None, headers),
+    ]
+    reasons = [
+        "invalid_value",
+        "missing_header",
+        "unknown_type",
+        "unsupported_version",
+        "invalid_payload",
+        "invalid_value",
+    ]
+    return records, reasons
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_sinks_equal_a_recount_of_distinct_valid_events(
+    spark: SparkSession, kafka_bootstrap: str, make_topic: MakeTopic, pg_url: str, tmp_path: Path
+) -> None:
+    topic = await make_topic("shop.orders", partitions=2)
+    rng = random.Random(6)
+    # Five hours of orders, sent out of order (up to 40 min back: within the 1 h watermark).
+    events = [order(n, T0 + timedelta(minutes=3 * n), topic=topic) for n in range(100)]
+    sent = sorted(events, key=lambda e: e.occurred_at + timedelta(minutes=rng.randrange(40)))
+    records = [wire(e) for e in sent]
+    first_dup, late_dup = records[0], records[60]
+    records.insert(1, first_dup)  # a relay re-send, right after
+    records.insert(80, late_dup)  # the same id again, 20 records later
+    records.insert(90, first_dup)  # and a third time, far apart
+    bad, reasons = garbage(records[5])
+    for index, record in zip((3, 30, 50, 70, 95, 99), bad, strict=True):
+        records.insert(index, record)
+    payment = PaymentCaptured(
+        topic=topic,
+        payment_id="p-1",
+        order_id="o-1",
+        customer_id="c-1",
+        currency=Currency.EUR,
+        amount=Decimal("1.00"),
+        occurred_at=T0,
+    )
+    records.append(wire(payment))  # valid, another type: decoded, not an order total
+    await produce(kafka_bootstrap, topic, records)
+
+    settings = settings_for(tmp_path, kafka_bootstrap, topic, pg_url)
+    reports = await asyncio.to_thread(run_pipeline, settings, spark=spark)
+
+    expected = recount(events)
+    assert serving_table(pg_url) == expected
+    newest = max(e.occurred_at for e in events)
+    assert lake(spark, settings) == closed(expected, newest - HOUR)
+    assert {r.name for r in reports} == set(query_names(settings).values())
+
+    quarantine = spark.read.parquet(settings.output("quarantine")).toArrow().to_pylist()
+    by_value = sorted(quarantine, key=lambda r: r["source_offset"])
+    assert sorted(r["error_reason"] for r in by_value) == sorted(reasons)
+    bad_values = {r[1] for r in bad}
+    assert {r["value"] for r in quarantine} == bad_values
+    for row in quarantine:
+        assert row["source_topic"] == topic
+        assert row["source_partition"] in (0, 1)
+        assert row["error_message"]
+        assert row["pipeline"] == "test"
+    unknown = next(r for r in quarantine if r["error_reason"] == "unknown_type")
+    assert {"key": "ce_type", "value": b"shop.order_refunded"} in unknown["headers"]
+
+    # Later: a duplicate of the oldest event (older than the watermark now), an event that is
+    # late beyond the watermark, and one on time. Only the last one counts.
+    on_time = order(500, newest + timedelta(minutes=5), topic=topic)
+    too_late = order(501, newest - 2 * HOUR, topic=topic)
+    await produce(kafka_bootstrap, topic, [first_dup, wire(too_late), wire(on_time)])
+    reports = await asyncio.to_thread(run_pipeline, settings, spark=spark)
+    assert serving_table(pg_url) == recount([*events, on_time])
+    serving = next(r for r in reports if r.name.endswith("postgresql"))
+    assert serving.late_rows == 2
+    assert lake(spark, settings) == closed(recount([*events, on_time]), on_time.occurred_at - HOUR)
+
+
+def test_a_replayed_batch_writes_nothing(pg_url: str) -> None:
+    sink = PostgresBatchSink(
+        pg_url,
+        query_name="test.replay",
+        statement="INSERT INTO replayed VALUES (%s) "
+        "ON CONFLICT (k) DO UPDATE SET n = replayed.n + 1",
+        prepare=lambda df: df,
+        columns=["k"],
+    )
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE replayed (k text PRIMARY KEY, n int NOT NULL DEFAULT 1)")
+    query_id = "6f1c2f1e-8a0b-4d39-9e38-3b8f3c0f9a11"
+    assert sink.write(query_id, 7, [("a",), ("b",)]) is True
+    assert sink.write(query_id, 7, [("a",), ("b",)]) is False
+    assert sink.write(query_id, 8, [("a",)]) is True
+    other_checkpoint = "0d9e3a6c-2f55-4a8e-9f1e-0c7d2b1a4e22"
+    assert sink.write(other_checkpoint, 7, [("b",)]) is True
+    with psycopg.connect(pg_url) as conn:
+        assert dict(conn.execute("SELECT k, n FROM replayed").fetchall()) == {"a": 2, "b": 2}
+        assert conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone() == (3,)
+
+
+def _wait_for(condition: Any, timeout: float, what: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the driver exited ({process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _batches_written(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.timeout(420)
+async def test_a_driver_killed_mid_run_resumes_without_double_counting(
+    *,
+    spark: SparkSession,
+    spark_jars: Path,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    pg_url: str,
+    tmp_path: Path,
+) -> None:
+    topic = await make_topic("shop.orders", partitions=2)
+    events = [order(n, T0 + timedelta(minutes=2 * n), topic=topic) for n in range(300)]
+    records = [wire(e) for e in events]
+    records[150:150] = records[10:20]  # re-sends, far from the originals
+    bad, _ = garbage(records[0])
+    records[200:200] = bad
+    await produce(kafka_bootstrap, topic, records)
+    settings = settings_for(
+        tmp_path, kafka_bootstrap, topic, pg_url, pipeline_max_offsets_per_trigger=20
+    )
+    env = {
+        **os.environ,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_TOPICS": topic,
+        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_PIPELINE_NAME": settings.pipeline_name,
+        "OUTBOXKIT_PIPELINE_OUTPUT": settings.pipeline_output,
+        "OUTBOXKIT_PIPELINE_CHECKPOINT": settings.checkpoint,
+        "OUTBOXKIT_PIPELINE_TRIGGER": "0.5",
+        "OUTBOXKIT_PIPELINE_WATERMARK": "PT1H",
+        "OUTBOXKIT_PIPELINE_WINDOW": "PT1H",
+        "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "20",
+        "OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS": "2",
+        "OUTBOXKIT_SPARK_MASTER": "local[2]",
+        "OUTBOXKIT_SPARK_JARS": str(spark_jars),
+    }
+    await asyncio.to_thread(_run_and_kill, env, tmp_path / "driver.log", pg_url)
+    written_before_kill = _batches_written(pg_url)
+    assert 0 < serving_rows_orders(pg_url) < len(events), "the kill came too late or too early"
+
+    # The restart re-runs the batch the kill interrupted (its offsets are in the checkpoint),
+    # then catches up without the per-batch limit.
+    unlimited = settings.model_copy(update={"pipeline_max_offsets_per_trigger": None})
+    await asyncio.to_thread(run_pipeline, unlimited, spark=spark)
+
+    expected = recount(events)
+    assert serving_table(pg_url) == expected
+    newest = max(e.occurred_at for e in events)
+    assert lake(spark, settings) == closed(expected, newest - HOUR)
+    quarantine = spark.read.parquet(settings.output("quarantine")).toArrow().to_pylist()
+    assert sorted(r["source_offset"] for r in quarantine) == sorted(
+        {r["source_offset"] for r in quarantine}
+    )
+    assert len(quarantine) == len(bad)
+    assert _batches_written(pg_url) > written_before_kill
+
+
+def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
+    """Run the CLI driver with a processing-time trigger; SIGKILL it after three batches."""
+    with log_path.open("w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "outboxkit.inbox.spark", "run"],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: the Python driver and its JVM
+        )
+        try:
+            _wait_for(lambda: _batches_written(pg_url) >= 3, 180, "three batches", driver)
+        finally:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+
+
+def serving_rows_orders(url: str) -> int:
+    return sum(total.orders for total in serving_table(url).values())
