@@ -9,6 +9,21 @@ INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "
 VALUES (%(consumer)s, %(event_id)s, %(event_type)s, %(topic)s, %(partition)s, %(offset)s)
 ON CONFLICT (consumer, event_id) DO NOTHING
 
+-- claim_events --
+-- A whole batch in one statement (one round trip instead of one per record). Sorted by event
+-- id, so two workers claiming overlapping batches during a rebalance take the primary-key
+-- locks in the same order and cannot deadlock. A duplicate inside the batch conflicts with its
+-- first copy. RETURNING lists the events that are new for this consumer.
+INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
+SELECT %(consumer)s, e.event_id, e.event_type, e.topic, e.partition, e.record_offset
+FROM unnest(
+    %(event_ids)s::uuid[], %(event_types)s::text[], %(topics)s::text[],
+    %(partitions)s::integer[], %(offsets)s::bigint[]
+) AS e(event_id, event_type, topic, partition, record_offset)
+ORDER BY e.event_id
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id
+
 -- purge --
 -- Oldest first through inbox_received_at_idx, in small batches that never hold long locks.
 DELETE FROM outboxkit.inbox

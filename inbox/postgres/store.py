@@ -26,6 +26,37 @@ class PostgresInboxStore(PooledStore):
         )
 
     async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
+        """Optimistically: one statement claims the whole batch, then the new events' handlers
+        run without savepoints (one round trip per handler statement, one commit). If a handler
+        raises, that transaction rolls back and the batch is redone with a savepoint per
+        delivery, which gives the exact prefix that commits and the delivery that failed."""
+        if len(deliveries) > 1:
+            try:
+                return await self._process_optimistically(consumer, deliveries)
+            except (psycopg.OperationalError, InboxStorageUnavailableError):
+                raise  # the connection is gone: nothing of this batch committed
+            except Exception:  # a handler raised: find out which, below
+                pass
+        return await self._process_with_savepoints(consumer, deliveries)
+
+    async def _process_optimistically(
+        self, consumer: str, deliveries: Sequence[Delivery]
+    ) -> BatchOutcome:
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(_QUERIES["claim_events"], _batch_params(consumer, deliveries))
+            new = {row[0] for row in await cur.fetchall()}
+            ran = []
+            for d in deliveries:
+                first = d.event.id in new
+                if first:
+                    new.discard(d.event.id)  # a second copy in the batch is a duplicate
+                    await d.handler(d.event, conn)
+                ran.append(first)
+        return BatchOutcome(ran=ran)
+
+    async def _process_with_savepoints(
+        self, consumer: str, deliveries: Sequence[Delivery]
+    ) -> BatchOutcome:
         outcome = BatchOutcome()
         async with self._connection() as conn, conn.transaction():
             for index, d in enumerate(deliveries):
@@ -64,4 +95,15 @@ def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
         "topic": d.topic,
         "partition": d.partition,
         "offset": d.offset,
+    }
+
+
+def _batch_params(consumer: str, deliveries: Sequence[Delivery]) -> dict[str, object]:
+    return {
+        "consumer": consumer,
+        "event_ids": [d.event.id for d in deliveries],
+        "event_types": [d.event.event_type for d in deliveries],
+        "topics": [d.topic for d in deliveries],
+        "partitions": [d.partition for d in deliveries],
+        "offsets": [d.offset for d in deliveries],
     }
