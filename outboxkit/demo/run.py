@@ -248,6 +248,7 @@ class TopicReader:
         self.bootstrap = bootstrap
         self.partitions = partitions
         self.records = 0
+        self.per_topic = dict.fromkeys(shop.TOPICS, 0)
         self.event_ids: set[str] = set()
         self.key_order = KeyOrder()
 
@@ -272,6 +273,7 @@ class TopicReader:
 
     def _count(self, record: ConsumerRecord[bytes, bytes]) -> None:
         self.records += 1
+        self.per_topic[record.topic] += 1
         headers = dict(record.headers)
         event_id = headers.get("ce_id", b"").decode()
         if record.topic == shop.ORDERS_TOPIC:
@@ -309,6 +311,7 @@ class _Demo:
     bootstrap: str
     workdir: Path
     pids: list[int] = field(default_factory=list)
+    metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
     relays: list[RelayProcess] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)
     takeovers: list[float] = field(default_factory=list)
@@ -326,7 +329,7 @@ class _Demo:
         assert main is not None
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
         await self._prepare()
-        metrics = CollectorRegistry()
+        metrics = self.metrics
         stopping = asyncio.Event()
         reader = TopicReader(self.bootstrap, o.partitions)
         inboxes = [shop.payments_inbox, shop.orders_inbox]
@@ -457,8 +460,8 @@ class _Demo:
                         break
                     await asyncio.sleep(0.05)
         self._event(
-            f"pipeline ready: first order placed, relayed, paid and confirmed "
-            f"({time.monotonic() - begin:.1f} s, consumer groups forming)"
+            f"pipeline ready in {time.monotonic() - begin:.1f} s: "
+            "the first order was relayed, paid and confirmed"
         )
 
     async def _write_orders(self) -> None:
@@ -494,21 +497,38 @@ class _Demo:
         victim = self.relays[-1]
         victim.kill()
         self._killed_at = time.monotonic()
-        self._event(
-            f"[bold red]relay #{victim.number} SIGKILLed[/] after {placed} orders; "
-            "its partitions move when its session times out"
-        )
+        self._event(f"[bold red]relay #{victim.number} SIGKILLed[/] after {placed} orders")
         self._start_relay()
 
     async def _drain(self, reader: TopicReader) -> None:
+        """Wait until every event written took effect, the outbox is empty (re-sends included),
+        and the inboxes consumed every record the reader saw, for a second in a row: then the
+        counts of re-sent and absorbed records are final."""
         self._phase("draining")
+        settled_since: float | None = None
         try:
             async with asyncio.timeout(self.options.drain_timeout):
-                while True:  # every event written took effect, and the reader saw them all
+                while True:
                     counts = await self._counts()
-                    took_over = self._killed_at is None or bool(self.takeovers)
-                    seen = len(reader.event_ids) >= counts.written
-                    if counts.handled == counts.written and took_over and seen:
+                    consumed = {
+                        topic: _metric_sum(
+                            self.metrics, "outboxkit_inbox_consumed_total", topic=topic
+                        )
+                        for topic in shop.TOPICS
+                    }
+                    settled = (
+                        counts.handled == counts.written
+                        and counts.backlog == 0
+                        and (self._killed_at is None or bool(self.takeovers))
+                        and len(reader.event_ids) >= counts.written
+                        and consumed == reader.per_topic
+                    )
+                    now = time.monotonic()
+                    if not settled:
+                        settled_since = None
+                    elif settled_since is None:
+                        settled_since = now
+                    elif now - settled_since >= 1.0:
                         break
                     await asyncio.sleep(0.1)
         except TimeoutError:
@@ -552,8 +572,8 @@ class _Demo:
         if owned == total and self._killed_at is not None and len(self.takeovers) == 0:
             self.takeovers.append(time.monotonic() - self._killed_at)
             self._event(
-                f"relay #{relay.number} owns all {total} partitions, "
-                f"{self.takeovers[-1]:.1f} s after the kill; it publishes the backlog"
+                f"relay #{relay.number} took over all {total} partitions "
+                f"{self.takeovers[-1]:.1f} s after the kill"
             )
         state = f"#{relay.number} pid {relay.pid}, owns {owned or 0}/{total} partitions"
         if self._killed_at is not None:
@@ -618,8 +638,15 @@ class _Demo:
             yield new
 
 
-def _metric_sum(metrics: CollectorRegistry, name: str) -> int:
-    return int(sum(s.value for m in metrics.collect() for s in m.samples if s.name == name))
+def _metric_sum(metrics: CollectorRegistry, name: str, **labels: str) -> int:
+    return int(
+        sum(
+            s.value
+            for m in metrics.collect()
+            for s in m.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+    )
 
 
 class _TaskStopper:
