@@ -107,6 +107,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
     workdir = Path(tempfile.mkdtemp(prefix="outboxkit-demo-"))
     _log_to_file(workdir / "demo.log")
     started = time.monotonic()
+    failed = True
     try:
         with contextlib.ExitStack() as stack:
             pg = EmbeddedPostgres(workdir / "postgres", settings=FAST_TEST_SETTINGS)
@@ -125,12 +126,29 @@ def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
             demo = _Demo(options, console, pg.url(), broker.bootstrap_servers, workdir)
             demo.pids += pids
             try:
-                return asyncio.run(demo.run(started))
+                summary = asyncio.run(demo.run(started))
             except asyncio.CancelledError:  # SIGTERM cancelled the run
                 raise KeyboardInterrupt from None
+            failed = not summary.ok
+            return summary
+    except (KeyboardInterrupt, ConfigurationError):
+        failed = False
+        raise
     finally:
         logging.shutdown()
+        if failed:
+            kept = _keep_logs(workdir)
+            console.print(f"[yellow]the logs of the servers, relays and inboxes: {kept}[/]")
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keep_logs(workdir: Path) -> Path:
+    """When something went wrong: copy every log out of the directory about to be removed."""
+    kept = Path(tempfile.mkdtemp(prefix="outboxkit-demo-logs-"))
+    for log in workdir.rglob("*.log"):
+        with contextlib.suppress(OSError):
+            shutil.copy(log, kept / "-".join(log.relative_to(workdir).parts))
+    return kept
 
 
 def _broker(options: DemoOptions, workdir: Path) -> _Server:
