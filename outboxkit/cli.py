@@ -25,7 +25,7 @@ from rich.progress import Progress
 
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
-from outboxkit.demo.cli import demo_app
+from outboxkit.demo.cli import demo
 from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import (
     DeadLetter,
@@ -314,7 +314,7 @@ def _import_inbox(target: str) -> Inbox:
     return inbox
 
 
-app.add_typer(demo_app, name="demo")
+app.command("demo")(demo)
 app.add_typer(pipeline_app, name="pipeline")
 
 outbox_app = typer.Typer(

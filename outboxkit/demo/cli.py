@@ -13,11 +13,6 @@ from typing import Annotated
 
 import typer
 
-demo_app = typer.Typer(
-    help="Run the whole flow on one machine with no external services.",
-    invoke_without_command=True,
-)
-
 EXIT_LOST = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
@@ -28,7 +23,6 @@ class BrokerChoice(StrEnum):
     kafka = "kafka"
 
 
-@demo_app.callback(invoke_without_command=True)
 def demo(
     orders: Annotated[
         int,
