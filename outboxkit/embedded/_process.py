@@ -12,6 +12,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 from outboxkit.exceptions import OutboxkitError
 
@@ -121,3 +123,25 @@ def make_traversable(path: Path) -> None:
         mode = part.stat().st_mode
         if not mode & 0o001:
             os.chmod(part, mode | 0o001)
+
+
+class ManagedServer:
+    """A server object used as ``with Server() as server:``: ``start()`` on entry, ``close()``
+    (stop, and delete what it made) on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

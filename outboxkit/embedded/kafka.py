@@ -17,10 +17,10 @@ import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from outboxkit.embedded._process import (
+    ManagedServer,
     ServerStartError,
     free_port,
     port_is_open,
@@ -192,7 +192,7 @@ class KafkaNode:
             self._process = None
 
 
-class KafkaCluster:
+class KafkaCluster(ManagedServer):
     """``size`` KRaft nodes on free ports of 127.0.0.1, data in ``base_dir`` (a temporary
     directory by default). Use as a context manager, or :meth:`start` / :meth:`close`."""
 
@@ -257,14 +257,3 @@ class KafkaCluster:
             node.kill()
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -17,12 +17,12 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Literal, Self
 
 import psycopg
 
 from outboxkit.embedded._process import (
+    ManagedServer,
     ServerStartError,
     free_port,
     make_traversable,
@@ -62,7 +62,7 @@ def postgres_bin_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 
-class EmbeddedPostgres:
+class EmbeddedPostgres(ManagedServer):
     """One PostgreSQL server in ``data_dir`` (a new temporary directory by default).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. ``settings`` are passed as
@@ -148,17 +148,6 @@ class EmbeddedPostgres:
         self.stop("immediate")
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _accepts_connections(self) -> bool:
         try:

@@ -15,10 +15,16 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
-from outboxkit.embedded._process import free_port, port_is_open, spawn, stop_process, wait_until
+from outboxkit.embedded._process import (
+    ManagedServer,
+    free_port,
+    port_is_open,
+    spawn,
+    stop_process,
+    wait_until,
+)
 from outboxkit.exceptions import ConfigurationError
 
 
@@ -45,7 +51,7 @@ def tansu_binary() -> Path:
     return binary
 
 
-class EmbeddedTansu:
+class EmbeddedTansu(ManagedServer):
     """One Tansu broker, memory storage, on a free port of 127.0.0.1; its log goes to
     ``base_dir`` (a new temporary directory by default). Use as a context manager, or
     :meth:`start` / :meth:`close`. The broker dies with this process, even on SIGKILL."""
@@ -115,14 +121,3 @@ class EmbeddedTansu:
         self.stop()
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
