@@ -15,12 +15,13 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 import psycopg
 import typer
 from aiokafka.errors import KafkaError
+from pydantic_settings import BaseSettings
 from rich.progress import Progress
 
 from outboxkit._version import __version__
@@ -54,6 +55,7 @@ from outboxkit.relay import (
 from outboxkit.settings import ConnectionSettings, load_settings
 
 T = TypeVar("T")
+S = TypeVar("S", bound=BaseSettings)
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -102,6 +104,14 @@ def _fail_config(exc: ConfigurationError) -> typer.Exit:
     return typer.Exit(EXIT_CONFIG)
 
 
+def _settings(cls: type[S], **values: Any) -> S:
+    """Load and validate ``cls``; a bad setting ends the command with exit code 2."""
+    try:
+        return load_settings(cls, **values)
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+
+
 @app.command()
 def check(
     database_url: DatabaseUrl = None,
@@ -110,15 +120,12 @@ def check(
     json_output: JsonOutput = False,
 ) -> None:
     """Connect to the database and the broker and say what is wrong, if anything."""
-    try:
-        settings = load_settings(
-            ConnectionSettings,
-            database_url=database_url,
-            kafka_bootstrap_servers=kafka_bootstrap_servers,
-            topics=topics,
-        )
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    settings = _settings(
+        ConnectionSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+    )
     # The checks report connection failures themselves; aiokafka would also log them.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     results = asyncio.run(run_checks(settings))
@@ -144,10 +151,7 @@ def migrate_command(
     if sql:
         typer.echo(script(load_migrations()), nl=False)
         return
-    try:
-        settings = load_settings(ConnectionSettings, database_url=database_url)
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    settings = _settings(ConnectionSettings, database_url=database_url)
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("migrate applies to PostgreSQL only"))
     try:
@@ -198,16 +202,13 @@ def relay(
 ) -> None:
     """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group."""
     configure_logging("json" if log_format == "json" else "console")
-    try:
-        settings = load_settings(
-            RelaySettings,
-            database_url=database_url,
-            kafka_bootstrap_servers=kafka_bootstrap_servers,
-            topics=topics,
-            relay_name=relay_name,
-        )
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    settings = _settings(
+        RelaySettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+        relay_name=relay_name,
+    )
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("the relay supports PostgreSQL so far"))
 
@@ -328,10 +329,7 @@ Limit = Annotated[int, typer.Option(help="At most this many rows.")]
 
 
 def _storage(database_url: str | None) -> PostgresOutboxStorage:
-    try:
-        settings = load_settings(ConnectionSettings, database_url=database_url)
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    settings = _settings(ConnectionSettings, database_url=database_url)
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("outbox commands support PostgreSQL so far"))
     return PostgresOutboxStorage(settings.database_url, connect_timeout=settings.connect_timeout)
@@ -540,15 +538,12 @@ def topics_sync(
 ) -> None:
     """Record the topics' partition counts (from Kafka) in the database, so that writers can
     add events for them before a relay has started (the relay does this itself at start)."""
-    try:
-        settings = load_settings(
-            ConnectionSettings,
-            database_url=database_url,
-            kafka_bootstrap_servers=kafka_bootstrap_servers,
-            topics=topics,
-        )
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    settings = _settings(
+        ConnectionSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+    )
     if not settings.topics:
         raise _fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
