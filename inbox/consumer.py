@@ -180,11 +180,11 @@ class InboxWorker:
         """Handle ``records`` in order, several per database transaction. A record's offset is
         marked done only once its transaction committed (or it was absorbed or dead-lettered)."""
         batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery]] = []
+        self.metrics.consumed.labels(self.inbox.name, tp.topic).inc(len(records))
         try:
             for record in records:
                 if self._stopping.is_set():
                     break
-                self.metrics.consumed.labels(self.inbox.name, record.topic).inc()
                 try:
                     event = self.inbox.registry.decode_record(record)
                 except EventDecodeError as exc:
@@ -226,13 +226,13 @@ class InboxWorker:
                 self.metrics.handler_seconds.labels(self.inbox.name).observe(
                     (time.perf_counter() - started) / len(outcome.ran)
                 )
-            for (record, _), ran in zip(batch, outcome.ran, strict=False):
-                counter = self.metrics.handled if ran else self.metrics.duplicates
-                counter.labels(self.inbox.name).inc()
-                self._pending_offsets[tp] = record.offset + 1
-            if any(outcome.ran):
+            done, handled = len(outcome.ran), sum(outcome.ran)
+            if done:
+                self.metrics.handled.labels(self.inbox.name).inc(handled)
+                self.metrics.duplicates.labels(self.inbox.name).inc(done - handled)
+                self._pending_offsets[tp] = batch[done - 1][0].offset + 1
+            if handled:
                 _maybe_crash()
-            done = len(outcome.ran)
             if outcome.failed is not None:
                 record = batch[done][0]
                 await self._process_record(record)
