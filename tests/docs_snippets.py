@@ -3,7 +3,8 @@
 A document's blocks run in order as one program (later blocks use what earlier ones defined),
 in a subprocess, against the test servers. A comment in the document says what it needs:
 ``<!-- snippets: topics=orders,payments -->`` creates those topics (and registers their
-partition counts, as ``outboxkit topics sync`` does) and sets ``OUTBOXKIT_TOPICS``.
+partition counts, as ``outboxkit topics sync`` does) and sets ``OUTBOXKIT_TOPICS``;
+``<!-- snippets: spark -->`` marks the document's test ``spark``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Snippets:
     path: Path
     code: str
     topics: tuple[str, ...]
+    spark: bool = False
 
     @property
     def name(self) -> str:
@@ -41,12 +43,14 @@ def snippets(path: Path) -> Snippets | None:
     if not blocks:
         return None
     topics: tuple[str, ...] = ()
+    spark = False
     for needs in _NEEDS.findall(text):
         for item in needs.split():
             key, _, value = item.partition("=")
             if key == "topics":
                 topics += tuple(t for t in value.split(",") if t)
-    return Snippets(path, "\n\n".join(blocks), topics)
+            spark |= key == "spark"
+    return Snippets(path, "\n\n".join(blocks), topics, spark)
 
 
 def all_snippets() -> list[Snippets]:

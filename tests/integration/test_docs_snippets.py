@@ -17,7 +17,11 @@ from tests.integration.conftest import MakeTopic
 pytestmark = [pytest.mark.timeout(180)]
 
 
-@pytest.mark.parametrize("snippets", all_snippets(), ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "snippets",
+    [pytest.param(s, marks=[pytest.mark.spark] if s.spark else []) for s in all_snippets()],
+    ids=lambda s: s.name,
+)
 async def test_the_snippets_of_a_document_run(
     snippets: Snippets, pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic
 ) -> None:
