@@ -122,7 +122,9 @@ class Outboxkit:
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
-            raise ServiceStateError(f"an Outboxkit service opens once; this one is {self._state}")
+            raise ServiceStateError(
+                f"an Outboxkit service opens once; this one is {self._state.value}"
+            )
         relay_settings, inbox_settings, settings = self._resolve_settings()
         try:
             self._pool = make_pool(
