@@ -8,6 +8,7 @@ counts nothing twice.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -72,6 +73,9 @@ def spark(spark_jars: Path) -> Iterator[SparkSession]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    # py4j logs at INFO from a finalizer when the interpreter exits, after pytest closed the
+    # streams it captures: a "Logging error" traceback in the output, not a failure.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
 
