@@ -391,31 +391,42 @@ def outbox_failed(
         )
 
 
-def _repair(database_url: str | None, ids: list[UUID], verb: str, method: str) -> None:
+def _repair(
+    database_url: str | None, ids: list[UUID], verb: str, method: str, json_output: bool
+) -> None:
     count = _run_storage(database_url, lambda s: getattr(s, method)(ids))
     if count == 0:
         typer.echo(f"error: no matching record for {', '.join(map(str, ids))}", err=True)
         raise typer.Exit(EXIT_FAILED)
-    typer.echo(f"{verb} {count} record(s)")
+    if json_output:
+        typer.echo(json.dumps({"action": method, "records": count}))
+    else:
+        typer.echo(f"{verb} {count} record(s)")
 
 
 @outbox_app.command("retry")
-def outbox_retry(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+def outbox_retry(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
     """Put failed records back in line (their key stays blocked until they are published)."""
-    _repair(database_url, _event_ids(event_ids), "retrying", "retry_failed")
+    _repair(database_url, _event_ids(event_ids), "retrying", "retry_failed", json_output)
 
 
 @outbox_app.command("skip")
-def outbox_skip(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+def outbox_skip(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
     """Drop failed records without publishing them; their keys flow again."""
-    _repair(database_url, _event_ids(event_ids), "skipped", "skip_failed")
+    _repair(database_url, _event_ids(event_ids), "skipped", "skip_failed", json_output)
 
 
 @outbox_app.command("replay")
-def outbox_replay(event_ids: EventIds, database_url: DatabaseUrl = None) -> None:
+def outbox_replay(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
     """Publish kept (published) records again, after everything pending. Needs a retention
     (OUTBOXKIT_RETENTION) so that published records are kept."""
-    _repair(database_url, _event_ids(event_ids), "replaying", "replay")
+    _repair(database_url, _event_ids(event_ids), "replaying", "replay", json_output)
 
 
 dlq_app = typer.Typer(

@@ -40,7 +40,8 @@ async def test_pending_failed_retry_skip(pg_url: str) -> None:
     async with PostgresOutboxStorage(pg_url) as storage:
         [first, _] = await storage.fetch_pending(TopicPartition("orders", 0), 10)
         await storage.record_failure(first, "again", give_up=True)
-    assert run_cli("outbox", "skip", str(bad.id), env=env).stdout.strip() == "skipped 1 record(s)"
+    skipped = run_cli("outbox", "skip", str(bad.id), "--json", env=env)
+    assert json.loads(skipped.stdout) == {"action": "skip_failed", "records": 1}
     assert run_cli("outbox", "failed", env=env).stdout.strip() == "no failed records"
 
 
