@@ -254,18 +254,18 @@ def inbox_command(
     log_format: LogFormatOption = "console",
 ) -> None:
     """Consume events and run the handlers of an Inbox until SIGTERM/SIGINT, then commit and
-    leave the group."""
+    leave the group. Without --topics, the topics of the handlers' event types."""
     configure_logging("json" if log_format == "json" else "console")
     try:
         inbox = _import_inbox(target)
-        settings = load_settings(
-            InboxSettings,
-            database_url=database_url,
-            kafka_bootstrap_servers=kafka_bootstrap_servers,
-            topics=topics,
-        )
     except ConfigurationError as exc:
         raise _fail_config(exc) from None
+    settings = _settings(
+        InboxSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics or ",".join(inbox.topics) or None,
+    )
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("the inbox supports PostgreSQL so far"))
 
