@@ -8,10 +8,7 @@ Settings: ``OUTBOXKIT_DATABASE_URL``, ``OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS`` and 
 """
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from decimal import Decimal
-from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
@@ -19,9 +16,9 @@ from fastapi import Depends, FastAPI, HTTPException
 from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic import BaseModel, Field
 
-from examples.orders_payments.common import prepare_database, relay_settings
+from examples.orders_payments.common import service_app
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
-from outboxkit.fastapi import health_router, running
+from outboxkit.fastapi import running
 from outboxkit.inbox import Inbox
 from outboxkit.service import Outboxkit
 
@@ -53,21 +50,7 @@ class Order(BaseModel):
 
 def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
     """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    kit = Outboxkit(
-        source="urn:example:orders",
-        relay=relay_settings("orders", OrderPlaced.event_topic or ""),
-        inbox=inbox,
-        registry=registry,
-    )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        await prepare_database(kit.database_url, Path(__file__).with_name("orders.sql"))
-        async with kit.lifespan(app) as state:
-            yield state
-
-    app = FastAPI(title="orders", lifespan=lifespan)
-    app.include_router(health_router(kit))
+    app, kit = service_app("orders", OrderPlaced, inbox, registry)
     Service = Annotated[Outboxkit, Depends(running(kit))]  # 503 until started
 
     @app.post("/orders", status_code=201)

@@ -5,10 +5,7 @@ outbox, chained: inbox → handler → outbox).
     uvicorn --factory examples.orders_payments.payments:create_app --port 8002
 """
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from decimal import Decimal
-from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
@@ -16,9 +13,9 @@ from fastapi import Depends, FastAPI, HTTPException
 from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic import BaseModel
 
-from examples.orders_payments.common import prepare_database, relay_settings
+from examples.orders_payments.common import service_app
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
-from outboxkit.fastapi import health_router, running
+from outboxkit.fastapi import running
 from outboxkit.inbox import Inbox
 from outboxkit.relay import PostgresOutbox
 from outboxkit.service import Outboxkit
@@ -55,21 +52,7 @@ class Payment(BaseModel):
 
 def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
     """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    kit = Outboxkit(
-        source="urn:example:payments",
-        relay=relay_settings("payments", PaymentCaptured.event_topic or ""),
-        inbox=inbox,
-        registry=registry,
-    )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        await prepare_database(kit.database_url, Path(__file__).with_name("payments.sql"))
-        async with kit.lifespan(app) as state:
-            yield state
-
-    app = FastAPI(title="payments", lifespan=lifespan)
-    app.include_router(health_router(kit))
+    app, kit = service_app("payments", PaymentCaptured, inbox, registry)
 
     @app.get("/payments/{order_id}")
     async def get_payment(
