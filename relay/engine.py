@@ -39,9 +39,9 @@ from outboxkit.relay.storage import OutboxStorage
 
 logger = structlog.get_logger("outboxkit.relay")
 
-#: A short look right after going idle: closes most of the window between a writer's trigger
-#: (which saw no waiting relay) and its commit becoming visible.
-_IDLE_RECHECK = 0.05
+#: Going idle, a relay waits (polling with backoff, at most this long) until every writer
+#: transaction open at its declaration has ended, then looks once more (see _await_writers).
+_WRITERS_WAIT_MAX = 1.0
 
 
 class Ownership(Protocol):
@@ -300,10 +300,10 @@ class Relay:
                         waiting = await self._set_waiting(tp, False)
                     continue
                 if not waiting:
-                    # Declare idle, then look once more: a row committed before the
-                    # declaration sent no notification.
+                    # Declare idle, then look once more when the writers that may have missed
+                    # the declaration are done: they sent no notification.
                     waiting = await self._set_waiting(tp, True)
-                    await self._wait(worker, _IDLE_RECHECK)
+                    await self._await_writers(worker)
                     continue
                 reason = await self._wait(worker, self.settings.sweep_interval)
                 self.metrics.wakeups.labels(reason).inc()
@@ -426,6 +426,22 @@ class Relay:
         except StorageUnavailableError:
             return False  # no wake-ups then: the sweep still runs
         return waiting
+
+    async def _await_writers(self, worker: _Worker) -> None:
+        """Until every writer transaction that was open when ``worker``'s partition was declared
+        idle has ended (its trigger may have run before the declaration was visible, so it sent
+        no wake-up; its row is visible afterwards), a wake-up arrives, or a bound passes (a
+        long transaction elsewhere on the server holds the horizon back: the sweep covers it)."""
+        delay, deadline = 0.002, time.monotonic() + _WRITERS_WAIT_MAX
+        while not worker.stop.is_set() and time.monotonic() < deadline:
+            try:
+                if await self.storage.writers_settled(worker.tp):
+                    return
+            except StorageUnavailableError:
+                return  # the next read fails too and is retried
+            if await self._wait(worker, delay) == "notify":
+                return
+            delay = min(delay * 2, 0.1)
 
     async def _wait(self, worker: _Worker, seconds: float) -> str:
         with contextlib.suppress(TimeoutError):

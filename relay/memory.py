@@ -118,6 +118,9 @@ class InMemoryOutboxStorage:
         else:
             self._waiting.discard(tp)
 
+    async def writers_settled(self, tp: TopicPartition) -> bool:
+        return True  # writes are atomic here: nothing is ever half-committed
+
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
         while True:
             yield await self._wakeups.get()

@@ -40,6 +40,12 @@ class OutboxStorage(Protocol):
     async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
         """Declare that a relay waits for new rows of ``tp`` (writers then wake it) or not."""
 
+    async def writers_settled(self, tp: TopicPartition) -> bool:
+        """Whether every writer transaction that was open when ``tp``'s relay last declared
+        itself waiting has ended. Such a writer may have added its row before the declaration
+        was visible to it, and then sent no wake-up; every later writer sees the declaration.
+        So once this is true, one more read of ``tp`` misses nothing."""
+
     def wakeups(self) -> AsyncIterator[TopicPartition | None]:
         """Partitions that got new rows while their relay waited. ``None`` means "may have
         missed some" (the listener reconnected): every partition should look again."""

@@ -70,6 +70,17 @@ WHERE id = %(id)s AND state = 'pending'
 INSERT INTO outboxkit.relay_waiting (topic, partition) VALUES (%(topic)s, %(partition)s)
 ON CONFLICT DO NOTHING
 
+-- writers_horizon --
+-- Run right after set_waiting committed: every transaction with an id below this snapshot's
+-- xmax began before the declaration was visible, so its trigger may have seen no waiting relay.
+SELECT pg_snapshot_xmax(pg_current_snapshot())::text
+
+-- writers_settled --
+-- True once every transaction below that horizon has ended: their rows are visible to the next
+-- read, and every later writer's trigger saw the declaration (and notifies). A long transaction
+-- anywhere on the server also holds xmin back; the relay stops waiting for it after a bound.
+SELECT pg_snapshot_xmin(pg_current_snapshot()) >= %(horizon)s::xid8
+
 -- clear_waiting --
 DELETE FROM outboxkit.relay_waiting WHERE topic = %(topic)s AND partition = %(partition)s
 

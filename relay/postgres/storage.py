@@ -54,6 +54,8 @@ class PostgresOutboxStorage(PooledStore):
         self._url = url
         self._connect_timeout = connect_timeout
         self._listen_check_interval = listen_check_interval
+        #: Per partition, the transaction-id horizon of the relay's last idle declaration.
+        self._horizons: dict[TopicPartition, str] = {}
         super().__init__(
             url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
         )
@@ -124,6 +126,16 @@ class PostgresOutboxStorage(PooledStore):
     async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
         params = {"topic": tp.topic, "partition": tp.partition}
         await self._execute("set_waiting" if waiting else "clear_waiting", params)
+        if waiting:  # a separate statement: its snapshot is taken after the declaration commit
+            [(horizon,)] = await self._fetch("writers_horizon", {})
+            self._horizons[tp] = str(horizon)
+
+    async def writers_settled(self, tp: TopicPartition) -> bool:
+        horizon = self._horizons.get(tp)
+        if horizon is None:
+            return True
+        [(settled,)] = await self._fetch("writers_settled", {"horizon": horizon})
+        return bool(settled)
 
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
         """Notifications from writers. After every (re)connect it yields ``None`` first:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from outboxkit.relay import NotInTransactionError, PostgresOutbox, UnknownTopicError
+from outboxkit.relay import (
+    NotInTransactionError,
+    PostgresOutbox,
+    PostgresOutboxStorage,
+    TopicPartition,
+    UnknownTopicError,
+)
 from outboxkit.schemas import partition_for_key
 from tests.integration.relay_harness import Step, register_topic
 
@@ -64,3 +70,23 @@ async def test_unknown_topic_says_how_to_fix(pg_url: str) -> None:
             async with conn.transaction():
                 await outbox.add(conn, Step(topic="nowhere", entity="a", seq=0))
     assert await _rows(pg_url) == []
+
+
+async def test_a_writer_open_across_the_idle_declaration_is_waited_for(pg_url: str) -> None:
+    """G5's race: a writer's trigger ran before the relay declared itself waiting (so it will
+    send no wake-up), and it commits after. The relay's last look must come after that commit:
+    writers_settled stays false until every transaction open at the declaration has ended."""
+    await register_topic(pg_url, "orders", 1)
+    tp = TopicPartition("orders", 0)
+    async with (
+        PostgresOutboxStorage(pg_url) as storage,
+        await psycopg.AsyncConnection.connect(pg_url) as writer,
+    ):
+        await writer.execute("SELECT 1")  # opens the writer's transaction
+        await PostgresOutbox(source="urn:test").add(writer, Step(topic="orders", entity="a", seq=0))
+        await storage.set_waiting(tp, True)  # the writer's transaction is still open
+        assert await storage.fetch_pending(tp, 10) == []
+        assert not await storage.writers_settled(tp)
+        await writer.commit()
+        assert await storage.writers_settled(tp)
+        assert len(await storage.fetch_pending(tp, 10)) == 1
