@@ -21,52 +21,16 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
 from outboxkit.migrations import migrate
-from outboxkit.schemas import encode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.inbox_app import Paid
+from bench.kafka_io import consume_rate, produce_events
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-async def _produce(bootstrap: str, topic: str, count: int, keys: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = []
-        for i in range(count):
-            wire = encode(Paid(topic=topic, account=f"a{i % keys}", amount=i), source="urn:bench")
-            futures.append(
-                await producer.send(topic, wire.value, key=wire.key, headers=list(wire.headers))
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
-async def _ceiling(bootstrap: str, topic: str, count: int) -> float:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=f"bench-ceiling-{uuid.uuid4().hex[:6]}",
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    seen, started = 0, time.perf_counter()
-    try:
-        while seen < count:
-            for records in (await consumer.getmany(timeout_ms=1000, max_records=2000)).values():
-                seen += len(records)
-    finally:
-        await consumer.stop()
-    return count / (time.perf_counter() - started)
 
 
 async def _handled(url: str, consumer: str) -> int:
@@ -135,8 +99,11 @@ async def main(args: argparse.Namespace) -> None:
         await admin.start()
         await admin.create_topics([NewTopic("paid", args.partitions, 1)])
         await admin.close()
-        await _produce(bootstrap, "paid", args.events, keys=1000)
-        ceiling = await _ceiling(bootstrap, "paid", args.events)
+        await produce_events(
+            bootstrap,
+            (Paid(topic="paid", account=f"a{i % 1000}", amount=i) for i in range(args.events)),
+        )
+        ceiling = await consume_rate(bootstrap, "paid", args.events)
         print(f"ceiling: raw aiokafka consume (read_committed): {ceiling:,.0f} records/s")
         rows = [
             ("small dedupe table (10K rows of another consumer)", 10_000),

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import random
+import sys
 import tempfile
 import time
 import uuid
@@ -24,14 +25,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
 from outboxkit.embedded.kafka import kafka_jars_dir
 from outboxkit.migrations import migrate
-from outboxkit.schemas import encode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.kafka_io import consume_rate, produce_events
 
 
 async def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -39,50 +41,24 @@ async def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> N
     await admin.start()
     await admin.create_topics([NewTopic(topic, partitions, 1)])
     await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
-    await producer.start()
+    await produce_events(bootstrap, _orders(topic, count), linger_ms=20)
+
+
+def _orders(topic: str, count: int) -> Iterator[OrderPlaced]:
+    """``count`` orders of 1000 customers, event times a few minutes out of order."""
     rng = random.Random(1)
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    try:
-        futures = []
-        for i in range(count):
-            price = Decimal(rng.randrange(100, 5000)) / 100
-            event = OrderPlaced(
-                topic=topic,
-                occurred_at=start + timedelta(seconds=i * 3 + rng.randrange(600)),
-                order_id=f"o-{i}",
-                customer_id=f"c-{rng.randrange(1000)}",
-                currency=Currency.EUR,
-                lines=[OrderLine(sku="s", quantity=2, unit_price=price)],
-                amount=price * 2,
-            )
-            wire = encode(event, source="urn:bench")
-            futures.append(
-                await producer.send(topic, wire.value, key=wire.key, headers=list(wire.headers))
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
-async def _ceiling(bootstrap: str, topic: str, count: int) -> float:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=f"bench-ceiling-{uuid.uuid4().hex[:6]}",
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    seen, started = 0, time.perf_counter()
-    try:
-        while seen < count:
-            for records in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values():
-                seen += len(records)
-    finally:
-        await consumer.stop()
-    return count / (time.perf_counter() - started)
+    for i in range(count):
+        price = Decimal(rng.randrange(100, 5000)) / 100
+        yield OrderPlaced(
+            topic=topic,
+            occurred_at=start + timedelta(seconds=i * 3 + rng.randrange(600)),
+            order_id=f"o-{i}",
+            customer_id=f"c-{rng.randrange(1000)}",
+            currency=Currency.EUR,
+            lines=[OrderLine(sku="s", quantity=2, unit_price=price)],
+            amount=price * 2,
+        )
 
 
 @contextlib.contextmanager
@@ -122,7 +98,7 @@ def main() -> None:
             started = time.perf_counter()
             asyncio.run(_produce(bootstrap, topic, args.events, args.partitions))
             print(f"produced {args.events} events in {time.perf_counter() - started:.1f} s")
-            ceiling = asyncio.run(_ceiling(bootstrap, topic, args.events))
+            ceiling = asyncio.run(consume_rate(bootstrap, topic, args.events))
             print(f"ceiling (aiokafka, read_committed): {ceiling:,.0f} events/s")
 
             settings = PipelineSettings(

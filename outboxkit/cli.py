@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -32,7 +32,6 @@ from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
     Inbox,
-    InboxHealth,
     InboxSettings,
     InboxWorker,
     PostgresInboxStore,
@@ -43,12 +42,11 @@ from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.kafka import partition_counts
 from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
-from outboxkit.probes import HealthCheck, serve_probes
+from outboxkit.probes import serve_probes
 from outboxkit.relay import (
     OutboxStorage,
     PostgresOutboxStorage,
     Relay,
-    RelayHealth,
     RelaySettings,
     StorageUnavailableError,
 )
@@ -219,12 +217,7 @@ def relay(
             connect_timeout=settings.connect_timeout,
         ) as storage:
             worker = Relay(settings, storage)
-
-            def health() -> tuple[bool, RelayHealth]:
-                state = worker.health()
-                return state.healthy, state
-
-            await _run_worker(worker.run, worker.stop, http_port, health)
+            await _run_worker(worker, http_port)
 
     try:
         asyncio.run(run())
@@ -276,29 +269,37 @@ def inbox_command(
             connect_timeout=settings.connect_timeout,
         ) as store:
             worker = InboxWorker(inbox, settings, store)
-
-            def health() -> tuple[bool, InboxHealth]:
-                state = worker.health()
-                return state.healthy, state
-
-            await _run_worker(worker.run, worker.stop, http_port, health)
+            await _run_worker(worker, http_port)
 
     asyncio.run(run())
 
 
-async def _run_worker(
-    run: Callable[[], Awaitable[None]],
-    stop: Callable[[], None],
-    http_port: int | None,
-    health: HealthCheck,
-) -> None:
+class _Health(Protocol):
+    @property
+    def healthy(self) -> bool: ...
+
+
+class _Worker(Protocol):
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def health(self) -> _Health: ...
+
+
+async def _run_worker(worker: _Worker, http_port: int | None) -> None:
     """Run a worker until SIGTERM/SIGINT asks it to drain, with its probes if a port is given."""
+
+    def health() -> tuple[bool, object]:
+        state = worker.health()
+        return state.healthy, state
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+        loop.add_signal_handler(sig, worker.stop)
     if http_port is not None:
         await serve_probes(http_port, health)
-    await run()
+    await worker.run()
 
 
 def _import_inbox(target: str) -> Inbox:

@@ -22,8 +22,13 @@ async def partition_counts(
     counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
     missing = sorted(set(topics) - {t for t, n in counts.items() if n})
     if missing:
-        raise ConfigurationError(
-            f"topic(s) {', '.join(missing)} do not exist on Kafka: create them (outboxkit "
-            "never creates topics) or fix OUTBOXKIT_TOPICS"
-        )
+        raise missing_topics(missing)
     return {t: counts[t] for t in topics}
+
+
+def missing_topics(topics: Sequence[str]) -> ConfigurationError:
+    """The error for topics that Kafka does not have."""
+    return ConfigurationError(
+        f"topic(s) {', '.join(topics)} do not exist on Kafka: create them (outboxkit never "
+        "creates topics) or fix OUTBOXKIT_TOPICS"
+    )

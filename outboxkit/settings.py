@@ -14,7 +14,14 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from outboxkit.exceptions import ConfigurationError
@@ -51,6 +58,21 @@ def _split_commas(value: object) -> object:
     return value
 
 
+def _require_host_ports(servers: list[str]) -> list[str]:
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{server!r} is not host:port")
+    return servers
+
+
+#: A list setting: comma-separated in the environment ("a,b"), a list in Python.
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+
+#: Kafka bootstrap servers: comma-separated host:port pairs.
+BootstrapServers = Annotated[CommaList, AfterValidator(_require_host_ports)]
+
+
 class ConnectionSettings(BaseSettings):
     """Where the database and the Kafka cluster are."""
 
@@ -65,32 +87,18 @@ class ConnectionSettings(BaseSettings):
             "mongodb://host:27017/dbname?replicaSet=rs0"
         ),
     )
-    kafka_bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+    kafka_bootstrap_servers: BootstrapServers = Field(
         default=["localhost:9092"],
         min_length=1,
         description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
     )
-    topics: Annotated[list[str], NoDecode] = Field(
+    topics: CommaList = Field(
         default=[],
         description="Kafka topics this component publishes to or consumes, comma-separated",
     )
     connect_timeout: float = Field(
         default=10.0, gt=0, description="Seconds to wait when connecting to the database or broker"
     )
-
-    @field_validator("kafka_bootstrap_servers", "topics", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        return _split_commas(value)
-
-    @field_validator("kafka_bootstrap_servers")
-    @classmethod
-    def _host_port(cls, value: list[str]) -> list[str]:
-        for server in value:
-            host, _, port = server.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"{server!r} is not host:port")
-        return value
 
     @field_validator("database_url")
     @classmethod

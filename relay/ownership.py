@@ -19,7 +19,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.kafka import missing_topics
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
 
@@ -71,10 +71,7 @@ class KafkaOwnership:
                 partitions[topic] = len(found)
         if missing:
             await self._consumer.stop()
-            raise ConfigurationError(
-                f"topic(s) {', '.join(missing)} do not exist on Kafka: create them (outboxkit "
-                "never creates topics) or fix OUTBOXKIT_TOPICS"
-            )
+            raise missing_topics(missing)
         return partitions
 
     def partition_counts(self) -> dict[str, int]:

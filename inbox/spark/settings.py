@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outboxkit.settings import ENV_PREFIX, Duration
+from outboxkit.settings import ENV_PREFIX, BootstrapServers, CommaList, Duration
 
 AVAILABLE_NOW: Literal["available-now"] = "available-now"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
@@ -31,12 +31,12 @@ class PipelineSettings(BaseSettings):
         env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
     )
 
-    kafka_bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+    kafka_bootstrap_servers: BootstrapServers = Field(
         default=["localhost:9092"],
         min_length=1,
         description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
     )
-    topics: Annotated[list[str], NoDecode] = Field(
+    topics: CommaList = Field(
         default=["shop.orders"],
         min_length=1,
         description="Topics the pipeline reads, comma-separated",
@@ -106,22 +106,6 @@ class PipelineSettings(BaseSettings):
         description="spark.sql.shuffle.partitions (state store partitions; fixed by the first "
         "run of a checkpoint); 4 locally when not set, Spark's default under spark-submit",
     )
-
-    @field_validator("kafka_bootstrap_servers", "topics", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("kafka_bootstrap_servers")
-    @classmethod
-    def _host_port(cls, value: list[str]) -> list[str]:
-        for server in value:
-            host, _, port = server.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"{server!r} is not host:port")
-        return value
 
     @field_validator("database_url")
     @classmethod

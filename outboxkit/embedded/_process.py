@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from outboxkit.exceptions import OutboxkitError
 
@@ -81,7 +81,7 @@ def wait_until(
     *,
     timeout: float,
     what: str,
-    process: subprocess.Popen[bytes] | None = None,
+    process: subprocess.Popen[Any] | None = None,
     log_path: Path | None = None,
 ) -> None:
     """Poll ``condition`` until it holds; fail early if ``process`` exits."""
@@ -123,6 +123,20 @@ def make_traversable(path: Path) -> None:
         mode = part.stat().st_mode
         if not mode & 0o001:
             os.chmod(part, mode | 0o001)
+
+
+class ServerProcess:
+    """A server that runs as one child process (``_process``, set by ``start``)."""
+
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self.running and self._process else None
 
 
 class ManagedServer:

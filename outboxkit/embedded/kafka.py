@@ -21,6 +21,7 @@ from typing import Self
 
 from outboxkit.embedded._process import (
     ManagedServer,
+    ServerProcess,
     ServerStartError,
     free_port,
     port_is_open,
@@ -66,7 +67,7 @@ def _kafka_uuid() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-class KafkaNode:
+class KafkaNode(ServerProcess):
     """One combined broker+controller process of a :class:`KafkaCluster`."""
 
     def __init__(self, cluster: KafkaCluster, node_id: int, base_dir: Path) -> None:
@@ -82,14 +83,6 @@ class KafkaNode:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self.running and self._process else None
 
     def write_config(self) -> None:
         size = len(self.cluster.nodes)

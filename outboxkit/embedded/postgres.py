@@ -23,6 +23,7 @@ import psycopg
 
 from outboxkit.embedded._process import (
     ManagedServer,
+    ServerProcess,
     ServerStartError,
     free_port,
     make_traversable,
@@ -62,7 +63,7 @@ def postgres_bin_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 
-class EmbeddedPostgres(ManagedServer):
+class EmbeddedPostgres(ManagedServer, ServerProcess):
     """One PostgreSQL server in ``data_dir`` (a new temporary directory by default).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. ``settings`` are passed as
@@ -84,14 +85,6 @@ class EmbeddedPostgres(ManagedServer):
         self._bin = postgres_bin_dir()
         self._user = _SERVER_USER if os.geteuid() == 0 else None
         self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self.running and self._process else None
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"

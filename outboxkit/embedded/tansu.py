@@ -19,6 +19,7 @@ from typing import Self
 
 from outboxkit.embedded._process import (
     ManagedServer,
+    ServerProcess,
     free_port,
     port_is_open,
     spawn,
@@ -51,7 +52,7 @@ def tansu_binary() -> Path:
     return binary
 
 
-class EmbeddedTansu(ManagedServer):
+class EmbeddedTansu(ManagedServer, ServerProcess):
     """One Tansu broker, memory storage, on a free port of 127.0.0.1; its log goes to
     ``base_dir`` (a new temporary directory by default). Use as a context manager, or
     :meth:`start` / :meth:`close`. The broker dies with this process, even on SIGKILL."""
@@ -67,14 +68,6 @@ class EmbeddedTansu(ManagedServer):
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self.running and self._process else None
 
     def start(self, *, timeout: float = 15.0) -> Self:
         if self.running:

@@ -169,8 +169,7 @@ class Writers:
                 # once it is back; the business row tells.
                 conn = None
                 if not await self._committed_after_all(event.id):
-                    await asyncio.sleep(0.05)
-                    continue
+                    continue  # the database answered: not committed, write it again
             self.committed[entity].append(event.id)
             self.seq_of[event.id] = (entity, event.seq)
             seqs[entity] += 1
@@ -187,7 +186,9 @@ class Writers:
                     cur = await conn.execute("SELECT 1 FROM steps WHERE event_id = %s", (event_id,))
                     return await cur.fetchone() is not None
             except psycopg.OperationalError:
-                await asyncio.sleep(0.1)
+                # Still away: try again shortly, or give up at once when the writers stop.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 0.1)
         return False
 
 

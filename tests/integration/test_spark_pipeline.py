@@ -14,7 +14,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
+from outboxkit.embedded._process import wait_until
 from outboxkit.schemas import Event, encode
 from tests.integration.conftest import REPO, MakeTopic
 
@@ -291,16 +291,6 @@ def test_a_replayed_batch_writes_nothing(pg_url: str) -> None:
         assert conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone() == (3,)
 
 
-def _wait_for(condition: Any, timeout: float, what: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"the driver exited ({process.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def _batches_written(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone()
@@ -377,7 +367,12 @@ def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
             start_new_session=True,  # its own process group: the Python driver and its JVM
         )
         try:
-            _wait_for(lambda: _batches_written(pg_url) >= 3, 180, "three batches", driver)
+            wait_until(
+                lambda: _batches_written(pg_url) >= 3,
+                timeout=180,
+                what="three batches",
+                process=driver,
+            )
         finally:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
