@@ -16,6 +16,7 @@ Building blocks (each a plain DataFrame function, usable in your own jobs):
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -66,9 +67,18 @@ def build_session(settings: PipelineSettings) -> SparkSession:
             .config("spark.ui.showConsoleProgress", "false")
         )
         partitions = partitions or LOCAL_SHUFFLE_PARTITIONS
+        use_this_python_for_workers()
     spark = builder.getOrCreate()
     configure_session(spark, shuffle_partitions=partitions)
     return spark
+
+
+def use_this_python_for_workers() -> None:
+    """Local Python workers run this interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+    PySpark reads only that variable (``spark.pyspark.python`` is spark-submit's), and its
+    default, ``python3`` from ``PATH``, lacks outboxkit outside an activated virtualenv: the
+    decoder would fail on the first record."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def configure_session(spark: SparkSession, *, shuffle_partitions: int | None = None) -> None:

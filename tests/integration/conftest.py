@@ -12,6 +12,7 @@ makes its own topics. Tests that stop, restart or kill servers start their own w
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import signal
@@ -49,6 +50,14 @@ def with_dbname(url: str, dbname: str) -> str:
 async def migrate_database(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await migrate(conn)
+
+
+@pytest.fixture(autouse=True)
+def collect_leaks() -> Iterator[None]:
+    """Collect garbage after every integration test, so that a connection or socket it left
+    open fails *that* test (as an unraisable ResourceWarning), not a random later one."""
+    yield
+    gc.collect()
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------

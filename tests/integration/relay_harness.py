@@ -166,7 +166,10 @@ class Writers:
                     await self.outbox.add(conn, event)
             except psycopg.OperationalError:
                 # The database went away mid-transaction: did the commit happen? Ask again
-                # once it is back; the business row tells.
+                # once it is back; the business row tells. Close the broken session: it may
+                # be left mid-pipeline, and an unclosed connection fails the test run later.
+                if conn is not None:
+                    await conn.close()
                 conn = None
                 if not await self._committed_after_all(event.id):
                     continue  # the database answered: not committed, write it again

@@ -37,7 +37,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from outboxkit.inbox.spark import PipelineSettings, PostgresBatchSink, run_pipeline  # noqa: E402
 from outboxkit.inbox.spark.jars import connector_jars  # noqa: E402
-from outboxkit.inbox.spark.pipeline import query_names  # noqa: E402
+from outboxkit.inbox.spark.pipeline import query_names, use_this_python_for_workers  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -63,6 +63,7 @@ def spark_jars() -> Path:
 
 @pytest.fixture(scope="session")
 def spark(spark_jars: Path) -> Iterator[SparkSession]:
+    use_this_python_for_workers()
     session = (
         SparkSession.builder.master("local[2]")
         .appName("outboxkit-tests")
