@@ -37,7 +37,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -61,7 +60,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.embedded import EmbeddedPostgres, KafkaCluster, free_port
 from outboxkit.embedded.postgres import postgres_bin_dir
 from outboxkit.migrations import load_migrations, migrate
 from outboxkit.relay import (
@@ -650,7 +649,7 @@ class SubprocessRelays:
     async def start(self) -> None:
         profile_dir: Path | None = self.ctx.args.profile_dir
         for i in range(self.n):
-            port = _free_port()
+            port = free_port()
             log = self.ctx.workdir / f"relay-{self.group}-{i}.log"
             env = {**os.environ, **self.env, "OUTBOXKIT_HTTP_PORT": str(port)}
             argv = [sys.executable, __file__, "--child-relay", "relay"]
@@ -711,13 +710,6 @@ class SubprocessRelays:
             if proc.returncode is not None:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
                 raise RuntimeError(f"relay exited with {proc.returncode}:\n{tail}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager

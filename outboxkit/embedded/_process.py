@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import pwd
+import random
 import signal
 import socket
 import subprocess
@@ -24,12 +25,43 @@ class ServerStartError(OutboxkitError):
     """A local server did not start."""
 
 
+#: Ports this process handed out: two servers started together never get the same one.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a server to bind.
+
+    Chosen below the kernel's ephemeral range, which every outgoing connection draws from: a
+    port from that range could be taken by a client (of this test run's many) between this
+    check and the server's bind, or while a server restarts on it."""
+    low = _ephemeral_range_start()
+    for _ in range(200):
+        port = random.randrange(max(low - 12000, 1024), low)
+        if port not in _handed_out and _can_bind(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: any port
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -1,0 +1,31 @@
+"""Ports for the embedded servers: outside the range outgoing connections take theirs from."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from outboxkit.embedded import _process, free_port
+
+
+def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
+    ephemeral_start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= port < ephemeral_start for port in ports)
+    for port in ports[:5]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))  # nothing listens there
+
+
+def test_a_port_something_listens_on_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        candidates = iter([taken, taken, 23456])
+        monkeypatch.setattr(_process.random, "randrange", lambda *_: next(candidates))
+        monkeypatch.setattr(_process, "_handed_out", set())
+        assert free_port() == 23456
