@@ -65,7 +65,7 @@ def keys_on(partition: int, partitions: int) -> list[str]:
 
 
 async def until(
-    condition: Callable[[], bool], what: str = "condition", *, within: float = 2.0
+    condition: Callable[[], bool], what: str = "condition", *, within: float = 10.0
 ) -> None:
     await wait_for(condition, within=within, interval=0.005, what=what)
 
@@ -440,7 +440,7 @@ async def test_retry_policy_uses_no_deprecated_tenacity_api(make: MakeHarness) -
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)  # as the suite's configuration says
         await h.start()
-        await until(lambda: h.broker.ids() == [r.id], "the record", within=1.0)
+        await until(lambda: h.broker.ids() == [r.id], "the record")
 
 
 # -- G4: fencing and revocation --------------------------------------------------------------
@@ -518,7 +518,7 @@ async def test_revoke_abandons_a_batch_stuck_past_revoke_timeout(make: MakeHarne
 
     began = time.monotonic()
     await h.relay.revoke(frozenset({tp(0)}))
-    assert 0.15 <= time.monotonic() - began < 1.0
+    assert 0.15 <= time.monotonic() - began < 3.0  # revoke_timeout, not forever
     assert h.storage.state_of(r) == "pending"  # not confirmed: not deleted
     assert h.broker.in_flight == 0  # the stuck publish was cancelled
     [publisher] = h.broker.publishers_of(tp(0))
@@ -527,7 +527,7 @@ async def test_revoke_abandons_a_batch_stuck_past_revoke_timeout(make: MakeHarne
 
 
 async def test_revoke_during_retries_returns_without_another_attempt(make: MakeHarness) -> None:
-    h = await make(revoke_timeout=0.5)
+    h = await make(revoke_timeout=5.0)
     h.add(0)
     h.broker.always[tp(0)] = "error"  # the broker is down
     await h.start([0])
@@ -537,22 +537,22 @@ async def test_revoke_during_retries_returns_without_another_attempt(make: MakeH
     await h.relay.revoke(frozenset({tp(0)}))
     took = time.monotonic() - began
     assert [c for c in h.broker.calls_to(tp(0)) if c.at >= began] == []
-    assert took < 0.25, f"revoke took {took:.2f} s: it waited for revoke_timeout"
+    assert took < 2.5, f"revoke took {took:.2f} s: it waited for revoke_timeout"
 
 
 # -- G5: wake-ups ----------------------------------------------------------------------------
 
 
 async def test_idle_worker_declares_waiting_and_wakes_on_a_commit(make: MakeHarness) -> None:
-    h = await make(sweep_interval=5.0)
+    h = await make(sweep_interval=30.0)
     await h.start()
     await until(lambda: h.storage.idle_looks(tp(0)) >= 1, "t/0 idle")
     assert (tp(0), True) in h.storage.waiting_calls
 
     began = time.monotonic()
     r = h.add(0)  # t/0 waits: the writer queues a wake-up
-    await until(lambda: r.id in h.broker.ids(), "the new record", within=1.0)
-    assert time.monotonic() - began < 0.5  # not the 5 s sweep
+    await until(lambda: r.id in h.broker.ids(), "the new record")
+    assert time.monotonic() - began < 5  # not the 30 s sweep
     assert h.metric("outboxkit_relay_wakeups_total", reason="notify") == 1
     # Busy: not waiting any more; idle again: waiting again.
     await until(
@@ -562,7 +562,7 @@ async def test_idle_worker_declares_waiting_and_wakes_on_a_commit(make: MakeHarn
 
 
 async def test_reconnect_makes_every_partition_look_again(make: MakeHarness) -> None:
-    h = await make(sweep_interval=5.0, notify=False)  # writers wake nobody
+    h = await make(sweep_interval=30.0, notify=False)  # writers wake nobody
     await h.start()
     await until(
         lambda: h.storage.idle_looks(tp(0)) >= 1 and h.storage.idle_looks(tp(1)) >= 1,
@@ -571,7 +571,7 @@ async def test_reconnect_makes_every_partition_look_again(make: MakeHarness) -> 
     records = [h.add(0), h.add(1)]
 
     h.storage.signal_reconnect()
-    await until(lambda: len(h.broker.ids()) == 2, "both records", within=1.0)
+    await until(lambda: len(h.broker.ids()) == 2, "both records")  # not the 30 s sweep
     assert sorted(h.broker.ids()) == [r.id for r in records]
     assert h.metric("outboxkit_relay_wakeups_total", reason="reconnect") == 1
 
@@ -583,8 +583,8 @@ async def test_sweep_finds_a_record_without_any_wake_up(make: MakeHarness) -> No
 
     began = time.monotonic()
     r = h.add(0)
-    await until(lambda: r.id in h.broker.ids(), "the sweep", within=2.0)
-    assert time.monotonic() - began < 0.3 + 0.2
+    await until(lambda: r.id in h.broker.ids(), "the sweep")
+    assert time.monotonic() - began < 0.3 + 1.5  # a sweep's period, with room for a busy CI
     assert h.metric("outboxkit_relay_wakeups_total", reason="sweep") >= 1
     assert h.metric("outboxkit_relay_wakeups_total", reason="notify") == 0
 
@@ -693,7 +693,7 @@ async def test_assignment_starts_workers_even_if_registering_counts_fails(
     h.storage.register_errors.append(RuntimeError("deadlock detected"))  # that one call only
     r = h.add(0)
     await h.start(assign=[])
-    await until(lambda: h.broker.ids() == [r.id], "the record", within=0.5)
+    await until(lambda: h.broker.ids() == [r.id], "the record", within=3.0)  # < the sweep
 
 
 async def test_stop_while_the_database_is_away_at_start(make: MakeHarness) -> None:
@@ -724,8 +724,10 @@ async def test_health_reports_ownership_progress_and_stalled_partitions(
     await h.start()
     h.add(0)
     await until(lambda: h.relay.health().seconds_since_progress is not None, "progress")
+    # On a busy machine the retry after the error can outlast stall_after: t/0 is then
+    # reported stalled until the next backlog measurement sees it moved.
+    await until(lambda: h.relay.health().healthy, "healthy once t/0 moved")
     health = h.relay.health()
-    assert health.healthy
     assert health.owned == ["t/0", "t/1"]
     assert health.stalled == []
     assert "KafkaConnectionError" in (health.last_error or "")
