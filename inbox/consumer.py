@@ -35,6 +35,7 @@ from outboxkit.inbox.handlers import Handler, Inbox
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import Delivery, InboxStore
+from outboxkit.kafka import leave_group
 from outboxkit.schemas import Event, EventDecodeError
 
 logger = structlog.get_logger("outboxkit.inbox")
@@ -149,7 +150,8 @@ class InboxWorker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await cleanup
                 await self._commit(consumer)
-                await consumer.stop()  # leaves the group
+                # Its revocation commits offsets, then it leaves: bounded, see leave_group.
+                await leave_group(consumer.stop(), within=2 * s.session_timeout, who=self.group_id)
         finally:
             await producer.stop()
             self._log.info("inbox stopped")

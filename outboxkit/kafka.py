@@ -1,12 +1,16 @@
-"""Kafka metadata shared by the commands: how many partitions each topic has."""
+"""Kafka helpers shared by the commands and workers: partition counts, leaving a group."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 
+import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 
 from outboxkit.exceptions import ConfigurationError
+
+logger = structlog.get_logger("outboxkit")
 
 
 async def partition_counts(
@@ -32,3 +36,21 @@ def missing_topics(topics: Sequence[str]) -> ConfigurationError:
         f"topic(s) {', '.join(topics)} do not exist on Kafka: create them (outboxkit never "
         "creates topics) or fix OUTBOXKIT_TOPICS"
     )
+
+
+async def leave_group(stop: Awaitable[None], *, within: float, who: str) -> None:
+    """Await a group member's ``stop()`` (which leaves the group), at most ``within`` seconds.
+
+    A stop that hangs — a coordinator that does not answer, a rebalance that does not end —
+    must not keep a worker from exiting: Kafka drops a member that stopped heartbeating after
+    its session timeout anyway, and the next owner's fencing does not depend on a clean leave."""
+    try:
+        async with asyncio.timeout(within):
+            await stop
+    except Exception as exc:  # TimeoutError too
+        logger.warning(
+            "could not leave the consumer group cleanly; Kafka drops this member after its "
+            "session timeout",
+            member=who,
+            error=repr(exc),
+        )

@@ -29,6 +29,7 @@ import structlog
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from outboxkit.kafka import leave_group
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback
@@ -42,6 +43,26 @@ logger = structlog.get_logger("outboxkit.relay")
 #: Going idle, a relay waits (polling with backoff, at most this long) until every writer
 #: transaction open at its declaration has ended, then looks once more (see _await_writers).
 _WRITERS_WAIT_MAX = 1.0
+
+#: Stopping, a cancelled task has this long to finish before it is left behind (logged).
+_CANCEL_GRACE = 5.0
+
+
+async def _settle(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Wait for ``tasks`` (ending or cancelled) to finish, but not forever: one that ignores
+    its cancellation (a library call stuck on the network) is logged with where it is stuck
+    and left behind, so that stopping a relay never hangs."""
+    if not tasks:
+        return
+    done, stuck = await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: whoever cares reported it already
+    for task in stuck:
+        where = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=4)]
+        logger.error(
+            "task did not stop when cancelled, left behind", task=task.get_name(), at=where
+        )
 
 
 class Ownership(Protocol):
@@ -207,10 +228,13 @@ class Relay:
             self._running = False
             for task in [stopping, *side_tasks]:
                 task.cancel()
-            await asyncio.gather(*side_tasks, stopping, return_exceptions=True)
+            await _settle([*side_tasks, stopping])
             await self.revoke(frozenset(self._workers))
-            with contextlib.suppress(Exception):
-                await ownership.stop()
+            await leave_group(
+                ownership.stop(),
+                within=self.settings.revoke_timeout + self.settings.session_timeout,
+                who=self.settings.group_id,
+            )
             logger.info("relay stopped")
 
     async def _register_topics(self, partitions: dict[str, int]) -> None:
@@ -273,7 +297,7 @@ class Relay:
                     "partition did not drain in time, abandoning it", task=task.get_name()
                 )
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _settle(tasks)
         self.metrics.owned_partitions.set(len(self._workers))
 
     # -- one partition -----------------------------------------------------------------------

@@ -198,6 +198,7 @@ class ManualOwnership:
         self.initial = initial
         self.started = False
         self.stopped = False
+        self.hang_on_stop = False  # like a leave that the coordinator never answers
         self.callback_errors: list[Exception] = []
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
@@ -237,6 +238,8 @@ class ManualOwnership:
 
     async def stop(self) -> None:
         self.stopped = True
+        if self.hang_on_stop:
+            await asyncio.Event().wait()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from outboxkit.relay import engine
 from outboxkit.relay.engine import Relay, RelayHealth, first_per_key
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
@@ -703,12 +704,45 @@ async def test_stop_while_the_database_is_away_at_start(make: MakeHarness) -> No
     try:
         await until(lambda: h.storage.register_calls >= 2, "register_topics retried")
         h.relay.stop()
-        done, _ = await asyncio.wait({task}, timeout=0.5)
+        done, _ = await asyncio.wait({task}, timeout=5)
         assert done, "run() did not return after stop()"
         assert h.ownership.stopped
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_group_leave_that_never_ends_does_not_keep_the_relay_from_stopping(
+    make: MakeHarness,
+) -> None:
+    h = await make(partitions=1, revoke_timeout=0.2, session_timeout=1.0, heartbeat_interval=0.3)
+    h.ownership.hang_on_stop = True  # the coordinator never answers the LeaveGroup
+    await h.start()
+    began = time.monotonic()
+    await h.close()  # fails if run() has not returned within 5 s
+    assert h.ownership.stopped
+    assert time.monotonic() - began < 0.2 + 1.0 + 2.0  # revoke_timeout + session_timeout
+
+
+async def test_a_task_that_ignores_its_cancellation_is_left_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine, "_CANCEL_GRACE", 0.1)
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # like a library call that swallows the cancellation
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait_for(engine._settle([task]), 2)
+    assert not task.done()
+    release.set()
+    await task
 
 
 async def test_health_reports_ownership_progress_and_stalled_partitions(
