@@ -231,7 +231,8 @@ async def test_a_dead_background_task_turns_health_red_and_can_stop_the_process(
                 )
                 assert (await client.get("/livez")).status_code == 200
                 kit.tasks["relay"].cancel()  # the relay task dies
-                await asyncio.wait_for(terminated.wait(), 10)  # SIGTERM asks uvicorn to stop
+                # SIGTERM asks uvicorn to stop, once the relay task has finished its cleanup.
+                await asyncio.wait_for(terminated.wait(), 60)
                 response = await client.get("/healthz")
                 assert response.status_code == 503
                 assert response.json()["failed"] == {"relay": "cancelled"}
