@@ -43,7 +43,8 @@ async def leave_group(stop: Awaitable[None], *, within: float, who: str) -> None
 
     A stop that hangs — a coordinator that does not answer, a rebalance that does not end —
     must not keep a worker from exiting: Kafka drops a member that stopped heartbeating after
-    its session timeout anyway, and the next owner's fencing does not depend on a clean leave."""
+    its session timeout anyway, and no guarantee rests on a clean leave (a relay's next owner
+    fences it; an inbox's next owner absorbs what it handles again)."""
     try:
         async with asyncio.timeout(within):
             await stop
