@@ -316,7 +316,8 @@ class Relay:
                             published = await self._cycle(worker, log)
                 except OwnershipLostError as exc:
                     log.warning("partition fenced: another relay owns it now", error=str(exc))
-                    self._fenced.add(tp)
+                    if self._workers.get(tp) is worker:  # not a worker left behind at revoke
+                        self._fenced.add(tp)
                     self.metrics.publish_errors.labels(tp.topic, "fenced").inc()
                     return
                 if published:
