@@ -149,9 +149,11 @@ class InboxWorker:
                 cleanup.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await cleanup
-                await self._commit(consumer)
-                # Its revocation commits offsets, then it leaves: bounded, see leave_group.
-                await leave_group(consumer.stop(), within=2 * s.session_timeout, who=self.group_id)
+                await leave_group(
+                    self._commit_and_stop(consumer),
+                    within=2 * s.session_timeout,
+                    who=self.group_id,
+                )
         finally:
             await producer.stop()
             self._log.info("inbox stopped")
@@ -241,6 +243,13 @@ class InboxWorker:
                 self._pending_offsets[tp] = record.offset + 1
                 done += 1
             del batch[:done]
+
+    async def _commit_and_stop(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit the offsets of what the database committed, then leave the group. The caller
+        bounds it (aiokafka retries a commit for as long as the coordinator is away): what is
+        left uncommitted is read again by the next owner and absorbed by the dedupe rows."""
+        await self._commit(consumer)
+        await consumer.stop()
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         if not self._pending_offsets:
