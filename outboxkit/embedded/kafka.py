@@ -129,8 +129,9 @@ class KafkaNode(ServerProcess):
             *self.cluster.java_command(),
             "kafka.tools.StorageTool",
             "format",
-            "--cluster-id",
-            self.cluster.cluster_id,
+            # One argument with '=': a random id may start with '-' (1 in 64), which the tool's
+            # argparse would take for an option ("--cluster-id: expected one argument").
+            f"--cluster-id={self.cluster.cluster_id}",
             "--config",
             str(self.config_path),
             "--ignore-formatted",  # a second attempt after a partial first one

@@ -10,6 +10,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from outboxkit.embedded import kafka as kafka_module
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.postgres import EmbeddedPostgres, StopMode
 
@@ -91,3 +92,13 @@ async def test_three_node_cluster_survives_one_node_down(
     await _produce(survivors, "replicated", [b"2"])
     await asyncio.to_thread(cluster.nodes[0].start)
     assert await _consume_all(cluster.bootstrap_servers, "replicated", 2) == [b"1", b"2"]
+
+
+def test_a_cluster_id_that_starts_with_a_dash_formats(
+    kafka_factory: Callable[[int], KafkaCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's ids are URL-safe base64: 1 in 64 starts with '-', which once failed a CI run."""
+    monkeypatch.setattr(kafka_module, "_kafka_uuid", lambda: "-" + "A" * 21)
+    cluster = kafka_factory(1)
+    assert cluster.cluster_id.startswith("-")
+    assert cluster.nodes[0].running
