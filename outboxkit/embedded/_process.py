@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import pwd
 import random
@@ -38,16 +39,15 @@ def free_port() -> int:
     low = _ephemeral_range_start()
     for _ in range(200):
         port = random.randrange(max(low - 12000, 1024), low)
-        if port not in _handed_out and _can_bind(port):
-            _handed_out.add(port)
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: any port
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+        if port not in _handed_out and _bind(port):
+            break
+    else:
+        port = _bind(0)  # all taken: any port the kernel gives
     _handed_out.add(port)
     return port
 
 
+@functools.cache
 def _ephemeral_range_start() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -55,13 +55,14 @@ def _ephemeral_range_start() -> int:
         return 32768  # Linux's default
 
 
-def _can_bind(port: int) -> bool:
+def _bind(port: int) -> int:
+    """Bind ``port`` (0: any) for a moment; the port bound, or 0 if it is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            return False
-        return True
+            return 0
+        return int(sock.getsockname()[1])
 
 
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -78,7 +78,6 @@ class KafkaNode(ServerProcess):
         self.controller_port = free_port()
         self.config_path = self.dir / "server.properties"
         self.log_path = self.dir / "server.log"
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:

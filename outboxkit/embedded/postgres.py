@@ -84,7 +84,6 @@ class EmbeddedPostgres(ManagedServer, ServerProcess):
         self.settings = dict(settings or {})
         self._bin = postgres_bin_dir()
         self._user = _SERVER_USER if os.geteuid() == 0 else None
-        self._process: subprocess.Popen[bytes] | None = None
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"

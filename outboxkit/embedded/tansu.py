@@ -12,7 +12,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Self
@@ -63,7 +62,6 @@ class EmbeddedTansu(ManagedServer, ServerProcess):
         self.log_path = self.base_dir / "tansu.log"
         self.port = port or free_port()
         self._binary = tansu_binary()
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
