@@ -60,6 +60,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from outboxkit.core.sql import load_queries
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster, free_port
 from outboxkit.embedded.postgres import postgres_bin_dir
 from outboxkit.migrations import load_migrations, migrate
@@ -71,7 +72,6 @@ from outboxkit.relay import (
     RelaySettings,
 )
 from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
-from outboxkit.sql import load_queries
 
 PHASES = ("ceiling", "drain", "latency", "writer", "claims")
 SOURCE = "urn:service:bench"

@@ -29,13 +29,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from outboxkit.core.kafka import leave_group
 from outboxkit.inbox.deadletter import dead_letter_headers
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.handlers import Handler, Inbox
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import Delivery, InboxStore
-from outboxkit.kafka import leave_group
 from outboxkit.schemas import Event, EventDecodeError
 
 logger = structlog.get_logger("outboxkit.inbox")

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.kafka import partition_counts
 from outboxkit.inbox.deadletter import (
     ADDED,
     ERROR_MESSAGE,
@@ -28,7 +29,6 @@ from outboxkit.inbox.deadletter import (
     SOURCE_TOPIC,
 )
 from outboxkit.inbox.exceptions import DeadLetterError
-from outboxkit.kafka import partition_counts
 
 
 @dataclass(frozen=True)

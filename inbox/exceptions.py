@@ -6,7 +6,7 @@ InboxError
 └── DeadLetterError            a dead-letter topic cannot be read, or a replay is impossible
 """
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 
 class InboxError(OutboxkitError):

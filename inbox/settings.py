@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from pydantic import Field
 
-from outboxkit.settings import Duration, WorkerSettings
+from outboxkit.core.settings import Duration, WorkerSettings
 
 
 class InboxSettings(WorkerSettings):

@@ -5,6 +5,6 @@ The components live in subpackages: :mod:`outboxkit.schemas` (events and their w
 """
 
 from outboxkit._version import __version__
-from outboxkit.exceptions import ConfigurationError, OutboxkitError
+from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
 
 __all__ = ["ConfigurationError", "OutboxkitError", "__version__"]

@@ -14,8 +14,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.migrations import MigrationError, pending_migrations
-from outboxkit.settings import ConnectionSettings
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,11 @@ from rich.progress import Progress
 
 from outboxkit._version import __version__
 from outboxkit.check import redact, run_checks
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.kafka import partition_counts
+from outboxkit.core.logs import configure_logging
+from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.demo.cli import demo
-from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
@@ -39,8 +42,6 @@ from outboxkit.inbox import (
     replay_dead_letters,
 )
 from outboxkit.inbox.spark.cli import pipeline_app
-from outboxkit.kafka import partition_counts
-from outboxkit.logs import configure_logging
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (
@@ -50,7 +51,6 @@ from outboxkit.relay import (
     RelaySettings,
     StorageUnavailableError,
 )
-from outboxkit.settings import ConnectionSettings, load_settings
 
 T = TypeVar("T")
 S = TypeVar("S", bound=BaseSettings)

@@ -16,20 +16,20 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
-from outboxkit.settings import ENV_PREFIX
+from outboxkit.core.settings import ENV_PREFIX
 
 #: (title, settings class as module:name, what it configures); each section lists the fields
 #: the class adds to the sections before it.
 SECTIONS = [
     (
         "Every component",
-        "outboxkit.settings:ConnectionSettings",
+        "outboxkit.core.settings:ConnectionSettings",
         "Where the database and the broker are. The relay, the inbox, the embedded service "
         "(`outboxkit.service.Outboxkit`) and the commands all read these.",
     ),
     (
         "Workers: relay and inbox",
-        "outboxkit.settings:WorkerSettings",
+        "outboxkit.core.settings:WorkerSettings",
         "Consumer-group membership and retries, shared by `outboxkit relay` and `outboxkit inbox`.",
     ),
     ("Relay", "outboxkit.relay:RelaySettings", "`outboxkit relay`, or `Outboxkit(relay=True)`."),

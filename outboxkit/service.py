@@ -33,7 +33,9 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 from psycopg.rows import TupleRow
 
-from outboxkit.exceptions import ConfigurationError, OutboxkitError
+from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
+from outboxkit.core.pg import Pool, make_pool
+from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.inbox import (
     Inbox,
     InboxHealth,
@@ -42,7 +44,6 @@ from outboxkit.inbox import (
     InboxWorker,
     PostgresInboxStore,
 )
-from outboxkit.pg import Pool, make_pool
 from outboxkit.relay import (
     PostgresOutbox,
     PostgresOutboxStorage,
@@ -52,7 +53,6 @@ from outboxkit.relay import (
     RelaySettings,
 )
 from outboxkit.schemas import Event
-from outboxkit.settings import ConnectionSettings, load_settings
 
 logger = structlog.get_logger("outboxkit.service")
 

@@ -29,7 +29,7 @@ import structlog
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from outboxkit.kafka import leave_group
+from outboxkit.core.kafka import leave_group
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback

@@ -8,7 +8,7 @@ RelayError
 └── StorageUnavailableError the database cannot be reached (retriable)
 """
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 
 class RelayError(OutboxkitError):

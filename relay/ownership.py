@@ -19,7 +19,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 
-from outboxkit.kafka import missing_topics
+from outboxkit.core.kafka import missing_topics
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from outboxkit.settings import Duration, WorkerSettings
+from outboxkit.core.settings import Duration, WorkerSettings
 
 
 class RelaySettings(WorkerSettings):

@@ -8,7 +8,7 @@ SchemaError
 
 from enum import StrEnum
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 
 class SchemaError(OutboxkitError):

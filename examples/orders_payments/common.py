@@ -16,13 +16,13 @@ import psycopg
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from outboxkit.core.settings import load_settings
 from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
 from outboxkit.migrations import migrate
 from outboxkit.relay import RelaySettings
 from outboxkit.schemas import Event
 from outboxkit.service import Outboxkit
-from outboxkit.settings import load_settings
 
 
 async def prepare_database(database_url: str, schema_sql: Path) -> None:

@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import psycopg
 
+from outboxkit.core.pg import PooledStore
+from outboxkit.core.sql import load_queries
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.store import BatchOutcome, Delivery
-from outboxkit.pg import PooledStore
-from outboxkit.sql import load_queries
 
 _QUERIES = load_queries("outboxkit.inbox.postgres", "queries.sql")
 

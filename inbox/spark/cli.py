@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.settings import load_settings
 from outboxkit.inbox.spark.exceptions import PipelineError
 from outboxkit.inbox.spark.settings import PipelineSettings
-from outboxkit.settings import load_settings
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -108,7 +108,7 @@ def run(
         raise _fail(
             EXIT_CONFIG, f"{exc}: the pipeline needs pip install 'outboxkit[spark]'"
         ) from None
-    from outboxkit.logs import configure_logging  # noqa: PLC0415
+    from outboxkit.core.logs import configure_logging  # noqa: PLC0415
 
     configure_logging()
     stop = threading.Event()

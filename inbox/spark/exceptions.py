@@ -7,7 +7,7 @@ PipelineError
 Records that do not decode are not errors: they go to the quarantine output.
 """
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 
 class PipelineError(OutboxkitError):

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outboxkit.settings import ENV_PREFIX, BootstrapServers, CommaList, Duration
+from outboxkit.core.settings import ENV_PREFIX, BootstrapServers, CommaList, Duration
 
 AVAILABLE_NOW: Literal["available-now"] = "available-now"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")

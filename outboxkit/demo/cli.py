@@ -61,9 +61,9 @@ def demo(
     cannot be started."""
     from rich.console import Console  # noqa: PLC0415 - keep `outboxkit --help` fast
 
+    from outboxkit.core.exceptions import ConfigurationError  # noqa: PLC0415
     from outboxkit.demo.run import DemoOptions, run_demo  # noqa: PLC0415
     from outboxkit.demo.summary import final_report  # noqa: PLC0415
-    from outboxkit.exceptions import ConfigurationError  # noqa: PLC0415
 
     console = Console(stderr=json_output, highlight=False)
     options = DemoOptions(orders=orders, rate=rate, kill_relay=kill_relay, broker=broker.value)

@@ -35,6 +35,8 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.live import Live
 
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.logs import configure_logging
 from outboxkit.demo import shop
 from outboxkit.demo.events import OrderPlaced, registry
 from outboxkit.demo.summary import (
@@ -49,9 +51,7 @@ from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster
 from outboxkit.embedded._process import die_with_parent, free_port
 from outboxkit.embedded.kafka import kafka_jars_dir
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS
-from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import Inbox, InboxMetrics, InboxSettings, InboxWorker, PostgresInboxStore
-from outboxkit.logs import configure_logging
 from outboxkit.migrations import migrate
 from outboxkit.schemas import EventDecodeError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 _PR_SET_PDEATHSIG = 1
 

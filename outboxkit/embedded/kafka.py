@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Self
 
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
     ManagedServer,
     ServerProcess,
@@ -29,7 +30,6 @@ from outboxkit.embedded._process import (
     stop_process,
     wait_until,
 )
-from outboxkit.exceptions import ConfigurationError
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
 

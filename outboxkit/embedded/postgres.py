@@ -21,6 +21,7 @@ from typing import Literal, Self
 
 import psycopg
 
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
     ManagedServer,
     ServerProcess,
@@ -32,7 +33,6 @@ from outboxkit.embedded._process import (
     stop_process,
     wait_until,
 )
-from outboxkit.exceptions import ConfigurationError
 
 _SERVER_USER = "embedded_postgres"
 

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Self
 
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
     ManagedServer,
     ServerProcess,
@@ -25,7 +26,6 @@ from outboxkit.embedded._process import (
     stop_process,
     wait_until,
 )
-from outboxkit.exceptions import ConfigurationError
 
 
 def tansu_binary() -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 _FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 

@@ -17,7 +17,8 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
-from outboxkit.pg import PooledStore
+from outboxkit.core.pg import PooledStore
+from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.records import (
     OutboxRecord,
@@ -26,7 +27,6 @@ from outboxkit.relay.records import (
     RecordState,
     TopicPartition,
 )
-from outboxkit.sql import load_queries
 
 logger = logging.getLogger(__name__)
 

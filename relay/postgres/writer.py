@@ -8,9 +8,9 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
 from outboxkit.schemas import Event, encode, murmur2
-from outboxkit.sql import load_queries
 
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 

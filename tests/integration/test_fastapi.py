@@ -20,12 +20,12 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced
 from outboxkit.fastapi import health_router, running
 from outboxkit.inbox import Inbox, InboxSettings
 from outboxkit.relay import PostgresOutboxStorage, RelaySettings
 from outboxkit.service import Outboxkit
-from outboxkit.settings import ConnectionSettings
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
 

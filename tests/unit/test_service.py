@@ -2,8 +2,8 @@
 
 import pytest
 
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
-from outboxkit.exceptions import ConfigurationError
 from outboxkit.inbox import Inbox
 from outboxkit.service import Outboxkit, ServiceStateError
 

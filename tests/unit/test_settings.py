@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outboxkit import ConfigurationError
-from outboxkit.settings import ConnectionSettings, load_settings
+from outboxkit.core.settings import ConnectionSettings, load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from typer.testing import CliRunner
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.settings import load_settings
 from outboxkit.inbox.spark import PipelineSettings
 from outboxkit.inbox.spark.cli import pipeline_app
-from outboxkit.settings import load_settings
 
 
 def test_the_cli_and_the_package_do_not_import_pyspark() -> None:

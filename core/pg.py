@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from outboxkit.exceptions import OutboxkitError
+from outboxkit.core.exceptions import OutboxkitError
 
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 

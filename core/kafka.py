@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Sequence
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError
 
 logger = structlog.get_logger("outboxkit")
 

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from outboxkit.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError
 
 ENV_PREFIX = "OUTBOXKIT_"
 
