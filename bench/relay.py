@@ -605,7 +605,7 @@ class InProcessRelays:
             storage = await self._stack.enter_async_context(
                 PostgresOutboxStorage(self.settings.database_url, pool_size=self.settings.pool_size)
             )
-            relay = Relay(self.settings, storage, metrics=RelayMetrics(registry))
+            relay = Relay(self.settings, storage, storage, metrics=RelayMetrics(registry))
             self.relays.append(relay)
             self._tasks.append(asyncio.create_task(relay.run()))
 

@@ -216,7 +216,7 @@ def relay(
             pool_size=settings.pool_size,
             connect_timeout=settings.connect_timeout,
         ) as storage:
-            worker = Relay(settings, storage)
+            worker = Relay(settings, storage, storage)
             await _run_worker(worker, http_port)
 
     try:

@@ -144,7 +144,7 @@ class Outboxkit:
                     )
                 )
                 metrics = RelayMetrics(self._registry)
-                self.relay = Relay(relay_settings, storage, metrics=metrics)
+                self.relay = Relay(relay_settings, storage, storage, metrics=metrics)
                 self._start("relay", self.relay.run())
             if self._inbox is not None and inbox_settings is not None:
                 store = await self._stack.enter_async_context(

@@ -17,7 +17,7 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.storage import OutboxStorage
+from outboxkit.relay.storage import OutboxStorage, WakeupSource
 
 __all__ = [
     "InMemoryOutboxStorage",
@@ -37,4 +37,5 @@ __all__ = [
     "StorageUnavailableError",
     "TopicPartition",
     "UnknownTopicError",
+    "WakeupSource",
 ]

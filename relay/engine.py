@@ -36,7 +36,7 @@ from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback
 from outboxkit.relay.publisher import KafkaPublisher, Publisher, PublisherFactory
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.storage import OutboxStorage
+from outboxkit.relay.storage import OutboxStorage, WakeupSource
 
 logger = structlog.get_logger("outboxkit.relay")
 
@@ -160,7 +160,8 @@ class _Worker:
 
 
 class Relay:
-    """Publishes the outbox of ``storage`` to Kafka for the partitions this instance owns.
+    """Publishes the outbox of ``storage`` to Kafka for the partitions this instance owns,
+    woken by ``wakeups`` when writers commit.
 
     ``await relay.run()`` runs until :meth:`stop` (e.g. on SIGTERM): it then stops claiming,
     lets in-flight batches finish, leaves the consumer group and returns."""
@@ -169,6 +170,7 @@ class Relay:
         self,
         settings: RelaySettings,
         storage: OutboxStorage,
+        wakeups: WakeupSource,
         *,
         metrics: RelayMetrics | None = None,
         publisher_factory: PublisherFactory | None = None,
@@ -176,6 +178,7 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.storage = storage
+        self.wakeups = wakeups
         self.metrics = metrics or RelayMetrics()
         self._publisher_factory = publisher_factory or (lambda tp: KafkaPublisher(tp, settings))
         self._ownership_factory = ownership_factory
@@ -447,7 +450,7 @@ class Relay:
 
     async def _set_waiting(self, tp: TopicPartition, waiting: bool) -> bool:
         try:
-            await self.storage.set_waiting(tp, waiting)
+            await self.wakeups.set_waiting(tp, waiting)
         except StorageUnavailableError:
             return False  # no wake-ups then: the sweep still runs
         return waiting
@@ -460,7 +463,7 @@ class Relay:
         delay, deadline = 0.002, time.monotonic() + _WRITERS_WAIT_MAX
         while not worker.stop.is_set() and time.monotonic() < deadline:
             try:
-                if await self.storage.writers_settled(worker.tp):
+                if await self.wakeups.writers_settled(worker.tp):
                     return
             except StorageUnavailableError:
                 return  # the next read fails too and is retried
@@ -478,7 +481,7 @@ class Relay:
     # -- side tasks --------------------------------------------------------------------------
 
     async def _dispatch_wakeups(self) -> None:
-        async for tp in self.storage.wakeups():
+        async for tp in self.wakeups.wakeups():
             if tp is None:
                 self.metrics.wakeups.labels("reconnect").inc()
                 for worker in self._workers.values():

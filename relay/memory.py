@@ -27,6 +27,8 @@ from outboxkit.schemas import Event, encode, partition_for_key
 @dataclass
 class _Row:
     record: OutboxRecord
+    #: Commit order: the ordering key of this backend (records of a key are read in it).
+    seq: int
     event_type: str
     created_at: datetime
     state: RecordState = "pending"
@@ -36,7 +38,7 @@ class _Row:
 
 class InMemoryOutboxStorage:
     def __init__(self) -> None:
-        self._rows: dict[int, _Row] = {}
+        self._rows: dict[object, _Row] = {}
         self._next_id = 1
         self._topics: dict[str, int] = {}
         self._waiting: set[TopicPartition] = set()
@@ -59,8 +61,8 @@ class InMemoryOutboxStorage:
             event_id=event.id,
             created_at=datetime.now(UTC),
         )
+        self._rows[record.id] = _Row(record, self._next_id, event.event_type, datetime.now(UTC))
         self._next_id += 1
-        self._rows[record.id] = _Row(record, event.event_type, datetime.now(UTC))
         tp = TopicPartition(record.topic, record.partition)
         if tp in self._waiting:
             self._wakeups.put_nowait(tp)
@@ -87,7 +89,7 @@ class InMemoryOutboxStorage:
         }
         found = [
             row.record
-            for row in sorted(self._rows.values(), key=lambda r: r.record.id)
+            for row in sorted(self._rows.values(), key=lambda r: r.seq)
             if row.state == "pending" and _tp(row.record) == tp and row.record.key not in blocked
         ]
         return found[:limit]
@@ -129,7 +131,7 @@ class InMemoryOutboxStorage:
         cutoff = datetime.now(UTC) - older_than
         old = [
             rid
-            for rid, row in sorted(self._rows.items())
+            for rid, row in sorted(self._rows.items(), key=lambda item: item[1].seq)
             if row.state == "published" and row.published_at and row.published_at < cutoff
         ][:limit]
         for rid in old:
@@ -154,9 +156,7 @@ class InMemoryOutboxStorage:
         return sorted(stats.values(), key=lambda b: (b.topic, b.partition))
 
     async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
-        rows = [
-            r for r in sorted(self._rows.values(), key=lambda r: r.record.id) if r.state == state
-        ]
+        rows = [r for r in sorted(self._rows.values(), key=lambda r: r.seq) if r.state == state]
         return [_info(row) for row in rows[:limit]]
 
     async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
@@ -181,13 +181,13 @@ class InMemoryOutboxStorage:
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         kept = [
             row
-            for row in sorted(self._rows.values(), key=lambda r: r.record.id)
+            for row in sorted(self._rows.values(), key=lambda r: r.seq)
             if row.state == "published" and row.record.event_id in event_ids
         ]
         for row in kept:
             record = replace(row.record, id=self._next_id, attempts=0)
+            self._rows[record.id] = _Row(record, self._next_id, row.event_type, datetime.now(UTC))
             self._next_id += 1
-            self._rows[record.id] = _Row(record, row.event_type, datetime.now(UTC))
         return len(kept)
 
 

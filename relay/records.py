@@ -21,9 +21,11 @@ class TopicPartition:
 
 @dataclass(frozen=True, slots=True)
 class OutboxRecord:
-    """One outbox row, ready to publish without decoding: bytes in, bytes out."""
+    """One outbox record, ready to publish without decoding: bytes in, bytes out."""
 
-    id: int
+    #: The record's identity in its backend (PostgreSQL: the row id; MongoDB: the document
+    #: ``_id``). Opaque to the engine, which only hands it back to the storage.
+    id: object
     topic: str
     partition: int
     key: bytes

@@ -1,8 +1,10 @@
-"""The seam between the relay engine and a database.
+"""The seams between the relay engine and a database.
 
-The engine never sees SQL or documents: it calls an :class:`OutboxStorage`. PostgreSQL
-(:mod:`outboxkit.relay.postgres`) and an in-memory store (:mod:`outboxkit.relay.memory`, for
-fast engine tests) implement it; MongoDB will too.
+The engine never sees SQL or documents: it reads and updates records through an
+:class:`OutboxStorage`, and learns that new records were committed from a :class:`WakeupSource`
+(hints only: the storage is the truth). PostgreSQL (:mod:`outboxkit.relay.postgres`), MongoDB
+(:mod:`outboxkit.relay.mongodb`) and an in-memory backend (:mod:`outboxkit.relay.memory`, for
+fast engine tests) implement both.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from outboxkit.relay.records import (
 
 
 class OutboxStorage(Protocol):
-    """Everything the relay and the operator commands need from a database."""
+    """The records: everything the relay and the operator commands read and change."""
 
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         """Record each topic's partition count; writers fix a row's partition with it."""
@@ -36,20 +38,6 @@ class OutboxStorage(Protocol):
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
         """Count a failed attempt; with ``give_up`` park the record as failed (blocks its key)."""
-
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
-        """Declare that a relay waits for new rows of ``tp`` (writers then wake it) or not."""
-
-    async def writers_settled(self, tp: TopicPartition) -> bool:
-        """Whether every writer transaction that was open when ``tp``'s relay last declared
-        itself waiting has ended. Such a writer may have added its row before the declaration
-        was visible to it, and then sent no wake-up; every later writer sees the declaration.
-        So once this is true, one more read of ``tp`` misses nothing."""
-
-    def wakeups(self) -> AsyncIterator[TopicPartition | None]:
-        """Partitions that got new rows while their relay waited. ``None`` means "may have
-        missed some" (the listener reconnected): every partition should look again."""
-        ...
 
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` published records older than ``older_than``; return how many."""
@@ -68,3 +56,26 @@ class OutboxStorage(Protocol):
 
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         """Publish kept (published) records again, after everything pending."""
+
+
+class WakeupSource(Protocol):
+    """Wake-ups on commit (guarantee G5). A hint, never the truth: the relay reads the storage
+    again on every wake-up, after every reconnect and at each sweep interval.
+
+    PostgreSQL sends a notification only to relays that declared themselves idle, so that busy
+    relays cost writers nothing; a change stream costs writers nothing anyway, so there
+    :meth:`set_waiting` does nothing and :meth:`writers_settled` is always true."""
+
+    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+        """Declare that a relay waits for new rows of ``tp`` (writers then wake it) or not."""
+
+    async def writers_settled(self, tp: TopicPartition) -> bool:
+        """Whether every writer transaction that was open when ``tp``'s relay last declared
+        itself waiting has ended. Such a writer may have added its row before the declaration
+        was visible to it, and then sent no wake-up; every later writer sees the declaration.
+        So once this is true, one more read of ``tp`` misses nothing."""
+
+    def wakeups(self) -> AsyncIterator[TopicPartition | None]:
+        """Partitions that got new rows while their relay waited. ``None`` means "may have
+        missed some" (the listener reconnected): every partition should look again."""
+        ...

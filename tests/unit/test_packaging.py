@@ -11,7 +11,13 @@ import pytest
 from outboxkit import OutboxkitError
 
 REPO = Path(__file__).resolve().parents[2]
-PUBLIC_PACKAGES = ["outboxkit", "outboxkit.core", "outboxkit.schemas", "outboxkit.relay", "outboxkit.inbox"]
+PUBLIC_PACKAGES = [
+    "outboxkit",
+    "outboxkit.core",
+    "outboxkit.schemas",
+    "outboxkit.relay",
+    "outboxkit.inbox",
+]
 
 
 def _pyproject() -> dict[str, object]:

@@ -94,6 +94,7 @@ class Harness:
         self.relay = Relay(
             self.settings,
             self.storage,
+            self.storage,
             metrics=RelayMetrics(self.registry),
             publisher_factory=self.broker.factory,
             ownership_factory=self.ownership,
