@@ -16,7 +16,7 @@ from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, cast
 from uuid import UUID
 
 from aiokafka.errors import KafkaConnectionError
@@ -85,13 +85,13 @@ class FakeBroker:
     def ids(self, tp: TopicPartition | None = None) -> list[int]:
         """Ids that reached ``tp`` (or any partition), in topic order, repeats included."""
         parts = [tp] if tp is not None else sorted(self.topic, key=lambda p: p.partition)
-        return [r.id for p in parts for r in self.topic.get(p, [])]
+        return [cast(int, r.id) for p in parts for r in self.topic.get(p, [])]
 
     def ids_by_key(self) -> dict[bytes, list[int]]:
         by_key: dict[bytes, list[int]] = defaultdict(list)
         for records in self.topic.values():
             for record in records:
-                by_key[record.key].append(record.id)
+                by_key[record.key].append(cast(int, record.id))
         return dict(by_key)
 
     def calls_to(self, tp: TopicPartition) -> list[PublishCall]:
@@ -138,7 +138,7 @@ class FakePublisher:
 
     async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
         broker = self.broker
-        broker.calls.append(PublishCall(self.tp, [r.id for r in records], self, time.monotonic()))
+        broker.calls.append(PublishCall(self.tp, [cast(int, r.id) for r in records], self, time.monotonic()))
         if not self.started or self.closed:
             state = "closed" if self.closed else "never started"
             broker.violations.append(f"publish on a publisher of {self.tp} that is {state}")
