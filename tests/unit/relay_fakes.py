@@ -138,7 +138,9 @@ class FakePublisher:
 
     async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
         broker = self.broker
-        broker.calls.append(PublishCall(self.tp, [cast(int, r.id) for r in records], self, time.monotonic()))
+        broker.calls.append(
+            PublishCall(self.tp, [cast(int, r.id) for r in records], self, time.monotonic())
+        )
         if not self.started or self.closed:
             state = "closed" if self.closed else "never started"
             broker.violations.append(f"publish on a publisher of {self.tp} that is {state}")
