@@ -1,21 +1,16 @@
-"""`outboxkit check` against a real MongoDB replica set (only when OUTBOXKIT_MONGO_URL is set)."""
+"""`outboxkit check` against a real MongoDB replica set (the embedded mongod, or
+OUTBOXKIT_TEST_MONGO_URL)."""
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.mongodb
 
-
-def test_check_reports_the_replica_set(kafka_bootstrap: str) -> None:
+def test_check_reports_the_replica_set(mongo_url: str, kafka_bootstrap: str) -> None:
     result = run_cli(
         "check",
         env={
-            "OUTBOXKIT_DATABASE_URL": os.environ["OUTBOXKIT_MONGO_URL"],
+            "OUTBOXKIT_DATABASE_URL": mongo_url,
             "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
             "OUTBOXKIT_TOPICS": "",
         },
