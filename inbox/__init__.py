@@ -12,15 +12,20 @@ from outboxkit.inbox.exceptions import (
     InboxStorageUnavailableError,
 )
 from outboxkit.inbox.handlers import Inbox
+from outboxkit.inbox.memory import InMemoryInboxStore, MemoryTransaction
 from outboxkit.inbox.metrics import InboxMetrics
+from outboxkit.inbox.mongodb import MongoInboxStore
 from outboxkit.inbox.postgres import PostgresInboxStore
 from outboxkit.inbox.settings import InboxSettings
-from outboxkit.inbox.store import InboxStore
+from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
 
 __all__ = [
+    "BatchOutcome",
     "DeadLetter",
     "DeadLetterError",
+    "Delivery",
     "HandlerRegistrationError",
+    "InMemoryInboxStore",
     "Inbox",
     "InboxError",
     "InboxHealth",
@@ -29,6 +34,8 @@ __all__ = [
     "InboxStorageUnavailableError",
     "InboxStore",
     "InboxWorker",
+    "MemoryTransaction",
+    "MongoInboxStore",
     "PostgresInboxStore",
     "read_dead_letters",
     "replay_dead_letters",

@@ -1,6 +1,7 @@
 """The relay: publishes committed outbox records to Kafka.
 
-Service side: :class:`PostgresOutbox` adds events inside the caller's transaction.
+Service side: :class:`PostgresOutbox` / :class:`MongoOutbox` add events inside the caller's
+transaction.
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
@@ -14,6 +15,7 @@ from outboxkit.relay.exceptions import (
 )
 from outboxkit.relay.memory import InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
 from outboxkit.relay.settings import RelaySettings
@@ -21,6 +23,9 @@ from outboxkit.relay.storage import OutboxStorage, WakeupSource
 
 __all__ = [
     "InMemoryOutboxStorage",
+    "MongoOutbox",
+    "MongoOutboxStorage",
+    "MongoWakeups",
     "NotInTransactionError",
     "OutboxRecord",
     "OutboxStorage",
