@@ -4,8 +4,9 @@ and of handlers, without a database.
 It keeps the contract of the real stores: one dedupe record per (consumer, event id), the
 handler's effects commit together with it or not at all, a raising handler rolls back only its
 own delivery and the batch stops there, records expire after the retention. Handlers receive a
-:class:`MemoryTransaction` and record their effects on it; :attr:`InMemoryInboxStore.effects`
-holds what committed::
+:class:`~outboxkit.core.memory.MemoryTransaction` and record their effects on it (events they
+add to an in-memory outbox commit with them); :attr:`InMemoryInboxStore.effects` holds what
+committed::
 
     inbox = Inbox[MemoryTransaction]("payments")
 
@@ -19,22 +20,12 @@ Not for production: nothing survives the process.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.store import BatchOutcome, Delivery
-
-
-@dataclass
-class MemoryTransaction:
-    """What a handler sees in memory: effects it records commit with the dedupe record."""
-
-    effects: list[object] = field(default_factory=list)
-
-    def record(self, effect: object) -> None:
-        self.effects.append(effect)
 
 
 class InMemoryInboxStore:
@@ -68,7 +59,7 @@ class InMemoryInboxStore:
                 outcome.failed = (index, exc)
                 break
             self.records[dedupe_key] = now
-            self.effects.extend(tx.effects)
+            self.effects.extend(tx.commit())
             outcome.ran.append(True)
         return outcome
 

@@ -13,15 +13,16 @@ from outboxkit.relay.exceptions import (
     StorageUnavailableError,
     UnknownTopicError,
 )
-from outboxkit.relay.memory import InMemoryOutboxStorage
+from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.storage import OutboxStorage, WakeupSource
+from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
 __all__ = [
+    "InMemoryOutbox",
     "InMemoryOutboxStorage",
     "MongoOutbox",
     "MongoOutboxStorage",
@@ -29,6 +30,7 @@ __all__ = [
     "NotInTransactionError",
     "OutboxRecord",
     "OutboxStorage",
+    "OutboxWriter",
     "OwnershipLostError",
     "PartitionBacklog",
     "PostgresOutbox",
