@@ -91,12 +91,14 @@ class InMemoryOutboxStorage:
             for row in self._rows.values()
             if row.state == "failed" and _tp(row.record) == tp
         }
-        found = [
-            row.record
-            for row in sorted(self._rows.values(), key=lambda r: r.seq)
-            if row.state == "pending" and _tp(row.record) == tp and row.record.key not in blocked
-        ]
-        return found[:limit]
+        head: dict[bytes, OutboxRecord] = {}
+        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+            key = row.record.key
+            if row.state == "pending" and _tp(row.record) == tp and key not in blocked:
+                head.setdefault(key, row.record)
+                if len(head) == limit:
+                    break
+        return list(head.values())
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)

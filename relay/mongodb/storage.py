@@ -152,7 +152,8 @@ class MongoOutboxStorage:
         ids = [r.id for r in records]
         if keep:
             now = datetime.now(UTC)
-            expires = now + (self._retention or timedelta(days=7))
+            retention = timedelta(days=7) if self._retention is None else self._retention
+            expires = now + retention
             await _guard(
                 self.outbox.update_many(
                     {"_id": {"$in": ids}, "state": "pending"},
@@ -244,7 +245,8 @@ class MongoOutboxStorage:
             async for doc in kept:
                 position = await take_positions(self._keys, session, doc["topic"], doc["key"], 1)
                 copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
-                copies.append({**copy, "position": position, "created_at": now, "state": "pending"})
+                fresh = {"position": position, "created_at": now, "state": "pending"}
+                copies.append({**copy, **fresh, "attempts": 0})
             if copies:
                 await self.outbox.insert_many(copies, session=session)
             return len(copies)
