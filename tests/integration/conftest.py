@@ -46,6 +46,7 @@ from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
+from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -245,6 +246,24 @@ def mongo_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedMongo]]:
     yield start
     for server in servers:
         server.close()
+
+
+# --- every backend ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_server(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(backend name, URL of a fresh database on its server), each backend in turn."""
+    name: str = request.param
+    fixture = {"memory": None, "postgresql": "pg_url", "mongodb": "mongo_url"}[name]
+    return name, request.getfixturevalue(fixture) if fixture else ""
+
+
+@pytest.fixture
+async def backend_case(backend_server: tuple[str, str]) -> AsyncIterator[BackendCase]:
+    """A migrated, empty database of each backend in turn (tests/integration/backends.py)."""
+    async with open_case(*backend_server) as case:
+        yield case
 
 
 # --- PgBouncer --------------------------------------------------------------------------------
