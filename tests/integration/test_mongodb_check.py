@@ -7,13 +7,13 @@ from tests.helpers import run_cli
 
 
 def test_check_reports_the_replica_set(mongo_url: str, kafka_bootstrap: str) -> None:
-    result = run_cli(
-        "check",
-        env={
-            "OUTBOXKIT_DATABASE_URL": mongo_url,
-            "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "OUTBOXKIT_TOPICS": "",
-        },
-    )
+    env = {
+        "OUTBOXKIT_DATABASE_URL": mongo_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_TOPICS": "",
+    }
+    migrated = run_cli("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    result = run_cli("check", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   database    MongoDB replica set" in result.stdout
