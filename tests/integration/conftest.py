@@ -25,7 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
 
+from outboxkit.core.mongo import database_name
 from outboxkit.embedded._process import (
     free_port,
     make_traversable,
@@ -37,6 +39,7 @@ from outboxkit.embedded._process import (
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
+from outboxkit.migrations.mongo import migrate as migrate_mongodb
 from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,6 +204,27 @@ def mongo_url() -> Iterator[str]:
     """A fresh database on the replica set at OUTBOXKIT_TEST_MONGO_URL."""
     server = os.environ["OUTBOXKIT_TEST_MONGO_URL"]
     return with_dbname(server, f"test_{uuid.uuid4().hex[:12]}")
+
+
+async def migrate_mongodb_database(url: str) -> None:
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(url)
+    try:
+        await migrate_mongodb(client.get_database(database_name(url)))
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def migrated_mongodb_url(mongo_url: str) -> str:
+    """URL of a fresh MongoDB database with outboxkit's collections and indexes."""
+    asyncio.run(migrate_mongodb_database(mongo_url))
+    return mongo_url
+
+
+@pytest.fixture
+def migrated_postgresql_url(pg_url: str) -> str:
+    """``pg_url``, under the name the backend-parametrised tests ask for."""
+    return pg_url
 
 
 # --- every backend ------------------------------------------------------------------------------
