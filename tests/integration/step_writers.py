@@ -54,10 +54,13 @@ class PostgresStepWriter:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await psycopg.AsyncConnection.connect(self.url, connect_timeout=2)
-                await self._conn.execute(
-                    "CREATE TABLE IF NOT EXISTS steps (event_id uuid PRIMARY KEY)"
-                )
-                await self._conn.commit()
+                try:
+                    await self._conn.execute(
+                        "CREATE TABLE IF NOT EXISTS steps (event_id uuid PRIMARY KEY)"
+                    )
+                    await self._conn.commit()
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                    await self._conn.rollback()  # another writer created it at the same time
             async with self._conn.transaction():
                 await self._conn.execute("INSERT INTO steps VALUES (%s)", (event.id,))
                 await self.outbox.add(self._conn, event)
