@@ -20,6 +20,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -228,6 +229,45 @@ def migrated_postgresql_url(pg_url: str) -> str:
 
 
 # --- every backend ------------------------------------------------------------------------------
+
+#: The database servers the guarantee tests run against, each in turn.
+REAL_BACKENDS = ["postgresql", "mongodb"]
+
+
+class RestartableServer(Protocol):
+    def stop(self, mode: Literal["fast", "immediate"] = "fast", *, timeout: float = 30.0) -> None:
+        """``immediate``: SIGKILL."""
+
+    def start(self) -> object: ...
+
+    def restart(self, mode: Literal["fast", "immediate"] = "fast") -> None: ...
+
+
+#: Starts a server of the test's backend: (URL of a migrated database, the server).
+RestartableDatabase = Callable[[], Awaitable[tuple[str, RestartableServer]]]
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on each real backend in turn."""
+    return str(request.getfixturevalue(f"migrated_{request.param}_url"))
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def restartable_db(request: pytest.FixtureRequest) -> RestartableDatabase:
+    """A server of each real backend in turn that the test may crash, stop and restart."""
+
+    async def start() -> tuple[str, RestartableServer]:
+        if request.param == "postgresql":
+            pg = await asyncio.to_thread(request.getfixturevalue("pg_factory"))
+            await migrate_database(pg.url())
+            return pg.url(), pg
+        mongo = await asyncio.to_thread(request.getfixturevalue("mongo_factory"))
+        url = mongo.url("restarted")
+        await migrate_mongodb_database(url)
+        return url, mongo
+
+    return start
 
 
 @pytest.fixture(params=BACKENDS)

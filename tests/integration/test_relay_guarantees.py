@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -26,11 +26,7 @@ from outboxkit.embedded import KafkaCluster
 from outboxkit.embedded._process import free_port
 from outboxkit.relay import PostgresOutbox
 from tests.helpers import wait_for
-from tests.integration.conftest import (
-    MakeTopic,
-    migrate_database,
-    migrate_mongodb_database,
-)
+from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.relay_harness import (
     Big,
     RelayProcess,
@@ -45,12 +41,6 @@ from tests.integration.relay_harness import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(params=["postgresql", "mongodb"])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A fresh, migrated database on each real backend in turn."""
-    return str(request.getfixturevalue(f"migrated_{request.param}_url"))
 
 
 async def _drained(url: str, writers: Writers, bootstrap: str, topic: str, partitions: int) -> str:
@@ -250,28 +240,8 @@ async def test_broker_restart(
     print(summary)
 
 
-@pytest.fixture(params=["postgresql", "mongodb"])
-def restartable_db(
-    request: pytest.FixtureRequest,
-) -> Callable[[], Awaitable[tuple[str, Callable[[], None]]]]:
-    """Starts a database server of each real backend that this test may crash and restart:
-    returns (URL of a migrated database, crash-and-restart)."""
-
-    async def start() -> tuple[str, Callable[[], None]]:
-        if request.param == "postgresql":
-            pg = await asyncio.to_thread(request.getfixturevalue("pg_factory"))
-            await migrate_database(pg.url())
-            return pg.url(), lambda: pg.restart("immediate")
-        mongo = await asyncio.to_thread(request.getfixturevalue("mongo_factory"))
-        url = mongo.url("restarted")
-        await migrate_mongodb_database(url)
-        return url, lambda: mongo.restart("immediate")
-
-    return start
-
-
 async def test_database_connections_killed_and_server_restarted(
-    restartable_db: Callable[[], Awaitable[tuple[str, Callable[[], None]]]],
+    restartable_db: RestartableDatabase,
     kafka_bootstrap: str,
     make_topic: MakeTopic,
     tmp_path: Path,
@@ -279,7 +249,7 @@ async def test_database_connections_killed_and_server_restarted(
     """G1/G2 when the relay's connections are terminated (PostgreSQL) and the database server
     crashes (SIGKILL) and restarts; G5's fallback: the listener or change stream reconnects and
     everything is read again."""
-    url, crash_and_restart = await restartable_db()
+    url, server = await restartable_db()
     topic = await make_topic("dbrestart", partitions=3)
     await register_topic(url, topic, 3)
     writers = Writers(url, topic, entities=8)
@@ -294,7 +264,7 @@ async def test_database_connections_killed_and_server_restarted(
                     "WHERE pid <> pg_backend_pid() AND datname = current_database()"
                 )
             await wait_for(lambda: writers.total >= 400, within=30, what="writes after the kill")
-        await asyncio.to_thread(crash_and_restart)
+        await asyncio.to_thread(server.restart, "immediate")
         await wait_for(lambda: writers.total >= 700, within=60, what="writes after the crash")
         await writers.stop()
         summary = await _drained(url, writers, kafka_bootstrap, topic, 3)
