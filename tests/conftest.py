@@ -23,6 +23,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in item.nodeid or "tests.integration" in item.nodeid:
             item.add_marker(pytest.mark.integration)
-        # `pytest -m mongodb` selects every test that uses a MongoDB server fixture.
-        if _MONGO_FIXTURES & set(getattr(item, "fixturenames", ())):
+        # `pytest -m mongodb` selects every test that uses a MongoDB server: through a fixture,
+        # or as the "mongodb" case of a test parametrised over backends.
+        callspec = getattr(item, "callspec", None)
+        if _MONGO_FIXTURES & set(getattr(item, "fixturenames", ())) or (
+            callspec is not None and "mongodb" in callspec.params.values()
+        ):
             item.add_marker(pytest.mark.mongodb)
