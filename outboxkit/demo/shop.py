@@ -1,5 +1,7 @@
-"""The demo's shop: an orders service and a payments service, each with its own tables, outbox
-and inbox, in one PostgreSQL database (schema ``demo``).
+"""The demo's shop: an orders service and a payments service, each with its own tables (or
+collections), outbox and inbox, in one database — PostgreSQL (:mod:`.shop_postgres`) or MongoDB
+(:mod:`.shop_mongodb`). What both share is here: the topics, the orders, and the :class:`Shop`
+seam that the demo's runner talks to without knowing which database it runs on.
 
     orders service   place_order: demo.orders row + OrderPlaced, one transaction
           │ relay → shop.orders
@@ -12,52 +14,42 @@ Every arrow is at-least-once; every handler's effects happen once per event id.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
-import psycopg
-
+from outboxkit.backends import backend_for
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.inbox import Inbox
-from outboxkit.relay import PostgresOutbox
 
 ORDERS_TOPIC = "shop.orders"
 PAYMENTS_TOPIC = "shop.payments"
 TOPICS = (ORDERS_TOPIC, PAYMENTS_TOPIC)
 assert (OrderPlaced.event_topic, PaymentCaptured.event_topic) == TOPICS
 
-SCHEMA = """
-CREATE SCHEMA demo;
-CREATE TABLE demo.orders (
-    order_id    text PRIMARY KEY,
-    customer_id text NOT NULL,
-    amount      numeric(12, 2) NOT NULL,
-    placed_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    paid_at     timestamptz
-);
-CREATE TABLE demo.payments (
-    payment_id  text PRIMARY KEY,
-    -- unique: a second charge for one order would fail loudly, not pass unnoticed
-    order_id    text NOT NULL UNIQUE,
-    amount      numeric(12, 2) NOT NULL,
-    captured_at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-"""
-
-orders_outbox = PostgresOutbox(source="urn:outboxkit-demo:orders")
-payments_outbox = PostgresOutbox(source="urn:outboxkit-demo:payments")
-
-#: The payments service consumes orders.
-payments_inbox = Inbox("demo.payments")
-#: The orders service consumes payments.
-orders_inbox = Inbox("demo.orders")
+#: The consumers: the payments service consumes orders, the orders service consumes payments.
+PAYMENTS_INBOX = "demo.payments"
+ORDERS_INBOX = "demo.orders"
+#: The producing services (the events' ``ce_source``).
+ORDERS_SOURCE = "urn:outboxkit-demo:orders"
+PAYMENTS_SOURCE = "urn:outboxkit-demo:payments"
 
 _SKUS = {"tea": Decimal("4.50"), "mug": Decimal("12.00"), "kettle": Decimal("39.90")}
 
 
 def order_id(index: int) -> str:
     return f"o-{index:06d}"
+
+
+#: Placed and waited for before the others: it shows the pipeline is ready (left out of latencies).
+WARMUP_ORDER = order_id(0)
+
+
+def payment_id(order: str) -> str:
+    return f"p-{order.removeprefix('o-')}"
 
 
 def customer_of(index: int, customers: int) -> str:
@@ -79,39 +71,66 @@ def make_order(index: int, customers: int, rng: random.Random) -> OrderPlaced:
     )
 
 
-async def place_order(conn: psycopg.AsyncConnection[Any], order: OrderPlaced) -> None:
-    """The orders service: the order row and its event commit together, or neither does."""
-    async with conn.transaction():
-        await conn.execute(
-            "INSERT INTO demo.orders (order_id, customer_id, amount) VALUES (%s, %s, %s)",
-            (order.order_id, order.customer_id, order.amount),
-        )
-        await orders_outbox.add(conn, order)
-
-
-@payments_inbox.handler(OrderPlaced)
-async def capture_payment(event: OrderPlaced, tx: psycopg.AsyncConnection[Any]) -> None:
-    """The payments service, in the inbox's transaction: charge once, and say so (chaining)."""
-    payment_id = f"p-{event.order_id.removeprefix('o-')}"
-    await tx.execute(
-        "INSERT INTO demo.payments (payment_id, order_id, amount) VALUES (%s, %s, %s)",
-        (payment_id, event.order_id, event.amount),
-    )
-    await payments_outbox.add(
-        tx,
-        PaymentCaptured(
-            payment_id=payment_id,
-            order_id=event.order_id,
-            customer_id=event.customer_id,
-            currency=event.currency,
-            amount=event.amount,
-        ),
+def payment_for(event: OrderPlaced) -> PaymentCaptured:
+    """What the payments service announces once it charged ``event``'s order."""
+    return PaymentCaptured(
+        payment_id=payment_id(event.order_id),
+        order_id=event.order_id,
+        customer_id=event.customer_id,
+        currency=event.currency,
+        amount=event.amount,
     )
 
 
-@orders_inbox.handler(PaymentCaptured)
-async def mark_paid(event: PaymentCaptured, tx: psycopg.AsyncConnection[Any]) -> None:
-    """The orders service learns that its order was paid."""
-    await tx.execute(
-        "UPDATE demo.orders SET paid_at = clock_timestamp() WHERE order_id = %s", (event.order_id,)
-    )
+@dataclass(frozen=True, slots=True)
+class ShopCounts:
+    """What the shop's own tables say, read at one snapshot."""
+
+    orders: int = 0
+    payments: int = 0
+    paid: int = 0
+
+
+class Shop(Protocol):
+    """One database's side of the demo: its tables or collections, the orders writer, the two
+    inboxes' handlers, and what the demo reads back to check that nothing was lost."""
+
+    #: The payments service's inbox (``OrderPlaced`` → a payment + ``PaymentCaptured``).
+    payments_inbox: Inbox[Any]
+    #: The orders service's inbox (``PaymentCaptured`` → the order is paid).
+    orders_inbox: Inbox[Any]
+
+    async def create(self) -> None:
+        """The shop's own tables or collections, in a new database."""
+
+    async def place_order(self, order: OrderPlaced) -> None:
+        """The orders service: the order and its event commit together, or neither does."""
+
+    async def counts(self) -> ShopCounts: ...
+
+    async def latencies(self, limit: int | None = None) -> tuple[list[float], list[float]]:
+        """Seconds from each order's commit to its payment's commit, and to its paid mark, most
+        recent payments first (at most ``limit``); the warm-up order, which waited for the
+        consumer groups, is left out."""
+
+    async def is_paid(self, order: str) -> bool: ...
+
+
+@contextlib.asynccontextmanager
+async def open_shop(url: str, *, pool_size: int) -> AsyncIterator[Shop]:
+    """The shop on the database at ``url``; its orders writer is the backend's own transactions
+    and outbox writer (what :class:`~outboxkit.service.Outboxkit` uses), with ``pool_size``
+    connections."""
+    backend = backend_for(url)
+    async with backend.transactions(
+        source=ORDERS_SOURCE, pool_size=pool_size, connect_timeout=10.0
+    ) as transactions:
+        if backend.kind == "mongodb":
+            from outboxkit.demo.shop_mongodb import MongoShop  # noqa: PLC0415
+
+            async with MongoShop(url, transactions) as shop:
+                yield shop
+        else:
+            from outboxkit.demo.shop_postgres import PostgresShop  # noqa: PLC0415
+
+            yield PostgresShop(transactions)

@@ -22,6 +22,10 @@ UNFENCED_NOTE = (
 )
 
 
+_DATABASES = {"postgresql": "PostgreSQL", "mongodb": "MongoDB"}
+_BROKERS = {"tansu": "Tansu", "kafka": "Apache Kafka"}
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-quantile (0..1) of ``values`` by the nearest-rank method; None when empty."""
     if not values:
@@ -107,6 +111,8 @@ class Progress:
 class DemoSummary:
     """The final result; ``lost`` must be 0."""
 
+    #: postgresql or mongodb.
+    database: str
     broker: str
     transactional: bool
     orders: int
@@ -171,6 +177,9 @@ def final_report(s: DemoSummary) -> RenderableType:
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
+    table.add_row(
+        "ran on", f"{_DATABASES.get(s.database, s.database)} + {_BROKERS.get(s.broker, s.broker)}"
+    )
     table.add_row("orders placed", str(s.orders))
     table.add_row("events written", f"{s.events_written}  (OrderPlaced + PaymentCaptured)")
     table.add_row(

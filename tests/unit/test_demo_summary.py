@@ -57,6 +57,7 @@ def test_key_order_allows_resends_of_the_latest_but_not_going_back() -> None:
 def summary(**changes: object) -> DemoSummary:
     values: dict[str, object] = {
         "broker": "tansu",
+        "database": "postgresql",
         "transactional": False,
         "orders": 10,
         "events_written": 20,
