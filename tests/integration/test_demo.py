@@ -1,6 +1,7 @@
 """``outboxkit demo`` end to end, as a user runs it: the real command in a subprocess, its own
-embedded PostgreSQL and broker. Its ``--json`` summary must show zero lost events, its exit code
-must be 0, and nothing it started may outlive it."""
+embedded database (PostgreSQL, or mongod with ``--database mongodb``) and broker. Its ``--json``
+summary must show zero lost events, its exit code must be 0, and nothing it started may outlive
+it."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 ORDERS = 600
 
 
-def run_demo(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_demo(*args: str, env: dict[str, str] | None = None, orders: int = ORDERS) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-m", "outboxkit", "demo", "--json", f"--orders={ORDERS}", *args],
+        [sys.executable, "-m", "outboxkit", "demo", "--json", f"--orders={orders}", *args],
         capture_output=True,
         text=True,
         timeout=140,
@@ -52,22 +54,22 @@ def leftovers(summary: dict[str, Any]) -> list[str]:
     return found
 
 
-def check_nothing_lost(summary: dict[str, Any]) -> None:
+def check_nothing_lost(summary: dict[str, Any], *, orders: int = ORDERS, kills: int = 1) -> None:
     assert summary["ok"] is True
     assert summary["lost"] == 0
-    assert summary["orders"] == ORDERS
+    assert summary["orders"] == orders
     # Each order's OrderPlaced, and the PaymentCaptured its payment wrote (chaining).
-    assert summary["events_written"] == 2 * ORDERS
+    assert summary["events_written"] == 2 * orders
     assert summary["events_handled"] == summary["events_written"]
     assert summary["events_published"] >= summary["events_written"]
     # Every re-sent record reached an inbox and was absorbed there, not handled twice.
     assert summary["duplicates_absorbed"] == summary["duplicates_published"]
     assert summary["dead_lettered"] == 0
     assert summary["key_order_violations"] == 0
-    assert summary["latency_ms"]["count"] == ORDERS - 1  # all but the warm-up order
-    assert summary["relay_kills"] == 1
-    assert len(summary["takeover_seconds"]) == 1
-    assert "SIGKILLed" in summary["_stderr"]
+    assert summary["latency_ms"]["count"] == orders - 1  # all but the warm-up order
+    assert summary["relay_kills"] == kills
+    assert len(summary["takeover_seconds"]) == kills
+    assert ("SIGKILLed" in summary["_stderr"]) == bool(kills)
     assert leftovers(summary) == []
     assert not Path(summary["workdir"]).exists()
 
@@ -75,6 +77,7 @@ def check_nothing_lost(summary: dict[str, Any]) -> None:
 def test_demo_on_tansu_loses_nothing_when_the_relay_is_killed() -> None:
     summary = run_demo("--kill-relay")
     check_nothing_lost(summary)
+    assert summary["database"] == "postgresql"
     assert summary["broker"] == "tansu"
     assert summary["transactional"] is False
     # The output says which guarantee running without transactions weakens.
@@ -92,6 +95,37 @@ def test_demo_on_apache_kafka_loses_nothing_when_the_relay_is_killed(kafka_jars:
     assert summary["note"] is None
 
 
+@pytest.mark.mongodb
+def test_demo_on_mongodb_loses_nothing_when_the_relay_is_killed() -> None:
+    """The same scenario on the embedded mongod: orders and their events in one multi-document
+    transaction, the relay on a change stream, the inboxes' dedupe records in MongoDB."""
+    summary = run_demo("--kill-relay", "--database=mongodb", env={"OUTBOXKIT_DATABASE_URL": ""})
+    check_nothing_lost(summary)
+    assert summary["database"] == "mongodb"
+    assert summary["broker"] == "tansu"
+    # mongod is SSPL-licensed and fetched, never bundled: the demo says so before running it.
+    assert "SSPL" in summary["_stderr"]
+    assert "MongoDB (embedded mongod)" in summary["_stderr"]
+    assert "MongoDB + Tansu" in summary["_stderr"]
+
+
+@pytest.mark.mongodb
+def test_demo_on_a_mongodb_replica_set_of_your_own(mongo_server_url: str) -> None:
+    """``OUTBOXKIT_DATABASE_URL=mongodb://…``: the demo runs on that replica set, in a database of
+    its own that it drops at the end, and starts no mongod."""
+    orders = 100
+    url = mongo_server_url.replace("/?", "/yours?")
+    summary = run_demo("--database=mongodb", env={"OUTBOXKIT_DATABASE_URL": url}, orders=orders)
+    check_nothing_lost(summary, orders=orders, kills=0)
+    assert "outboxkit_demo_" in summary["_stderr"]
+    assert "embedded mongod" not in summary["_stderr"]
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_server_url)
+    try:
+        assert not [n for n in client.list_database_names() if n.startswith("outboxkit_demo_")]
+    finally:
+        client.close()
+
+
 def test_demo_without_kafka_jars_says_what_to_do(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "outboxkit", "demo", "--broker", "kafka"],
@@ -104,4 +138,23 @@ def test_demo_without_kafka_jars_says_what_to_do(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "--broker kafka" in result.stderr
     assert "fetch.sh" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_on_mongodb_without_mongod_says_what_to_do(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "outboxkit", "demo", "--database", "mongodb"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "OUTBOXKIT_DATABASE_URL": "",
+            "OUTBOXKIT_MONGOD": str(tmp_path / "no-mongod"),
+        },
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "OUTBOXKIT_MONGOD" in result.stderr
+    assert "python -m outboxkit.embedded.mongodb fetch" in result.stderr
     assert "Traceback" not in result.stderr
