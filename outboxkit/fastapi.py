@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,13 +29,16 @@ from outboxkit.service import Outboxkit
 
 __all__ = ["health_router", "running"]
 
+#: The service's transaction type: ``Outboxkit[AsyncClientSession]`` on MongoDB stays typed.
+TX = TypeVar("TX")
 
-def running(kit: Outboxkit) -> Callable[[], Outboxkit]:
+
+def running(kit: Outboxkit[TX]) -> Callable[[], Outboxkit[TX]]:
     """A dependency that gives the running service, or answers 503 when it is not open. A dead
     background task does not block writes: they wait safely in the outbox (``/healthz`` and
     ``/livez`` report the failure)."""
 
-    def dependency() -> Outboxkit:
+    def dependency() -> Outboxkit[TX]:
         health = kit.health()
         if health.state != "open":
             raise HTTPException(503, f"outboxkit is {health.state}")
@@ -43,7 +47,7 @@ def running(kit: Outboxkit) -> Callable[[], Outboxkit]:
     return dependency
 
 
-def health_router(kit: Outboxkit, *, prefix: str = "") -> APIRouter:
+def health_router(kit: Outboxkit[Any], *, prefix: str = "") -> APIRouter:
     """``/healthz`` (readiness: 200 or 503 with the relay's ownership and progress, the inbox's
     lag and the last errors), ``/livez`` (503 once a background task died: restart the
     process) and ``/metrics`` (Prometheus text format of the service's registry)."""

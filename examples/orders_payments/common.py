@@ -1,37 +1,54 @@
-"""What both services share: how an app is assembled around its ``Outboxkit``.
+"""What every service of the examples shares: how an app is assembled around its ``Outboxkit``,
+on PostgreSQL (this package) or MongoDB (``examples.orders_payments_mongodb``).
 
 The events themselves are the shared models in :mod:`outboxkit.demo.events` — the orders and
-payments services, the demo and the Spark pipeline all read and write the same classes.
+payments services, the demo and the Spark pipeline all read and write the same classes; the
+HTTP models are in :mod:`.models`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from outboxkit.backends import backend_for
 from outboxkit.core.settings import load_settings
 from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
-from outboxkit.migrations import migrate
 from outboxkit.relay import RelaySettings
 from outboxkit.schemas import Event
 from outboxkit.service import Outboxkit
 
+TX = TypeVar("TX")
 
-async def prepare_database(database_url: str, schema_sql: Path) -> None:
-    """outboxkit's migrations, then the service's own tables. For the example only: in
+#: Creates a service's own tables or collections in the database at the URL it is given.
+OwnSchema = Callable[[str], Awaitable[None]]
+
+
+async def prepare_database(database_url: str, own_schema: OwnSchema) -> None:
+    """outboxkit's migrations (what ``outboxkit migrate`` applies: tables on PostgreSQL,
+    collections and indexes on MongoDB), then the service's own. For the examples only: in
     production, run ``outboxkit migrate`` (or your migration tool) in the deploy pipeline."""
-    ddl = await asyncio.to_thread(schema_sql.read_text)
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await migrate(conn)
-        await conn.execute(ddl)
+    await backend_for(database_url).migrate(connect_timeout=10.0)
+    await own_schema(database_url)
+
+
+def sql_schema(path: Path) -> OwnSchema:
+    """The PostgreSQL services' own tables: the statements in ``path`` (idempotent)."""
+
+    async def create(database_url: str) -> None:
+        ddl = await asyncio.to_thread(path.read_text)
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(ddl)
+
+    return create
 
 
 def relay_settings(name: str, topic: str) -> RelaySettings:
@@ -40,10 +57,16 @@ def relay_settings(name: str, topic: str) -> RelaySettings:
 
 
 def service_app(
-    name: str, publishes: type[Event], inbox: Inbox, registry: CollectorRegistry
-) -> tuple[FastAPI, Outboxkit]:
-    """A FastAPI app named ``name`` whose lifespan prepares its database (``<name>.sql``) and
-    runs its relay (publishing ``publishes``' topic) and ``inbox``; with the health router."""
+    name: str,
+    publishes: type[Event],
+    inbox: Inbox[TX],
+    registry: CollectorRegistry,
+    own_schema: OwnSchema,
+) -> tuple[FastAPI, Outboxkit[TX]]:
+    """A FastAPI app named ``name`` whose lifespan prepares its database (outboxkit's migrations,
+    then ``own_schema``) and runs its relay (publishing ``publishes``' topic) and ``inbox``;
+    with the health router. The transaction type ``TX`` is the inbox's: a psycopg connection on
+    PostgreSQL, a pymongo session on MongoDB."""
     kit = Outboxkit(
         source=f"urn:example:{name}",
         relay=relay_settings(name, publishes.event_topic or ""),
@@ -53,7 +76,7 @@ def service_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        await prepare_database(kit.database_url, Path(__file__).with_name(f"{name}.sql"))
+        await prepare_database(kit.database_url, own_schema)
         async with kit.lifespan(app) as state:
             yield state
 

@@ -6,6 +6,9 @@ jars in ~/.cache/outboxkit), and each app under uvicorn. Ctrl-C stops everything
     curl -s localhost:8001/orders -H 'content-type: application/json' \\
          -d '{"customer_id": "c-1", "lines": [{"sku": "tea", "quantity": 2, "unit_price": "3.25"}]}'
     curl -s localhost:8001/orders/<order_id>      # "status": "paid" a moment later
+
+:func:`serve` is the part that does not depend on the database; the MongoDB services' runner
+(``examples.orders_payments_mongodb.local``) uses it too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psycopg
@@ -25,6 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster
 
+SERVICES = ("orders", "payments")
 TOPICS = ["shop.orders", "shop.payments", "shop.orders.dlq", "shop.payments.dlq"]
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_JARS = Path.home() / ".cache" / "outboxkit" / "kafka-4.4.0"
@@ -59,40 +63,32 @@ async def create_topics(bootstrap: str) -> None:
         await admin.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The runner's options; SIGTERM stops it as Ctrl-C does."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    parser = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--broker", choices=["tansu", "kafka"], default="tansu")
     parser.add_argument("--orders-port", type=int, default=8001)
     parser.add_argument("--payments-port", type=int, default=8002)
-    args = parser.parse_args()
-    with EmbeddedPostgres() as pg, broker(args.broker) as (bootstrap, broker_env):
-        for db in ("orders", "payments"):
-            with psycopg.connect(pg.url(), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {db}")
+    return parser.parse_args()
+
+
+def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespace) -> None:
+    """Start the broker and its topics, then ``<package>.orders`` and ``<package>.payments``
+    under uvicorn, each on its own database (``database_urls`` by service); until Ctrl-C."""
+    with broker(args.broker) as (bootstrap, broker_env):
         asyncio.run(create_topics(bootstrap))
         apps = []
         for name, port in (("orders", args.orders_port), ("payments", args.payments_port)):
             env = {
                 **os.environ,
                 **broker_env,
-                "OUTBOXKIT_DATABASE_URL": pg.url(name),
+                "OUTBOXKIT_DATABASE_URL": database_urls[name],
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                 "PYTHONPATH": str(REPO),
             }
-            apps.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "--factory",
-                        "--port",
-                        str(port),
-                        f"examples.orders_payments.{name}:create_app",
-                    ],
-                    env=env,
-                )
-            )
+            command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(port)]
+            apps.append(subprocess.Popen([*command, f"{package}.{name}:create_app"], env=env))
         print(f"orders on :{args.orders_port}, payments on :{args.payments_port} — Ctrl-C stops")
         try:
             signal.pause()
@@ -105,10 +101,18 @@ def main() -> None:
                 app.wait(30)
 
 
+def main() -> None:
+    args = arguments(__doc__)
+    with EmbeddedPostgres() as pg:
+        for db in SERVICES:
+            with psycopg.connect(pg.url(), autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE {db}")
+        serve("examples.orders_payments", {db: pg.url(db) for db in SERVICES}, args)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
     main()

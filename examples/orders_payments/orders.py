@@ -7,17 +7,16 @@ Settings: ``OUTBOXKIT_DATABASE_URL``, ``OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS`` and 
 ``OUTBOXKIT_*`` variables (``outboxkit --help``, docs/configuration.md).
 """
 
-import uuid
-from decimal import Decimal
+from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
 from fastapi import Depends, FastAPI, HTTPException
 from prometheus_client import REGISTRY, CollectorRegistry
-from pydantic import BaseModel, Field
 
-from examples.orders_payments.common import service_app
-from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
+from examples.orders_payments.common import service_app, sql_schema
+from examples.orders_payments.models import NewOrder, Order
+from outboxkit.demo.events import OrderPlaced, PaymentCaptured
 from outboxkit.fastapi import running
 from outboxkit.inbox import Inbox
 from outboxkit.service import Outboxkit
@@ -33,54 +32,23 @@ async def mark_paid(event: PaymentCaptured, tx: psycopg.AsyncConnection[Any]) ->
     )
 
 
-class NewOrder(BaseModel):
-    customer_id: str
-    currency: Currency = Currency.EUR
-    lines: list[OrderLine] = Field(min_length=1)
-
-
-class Order(BaseModel):
-    order_id: str
-    customer_id: str
-    amount: Decimal
-    currency: Currency
-    status: str
-    payment_id: str | None
-
-
 def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
     """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    app, kit = service_app("orders", OrderPlaced, inbox, registry)
+    schema = sql_schema(Path(__file__).with_name("orders.sql"))
+    app, kit = service_app("orders", OrderPlaced, inbox, registry, schema)
     Service = Annotated[Outboxkit, Depends(running(kit))]  # 503 until started
 
     @app.post("/orders", status_code=201)
     async def place_order(new: NewOrder, service: Service) -> Order:
-        amount = sum((line.unit_price * line.quantity for line in new.lines), Decimal("0.00"))
-        order_id = f"o-{uuid.uuid4().hex[:12]}"
+        event = new.place()
         async with service.transaction() as tx:
             await tx.execute(
                 "INSERT INTO orders (order_id, customer_id, amount, currency) "
                 "VALUES (%s, %s, %s, %s)",
-                (order_id, new.customer_id, amount, new.currency.value),
+                (event.order_id, event.customer_id, event.amount, event.currency.value),
             )
-            await service.add(
-                tx,
-                OrderPlaced(
-                    order_id=order_id,
-                    customer_id=new.customer_id,
-                    currency=new.currency,
-                    lines=new.lines,
-                    amount=amount,
-                ),
-            )
-        return Order(
-            order_id=order_id,
-            customer_id=new.customer_id,
-            amount=amount,
-            currency=new.currency,
-            status="placed",
-            payment_id=None,
-        )
+            await service.add(tx, event)
+        return Order.placed(event)
 
     @app.get("/orders/{order_id}")
     async def get_order(order_id: str, service: Service) -> Order:

@@ -5,15 +5,15 @@ outbox, chained: inbox → handler → outbox).
     uvicorn --factory examples.orders_payments.payments:create_app --port 8002
 """
 
-from decimal import Decimal
+from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
 from fastapi import Depends, FastAPI, HTTPException
 from prometheus_client import REGISTRY, CollectorRegistry
-from pydantic import BaseModel
 
-from examples.orders_payments.common import service_app
+from examples.orders_payments.common import service_app, sql_schema
+from examples.orders_payments.models import Payment, capture
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
 from outboxkit.fastapi import running
 from outboxkit.inbox import Inbox
@@ -25,34 +25,26 @@ outbox = PostgresOutbox(source="urn:example:payments")
 
 
 @inbox.handler(OrderPlaced)
-async def capture(event: OrderPlaced, tx: psycopg.AsyncConnection[Any]) -> None:
-    payment_id = f"p-{event.order_id.removeprefix('o-')}"
+async def capture_payment(event: OrderPlaced, tx: psycopg.AsyncConnection[Any]) -> None:
+    captured = capture(event)
     await tx.execute(
         "INSERT INTO payments (payment_id, order_id, customer_id, amount, currency) "
         "VALUES (%s, %s, %s, %s, %s)",
-        (payment_id, event.order_id, event.customer_id, event.amount, event.currency.value),
-    )
-    await outbox.add(
-        tx,
-        PaymentCaptured(
-            payment_id=payment_id,
-            order_id=event.order_id,
-            customer_id=event.customer_id,
-            currency=event.currency,
-            amount=event.amount,
+        (
+            captured.payment_id,
+            event.order_id,
+            event.customer_id,
+            event.amount,
+            event.currency.value,
         ),
     )
-
-
-class Payment(BaseModel):
-    payment_id: str
-    order_id: str
-    amount: Decimal
+    await outbox.add(tx, captured)
 
 
 def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
     """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    app, kit = service_app("payments", PaymentCaptured, inbox, registry)
+    schema = sql_schema(Path(__file__).with_name("payments.sql"))
+    app, kit = service_app("payments", PaymentCaptured, inbox, registry, schema)
 
     @app.get("/payments/{order_id}")
     async def get_payment(

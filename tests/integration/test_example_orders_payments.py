@@ -1,11 +1,13 @@
-"""The example services (examples/orders_payments) against real PostgreSQL and Apache Kafka:
-an order placed over HTTP is paid by the payments service exactly once, and the payment comes
-back to the orders service — outbox → relay → inbox → handler → outbox → relay → inbox."""
+"""The example services against real Apache Kafka and a real database — examples/orders_payments
+on PostgreSQL, examples/orders_payments_mongodb on MongoDB: an order placed over HTTP is paid by
+the payments service exactly once, and the payment comes back to the orders service — outbox →
+relay → inbox → handler → outbox → relay → inbox."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from types import ModuleType
 
 import httpx
 import pytest
@@ -13,10 +15,18 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from examples.orders_payments import orders, payments
+from examples.orders_payments_mongodb import orders as mongodb_orders
+from examples.orders_payments_mongodb import payments as mongodb_payments
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+#: The two services and the fixture of their database, for each database.
+EXAMPLES = {
+    "postgresql": (orders, payments, "pg_url"),
+    "mongodb": (mongodb_orders, mongodb_payments, "mongo_url"),
+}
 
 
 @contextlib.asynccontextmanager
@@ -32,22 +42,36 @@ async def _ready(client: httpx.AsyncClient) -> bool:
     return (await client.get("/healthz")).status_code == 200
 
 
+@pytest.fixture(
+    params=[pytest.param("postgresql"), pytest.param("mongodb", marks=pytest.mark.mongodb)]
+)
+def example(request: pytest.FixtureRequest) -> tuple[ModuleType, ModuleType, str]:
+    """Each database in turn: its orders and payments services, and a fresh database's URL."""
+    orders_service, payments_service, url_fixture = EXAMPLES[request.param]
+    return orders_service, payments_service, request.getfixturevalue(url_fixture)
+
+
 async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, monkeypatch: pytest.MonkeyPatch
+    example: tuple[ModuleType, ModuleType, str],
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    orders_service, payments_service, database_url = example
     for topic in ("shop.orders", "shop.payments"):
         await make_topic(name=topic, partitions=3)
         await make_topic(name=f"{topic}.dlq")
     for name, value in {
-        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_DATABASE_URL": database_url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "OUTBOXKIT_SESSION_TIMEOUT": "3",
         "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
         "OUTBOXKIT_SWEEP_INTERVAL": "1",
     }.items():
         monkeypatch.setenv(name, value)
-    orders_app = orders.create_app(CollectorRegistry())
-    payments_app = payments.create_app(CollectorRegistry())
+    registries = {"orders": CollectorRegistry(), "payments": CollectorRegistry()}
+    orders_app = orders_service.create_app(registries["orders"])
+    payments_app = payments_service.create_app(registries["payments"])
     async with serve(orders_app, "orders") as shop, serve(payments_app, "payments") as bank:
         placed = []
         for i in range(12):
@@ -74,3 +98,9 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
             payment = (await bank.get(f"/payments/{order['order_id']}")).json()
             assert payment["amount"] == "6.50"
         assert (await shop.get("/orders/o-nope")).status_code == 404
+    # Each order was paid once (one payment each), and each payment marked one order paid.
+    for inbox, registry in registries.items():
+        handled = registry.get_sample_value("outboxkit_inbox_handled_total", {"inbox": inbox})
+        assert handled == len(placed), inbox
+        dead = registry.get_sample_value("outboxkit_inbox_dead_lettered_total", {"inbox": inbox})
+        assert not dead, inbox
