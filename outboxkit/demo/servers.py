@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlsplit, urlunsplit
 
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
@@ -90,7 +90,7 @@ def _external_mongodb(server_url: str, stack: contextlib.ExitStack) -> DemoDatab
     the end: the demo never touches the database the URL names."""
     name = f"outboxkit_demo_{uuid.uuid4().hex[:8]}"
     parts = urlsplit(server_url)
-    url = urlunsplit(parts._replace(path=f"/{name}"))
+    url = urlunsplit(parts._replace(path=f"/{name}", query=_keep_auth_source(parts)))
     client: MongoClient[dict[str, Any]] = MongoClient(url, serverSelectionTimeoutMS=10_000)
     stack.callback(client.close)
     try:
@@ -108,6 +108,16 @@ def _external_mongodb(server_url: str, stack: contextlib.ExitStack) -> DemoDatab
     stack.callback(client.drop_database, name)
     where = f"MongoDB replica set {hello['setName']} at {parts.hostname}, database {name}"
     return DemoDatabase("mongodb", url, f"{where} (dropped at the end)")
+
+
+def _keep_auth_source(parts: SplitResult) -> str:
+    """The URL's query, with the database that authenticated its user made explicit: without
+    ``authSource``, MongoDB authenticates against the URL's database, which the demo replaces."""
+    options = {key.lower() for key, _ in parse_qsl(parts.query)}
+    if parts.username is None or "authsource" in options:
+        return parts.query
+    source = f"authSource={quote(parts.path.lstrip('/') or 'admin')}"
+    return f"{parts.query}&{source}" if parts.query else source
 
 
 def _pids(*pids: int | None) -> list[int]:
