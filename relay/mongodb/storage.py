@@ -257,7 +257,8 @@ class MongoOutboxStorage:
             copies = []
             now = datetime.now(UTC)
             async for doc in kept:
-                position = await take_positions(self._keys, session, doc["topic"], doc["key"], 1)
+                key = (doc["topic"], bytes(doc["key"]))
+                position = (await take_positions(self._keys, session, {key: 1}))[key]
                 copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
                 fresh = {"position": position, "created_at": now, "state": "pending"}
                 copies.append({**copy, **fresh, "attempts": 0})
