@@ -43,6 +43,7 @@ from outboxkit.demo import shop
 from outboxkit.demo.events import OrderPlaced, registry
 from outboxkit.demo.relay_process import RELAY_ENV, RelayProcess
 from outboxkit.demo.servers import (
+    DATABASE_NAMES,
     Broker,
     Database,
     DemoDatabase,
@@ -97,7 +98,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
         with contextlib.ExitStack() as stack:
             broker = make_broker(options.broker, workdir)
             stack.callback(broker.close)
-            servers = f"{_database_label(options)} and {broker_name(options.broker)}"
+            servers = f"{DATABASE_NAMES[options.database]} and {broker_name(options.broker)}"
             console.print(f"[dim]starting {servers} …[/]")
             # In this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG).
             database = start_database(options.database, workdir, stack, console)
@@ -160,10 +161,6 @@ def _keep_logs(workdir: Path) -> Path:
         with contextlib.suppress(OSError):
             shutil.copy(log, kept / "-".join(log.relative_to(workdir).parts))
     return kept
-
-
-def _database_label(options: DemoOptions) -> str:
-    return "PostgreSQL (embedded)" if options.database == "postgresql" else "MongoDB"
 
 
 def _log_to_file(path: Path) -> None:

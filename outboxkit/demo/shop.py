@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from outboxkit.backends import backend_for
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.inbox import Inbox
 
@@ -125,12 +126,14 @@ async def open_shop(url: str, *, pool_size: int) -> AsyncIterator[Shop]:
     async with backend.transactions(
         source=ORDERS_SOURCE, pool_size=pool_size, connect_timeout=10.0
     ) as transactions:
-        if backend.kind == "mongodb":
+        if backend.kind == "postgresql":
+            from outboxkit.demo.shop_postgres import PostgresShop  # noqa: PLC0415
+
+            yield PostgresShop(transactions)
+        elif backend.kind == "mongodb":
             from outboxkit.demo.shop_mongodb import MongoShop  # noqa: PLC0415
 
             async with MongoShop(url, transactions) as shop:
                 yield shop
         else:
-            from outboxkit.demo.shop_postgres import PostgresShop  # noqa: PLC0415
-
-            yield PostgresShop(transactions)
+            raise ConfigurationError(f"the demo's shop runs on PostgreSQL or MongoDB, not {url}")
