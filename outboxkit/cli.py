@@ -1,7 +1,11 @@
 """The ``outboxkit`` command.
 
 Exit codes: 0 success; 1 a check or operation failed; 2 invalid configuration or usage.
-Every option has an ``OUTBOXKIT_*`` environment variable twin, shown in ``--help``.
+Options that say where things are or how a worker runs have an ``OUTBOXKIT_*`` environment
+variable twin, shown in ``--help``; per-invocation flags (``--json``, ``--limit``…) do not
+(:mod:`outboxkit.cli_options`). Expected failures end the command with one or two lines on
+stderr (:mod:`outboxkit.diagnose`); ``--debug`` or ``OUTBOXKIT_LOG_LEVEL=debug`` shows the
+traceback too.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,13 +29,24 @@ from aiokafka.errors import KafkaError
 from pydantic_settings import BaseSettings
 from rich.progress import Progress
 
+from outboxkit import topics_cli
 from outboxkit._version import __version__
-from outboxkit.check import redact, run_checks
+from outboxkit.check import explain_database_error, redact, run_checks
+from outboxkit.cli_options import (
+    BootstrapServers,
+    DatabaseUrl,
+    DlqSuffix,
+    JsonOutput,
+    Limit,
+    Topics,
+)
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.kafka import partition_counts
 from outboxkit.core.logs import configure_logging
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.demo.cli import demo
+from outboxkit.dev_cli import dev_app
+from outboxkit.diagnose import explain, preflight
 from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
@@ -64,21 +80,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help text: wrapped to the terminal, no boxes, no <bool> after flags.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
 
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_DATABASE_URL", help="postgresql://… or mongodb://…"),
-]
-BootstrapServers = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS", help="host:port[,host:port…]"),
-]
-Topics = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_TOPICS", help="Topics that must exist, comma-separated."),
-]
-JsonOutput = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+#: Set by ``--debug`` (or ``OUTBOXKIT_LOG_LEVEL=debug``): show tracebacks.
+_debug = False
 
 
 def _version(value: bool) -> None:
@@ -93,8 +101,18 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show the traceback of a failure (as OUTBOXKIT_LOG_LEVEL=debug does), and "
+            "debug logs.",
+        ),
+    ] = False,
 ) -> None:
     """Transactional outbox and inbox: write to your database and publish to Kafka, safely."""
+    global _debug  # noqa: PLW0603
+    _debug = _debug or debug
 
 
 def _fail_config(exc: ConfigurationError) -> typer.Exit:
@@ -154,7 +172,13 @@ def migrate_command(
         raise _fail_config(ConfigurationError("migrate applies to PostgreSQL only"))
     try:
         applied = asyncio.run(_migrate(settings))
-    except (psycopg.Error, MigrationError) as exc:
+    except psycopg.Error as exc:
+        what, fix = explain_database_error(exc, redact(settings.database_url))
+        typer.echo(f"error: migrating failed: {what}", err=True)
+        if fix:
+            typer.echo(f"  → {fix}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except MigrationError as exc:
         typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     if applied:
@@ -173,14 +197,38 @@ async def _migrate(settings: ConnectionSettings) -> list[str]:
 
 
 LogFormatOption = Annotated[
-    str, typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", help="console or json")
+    str,
+    typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", metavar="console|json", help="Log format."),
+]
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        envvar="OUTBOXKIT_LOG_LEVEL",
+        metavar="debug|info|warning|error",
+        help="Log level; debug also shows the traceback of a failure.",
+    ),
 ]
 HttpPort = Annotated[
     int | None,
     typer.Option(
-        envvar="OUTBOXKIT_HTTP_PORT", help="Serve /healthz and /metrics (Prometheus) on this port."
+        envvar="OUTBOXKIT_HTTP_PORT",
+        metavar="PORT",
+        help="Serve /healthz and /metrics (Prometheus) on this port.",
     ),
 ]
+
+
+def _configure_logging(log_format: str, log_level: str) -> None:
+    level = log_level.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise _fail_config(
+            ConfigurationError(
+                f"OUTBOXKIT_LOG_LEVEL: {log_level!r} is not debug, info, warning or error"
+            )
+        )
+    global _debug  # noqa: PLW0603
+    _debug = _debug or level == "DEBUG"
+    configure_logging("json" if log_format == "json" else "console", "DEBUG" if _debug else level)
 
 
 @app.command()
@@ -192,14 +240,18 @@ def relay(
     relay_name: Annotated[
         str | None,
         typer.Option(
-            envvar="OUTBOXKIT_RELAY_NAME", help="Relay name: group outboxkit.relay.<name>."
+            envvar="OUTBOXKIT_RELAY_NAME",
+            metavar="NAME",
+            help="Relay name: group outboxkit.relay.<name>.",
         ),
     ] = None,
     http_port: HttpPort = None,
     log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
 ) -> None:
-    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group."""
-    configure_logging("json" if log_format == "json" else "console")
+    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group.
+    Refuses to start when the database, outboxkit's tables, the broker or a topic is missing."""
+    _configure_logging(log_format, log_level)
     settings = _settings(
         RelaySettings,
         database_url=database_url,
@@ -209,6 +261,7 @@ def relay(
     )
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("the relay supports PostgreSQL so far"))
+    asyncio.run(preflight(settings, topics=settings.topics))
 
     async def run() -> None:
         async with PostgresOutboxStorage(
@@ -219,10 +272,7 @@ def relay(
             worker = Relay(settings, storage, storage)
             await _run_worker(worker, http_port)
 
-    try:
-        asyncio.run(run())
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    asyncio.run(run())
 
 
 inbox_app = typer.Typer(
@@ -245,10 +295,13 @@ def inbox_command(
     topics: Topics = None,
     http_port: HttpPort = None,
     log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Consume events and run the handlers of an Inbox until SIGTERM/SIGINT, then commit and
-    leave the group. Without --topics, the topics of the handlers' event types."""
-    configure_logging("json" if log_format == "json" else "console")
+    leave the group. Without --topics, the topics of the handlers' event types. Refuses to
+    start when the database, outboxkit's tables, the broker, a topic or its dead-letter topic
+    is missing."""
+    _configure_logging(log_format, log_level)
     try:
         inbox = _import_inbox(target)
     except ConfigurationError as exc:
@@ -261,6 +314,8 @@ def inbox_command(
     )
     if settings.database_kind != "postgresql":
         raise _fail_config(ConfigurationError("the inbox supports PostgreSQL so far"))
+    dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
+    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs]))
 
     async def run() -> None:
         async with PostgresInboxStore(
@@ -325,8 +380,7 @@ outbox_app = typer.Typer(
 )
 app.add_typer(outbox_app, name="outbox")
 
-EventIds = Annotated[list[str], typer.Argument(help="Event ids (UUIDs).")]
-Limit = Annotated[int, typer.Option(help="At most this many rows.")]
+EventIds = Annotated[list[str], typer.Argument(metavar="EVENT_ID...", help="Event ids (UUIDs).")]
 
 
 def _storage(database_url: str | None) -> PostgresOutboxStorage:
@@ -345,8 +399,10 @@ def _event_ids(values: list[str]) -> list[UUID]:
 
 def _run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:
     storage = _storage(database_url)
+    settings = _settings(ConnectionSettings, database_url=database_url)
 
     async def run() -> T:
+        await preflight(settings, kafka=False)
         async with storage:
             return await action(storage)
 
@@ -435,13 +491,6 @@ dlq_app = typer.Typer(
     no_args_is_help=True,
 )
 inbox_app.add_typer(dlq_app, name="dlq")
-
-DlqSuffix = Annotated[
-    str,
-    typer.Option(
-        envvar="OUTBOXKIT_DLQ_SUFFIX", help="Dead-letter topic of a topic: <topic><suffix>."
-    ),
-]
 
 
 def _dlq_topics(topics: str | None, suffix: str) -> list[str]:
@@ -537,8 +586,15 @@ def dlq_replay(
         typer.echo(f"replayed {sent} record(s)")
 
 
-topics_app = typer.Typer(help="The topics the outbox writes to.", no_args_is_help=True)
+topics_app = typer.Typer(
+    help="Kafka topics: create them (with their dead-letter topics), describe them, record "
+    "their partition counts for writers.",
+    no_args_is_help=True,
+)
 app.add_typer(topics_app, name="topics")
+topics_app.command("create")(topics_cli.create)
+topics_app.command("describe")(topics_cli.describe)
+app.add_typer(dev_app, name="dev")
 
 
 @topics_app.command("sync")
@@ -559,6 +615,7 @@ def topics_sync(
     if not settings.topics:
         raise _fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    asyncio.run(preflight(settings, topics=settings.topics))
     try:
         counts = asyncio.run(partition_counts(settings.kafka_bootstrap_servers, settings.topics))
     except (ConfigurationError, KafkaError) as exc:
@@ -573,11 +630,36 @@ def topics_sync(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    app(args=_inbox_runs_by_default(list(sys.argv[1:] if argv is None else argv)))
+    """The ``outboxkit`` command: expected failures end it with one or two lines on stderr and
+    a non-zero exit code; ``--debug`` (anywhere) or ``OUTBOXKIT_LOG_LEVEL=debug`` adds the
+    traceback."""
+    global _debug  # noqa: PLW0603
+    args = list(sys.argv[1:] if argv is None else argv)
+    _debug = os.environ.get("OUTBOXKIT_LOG_LEVEL", "").strip().lower() == "debug"
+    if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
+        args.remove("--debug")
+        args.insert(0, "--debug")  # an option of the root command, wherever it was typed
+    try:
+        app(args=_inbox_runs_by_default(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if _debug:
+            raise
+        problems = explain(exc)
+        if problems is None:  # not expected: a bug, worth its traceback in a report
+            typer.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
+            typer.echo("  → Run again with --debug for the traceback, and report it.", err=True)
+            sys.exit(EXIT_FAILED)
+        for problem in problems:
+            for line in problem.lines():
+                typer.echo(line, err=True)
+        sys.exit(max(p.exit_code for p in problems))
 
 
 def _inbox_runs_by_default(args: list[str]) -> list[str]:
     """``outboxkit inbox module:obj`` means ``outboxkit inbox run module:obj``."""
-    if len(args) >= 2 and args[0] == "inbox" and args[1] not in {"run", "dlq", "--help"}:
-        return ["inbox", "run", *args[1:]]
+    at = 1 if args[:1] == ["--debug"] else 0
+    if len(args) >= at + 2 and args[at] == "inbox" and args[at + 1] not in {"run", "dlq", "--help"}:
+        return [*args[:at], "inbox", "run", *args[at + 1 :]]
     return args
