@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from outboxkit.core import tracing
 from outboxkit.inbox.exceptions import HandlerRegistrationError
 from outboxkit.schemas import Event, EventRegistry
 
@@ -59,7 +60,12 @@ class Inbox:
         return register
 
     def handler_for(self, event: Event) -> Handler | None:
-        return self._handlers.get(type(event))
+        """The handler of ``event``'s type; when the process uses OpenTelemetry, wrapped in a
+        consumer span that continues the writer's trace (the event's ``traceparent``)."""
+        handler = self._handlers.get(type(event))
+        if handler is None or not tracing.in_use():
+            return handler
+        return _traced(handler, self.name, event)
 
     @property
     def event_types(self) -> list[type[Event]]:
@@ -69,3 +75,22 @@ class Inbox:
     def topics(self) -> list[str]:
         """The topics of the handled event types: what this inbox consumes by default."""
         return sorted({cls.event_topic for cls in self._handlers if cls.event_topic is not None})
+
+
+def _traced(handler: Handler, consumer: str, event: Event) -> Handler:
+    async def traced(event: Any, tx: psycopg.AsyncConnection[Any]) -> None:
+        with tracing.consumer_span(
+            f"{event.topic} process",
+            event.headers,
+            {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": event.topic,
+                "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
+                "messaging.message.id": str(event.id),
+                "outboxkit.event_type": event.event_type,
+            },
+        ):
+            await handler(event, tx)
+
+    return traced

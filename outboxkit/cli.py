@@ -380,7 +380,7 @@ outbox_app = typer.Typer(
 )
 app.add_typer(outbox_app, name="outbox")
 
-EventIds = Annotated[list[str], typer.Argument(metavar="EVENT_ID...", help="Event ids (UUIDs).")]
+EventIds = Annotated[list[str], typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs).")]
 
 
 def _storage(database_url: str | None) -> PostgresOutboxStorage:
@@ -541,7 +541,8 @@ def dlq_list(
 @dlq_app.command("replay")
 def dlq_replay(
     event_ids: Annotated[
-        list[str] | None, typer.Argument(help="Event ids (UUIDs) to replay.", show_default=False)
+        list[str] | None,
+        typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs) to replay.", show_default=False),
     ] = None,
     *,
     replay_all: Annotated[

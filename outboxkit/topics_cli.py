@@ -30,7 +30,7 @@ from outboxkit.core.settings import KafkaSettings, load_settings
 TopicNames = Annotated[
     list[str] | None,
     typer.Argument(
-        metavar="[TOPIC]...",
+        metavar="TOPIC",
         help="Topics (default: OUTBOXKIT_TOPICS).",
         show_default=False,
     ),
