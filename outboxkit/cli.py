@@ -361,6 +361,9 @@ def _import_inbox(target: str) -> Inbox:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
+    # Like uvicorn: modules of the current directory import without PYTHONPATH.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
