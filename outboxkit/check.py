@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
-from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from outboxkit.core.kafka import create_command
+from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.settings import ConnectionSettings
-from outboxkit.migrations import MigrationError, load_migrations, pending_migrations
+from outboxkit.migrations import Migration, MigrationError, pending_migrations
+from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
 
 
 @dataclass(frozen=True)
@@ -111,31 +112,33 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
                 )
             )
         else:
-            if pending:
-                labels = ", ".join(m.label for m in pending)
-                state = (
-                    "do not exist"
-                    if len(pending) == len(load_migrations())
-                    else f"are not up to date ({len(pending)} migration(s) not applied: {labels})"
-                )
-                results.append(
-                    CheckResult(
-                        "migrations",
-                        False,
-                        f"outboxkit's tables {state} in {where}",
-                        "Run `outboxkit migrate` (or apply `outboxkit migrate --sql` with your "
-                        "own migration tool).",
-                    )
-                )
-            else:
-                results.append(CheckResult("migrations", True, "schema is up to date"))
+            results.append(_migrations_result(pending, where))
         return results
+
+
+def _migrations_result(pending: list[Migration], where: str) -> CheckResult:
+    if not pending:
+        return CheckResult("migrations", True, "schema is up to date")
+    labels = ", ".join(m.label for m in pending)
+    # Every migration pending (the first creates the schema): a newcomer's "not migrated yet".
+    state = (
+        "do not exist"
+        if pending[0].version == 1
+        else f"are not up to date ({len(pending)} migration(s) not applied: {labels})"
+    )
+    return CheckResult(
+        "migrations",
+        False,
+        f"outboxkit's tables {state} in {where}",
+        "Run `outboxkit migrate` (on PostgreSQL you may apply `outboxkit migrate --sql` with "
+        "your own migration tool).",
+    )
 
 
 async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
-    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
-        settings.database_url, serverSelectionTimeoutMS=int(settings.connect_timeout * 1000)
+    client = make_client(
+        settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
     )
     try:
         hello = await client.admin.command("hello")
@@ -160,7 +163,30 @@ async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
                 "with --replSet and run rs.initiate() (a single node is enough).",
             )
         ]
-    return [CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")]
+    results = [CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")]
+    return [*results, await _mongodb_migrations(settings)]
+
+
+async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:
+    client = make_client(
+        settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
+    )
+    try:
+        pending = await pending_mongodb_migrations(
+            client.get_database(database_name(settings.database_url))
+        )
+    except MigrationError as exc:
+        return CheckResult("migrations", False, str(exc), "Upgrade outboxkit.")
+    except PyMongoError as exc:
+        return CheckResult(
+            "migrations",
+            False,
+            f"cannot read the migration state: {_first_line(exc)}",
+            "Grant this user read access to the outboxkit.* collections.",
+        )
+    finally:
+        await client.close()
+    return _migrations_result(pending, redact(settings.database_url))
 
 
 async def check_kafka(
@@ -208,7 +234,19 @@ async def check_kafka(
     return results
 
 
-async def run_checks(settings: ConnectionSettings) -> list[CheckResult]:
-    database = check_postgresql if settings.database_kind == "postgresql" else check_mongodb
-    db_results, kafka_results = await asyncio.gather(database(settings), check_kafka(settings))
+async def check_memory(settings: ConnectionSettings) -> list[CheckResult]:
+    return [
+        CheckResult(
+            "database",
+            True,
+            f"in-memory database {settings.database_url} (tests only: one process, not durable)",
+        )
+    ]
+
+
+async def run_checks(
+    settings: ConnectionSettings, database: Awaitable[list[CheckResult]]
+) -> list[CheckResult]:
+    """``database`` (the backend's own checks, see outboxkit.backends) and Kafka's, at once."""
+    db_results, kafka_results = await asyncio.gather(database, check_kafka(settings))
     return [*db_results, *kafka_results]

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import psycopg
 from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
 
+from outboxkit.backends import backend_for
 from outboxkit.check import (
     DEV_HINT,
     CheckResult,
     check_kafka,
-    check_postgresql,
     explain_database_error,
 )
 from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError, OutboxkitError
@@ -115,11 +115,11 @@ async def preflight(
     kafka: bool = True,
     topics: Sequence[str] = (),
 ) -> None:
-    """Check what a command needs — PostgreSQL reachable with outboxkit's schema up to date,
+    """Check what a command needs — the database reachable with outboxkit's schema up to date,
     Kafka reachable with ``topics`` — and raise :class:`PreflightError` with every problem."""
     checks = []
-    if database and settings.database_kind == "postgresql":
-        checks.append(check_postgresql(settings))
+    if database:
+        checks.append(backend_for(settings.database_url).check(settings))
     if kafka:
         checks.append(check_kafka(settings, topics=topics))
     results = [r for group in await asyncio.gather(*checks) for r in group]

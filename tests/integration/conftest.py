@@ -37,6 +37,7 @@ from outboxkit.embedded._process import (
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
+from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -190,6 +191,34 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
     yield start
     for cluster in clusters:
         cluster.close()
+
+
+# --- MongoDB (temporary: replaced by the embedded mongod fixtures) ----------------------------
+
+
+@pytest.fixture
+def mongo_url() -> Iterator[str]:
+    """A fresh database on the replica set at OUTBOXKIT_TEST_MONGO_URL."""
+    server = os.environ["OUTBOXKIT_TEST_MONGO_URL"]
+    return with_dbname(server, f"test_{uuid.uuid4().hex[:12]}")
+
+
+# --- every backend ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_server(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(backend name, URL of a fresh database on its server), each backend in turn."""
+    name: str = request.param
+    fixture = {"memory": None, "postgresql": "pg_url", "mongodb": "mongo_url"}[name]
+    return name, request.getfixturevalue(fixture) if fixture else ""
+
+
+@pytest.fixture
+async def backend_case(backend_server: tuple[str, str]) -> AsyncIterator[BackendCase]:
+    """A migrated, empty database of each backend in turn (tests/integration/backends.py)."""
+    async with open_case(*backend_server) as case:
+        yield case
 
 
 # --- PgBouncer --------------------------------------------------------------------------------
