@@ -10,6 +10,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+# pytester runs outboxkit.testing the way a user's project does (tests/integration).
+pytest_plugins = ["pytester"]
+
 settings.register_profile("default", deadline=None, max_examples=200)
 settings.register_profile(
     "ci", deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow]

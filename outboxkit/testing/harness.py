@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from aiokafka.structs import TopicPartition as KafkaTP
 from prometheus_client import CollectorRegistry
 
 from outboxkit.backends import Backend, Transactions, backend_for, memory_database
-from outboxkit.core.kafka import TopicSpec, admin_client, ensure_topics, partition_counts
+from outboxkit.core.kafka import TopicSpec, ensure_topics, partition_counts
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox import Inbox, InboxMetrics, InboxSettings, InboxWorker
 from outboxkit.inbox.store import Delivery
@@ -301,40 +301,42 @@ class OutboxkitHarness:
         settings = InboxSettings(
             **self.settings(inbox.topics), **_inbox_broker(self.broker), **FAST_GROUP
         )
-        await self._skip_earlier(f"outboxkit.inbox.{inbox.name}")
+        group = f"outboxkit.inbox.{inbox.name}"
         # Where the inbox must have committed: after the last record on each partition (not
         # the end offset, which a transaction's commit marker puts one further).
         ends: dict[KafkaTP, int] = {}
         for record in await self._read(list(inbox.topics)):
             ends[KafkaTP(record.topic, record.partition)] = record.offset + 1
-        async with self.backend.inbox_store(settings) as store:
-            worker = InboxWorker(inbox, settings, store, metrics=InboxMetrics(CollectorRegistry()))
-            task = asyncio.create_task(worker.run(), name="outboxkit.testing inbox")
-            try:
-                await _until(
-                    lambda: self._committed(f"outboxkit.inbox.{inbox.name}", ends),
-                    within,
-                    task,
-                    f"inbox {inbox.name} idle",
-                )
-            finally:
-                worker.stop()
-                await asyncio.gather(task, return_exceptions=True)
+        async with self._group_offsets(group, [*self._start, *ends]) as committed:
+            behind = {
+                tp: OffsetAndMetadata(start, "")
+                for tp, start in self._start.items()
+                if tp.topic in inbox.topics and start > (await committed(tp))
+            }
+            if behind:  # what earlier tests published there: not this test's business
+                await committed.consumer.commit(behind)  # the group has no member right now
 
-    async def _skip_earlier(self, group: str) -> None:
-        """Move ``group``'s committed offsets that are behind :attr:`_start` up to it."""
+            async def done() -> bool:
+                return all([await committed(tp) >= end for tp, end in ends.items()])
+
+            async with self.backend.inbox_store(settings) as store:
+                worker = InboxWorker(
+                    inbox, settings, store, metrics=InboxMetrics(CollectorRegistry())
+                )
+                task = asyncio.create_task(worker.run(), name="outboxkit.testing inbox")
+                try:
+                    await _until(done, within, task, f"inbox {inbox.name} idle")
+                finally:
+                    worker.stop()
+                    await asyncio.gather(task, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def _group_offsets(
+        self, group: str, partitions: Sequence[KafkaTP]
+    ) -> AsyncIterator[_Committed]:
+        """The offsets ``group`` committed (0 where none), read by a consumer that never joins
+        the group (it only fetches offsets)."""
         assert self.broker is not None
-        if not self._start:
-            return
-        async with admin_client([self.broker.bootstrap_servers]) as admin:
-            committed = await admin.list_consumer_group_offsets(group)
-        behind = {
-            tp: OffsetAndMetadata(start, "")
-            for tp, start in self._start.items()
-            if start > 0 and (tp not in committed or committed[tp].offset < start)
-        }
-        if not behind:
-            return
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.broker.bootstrap_servers,
             group_id=group,
@@ -342,19 +344,19 @@ class OutboxkitHarness:
         )
         await consumer.start()
         try:
-            consumer.assign(list(behind))
-            await consumer.commit(behind)  # allowed: the group has no member right now
+            consumer.assign(list(dict.fromkeys(partitions)))
+            yield _Committed(consumer)
         finally:
             await consumer.stop()
 
-    async def _committed(self, group: str, ends: dict[KafkaTP, int]) -> bool:
-        assert self.broker is not None
-        async with admin_client([self.broker.bootstrap_servers]) as admin:
-            committed = await admin.list_consumer_group_offsets(group)
-        return all(
-            end == 0 or (tp in committed and committed[tp].offset >= end)
-            for tp, end in ends.items()
-        )
+
+@dataclass
+class _Committed:
+    consumer: AIOKafkaConsumer
+
+    async def __call__(self, tp: KafkaTP) -> int:
+        offset = await self.consumer.committed(tp)
+        return offset if offset is not None and offset >= 0 else 0
 
 
 def _inbox_broker(broker: Broker | None) -> dict[str, Any]:
