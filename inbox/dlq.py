@@ -87,7 +87,11 @@ async def read_dead_letters(
         isolation_level="read_committed",
         client_id="outboxkit.dlq",
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # a consumer that could not start is closed too (no warning)
+        raise
     try:
         try:
             counts = await partition_counts(bootstrap_servers, topics)

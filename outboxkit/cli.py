@@ -483,7 +483,7 @@ def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return asyncio.run(read_dead_letters(_bootstrap(servers), topics, limit=limit))
-    except (DeadLetterError, KafkaError) as exc:
+    except DeadLetterError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
 

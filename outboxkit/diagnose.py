@@ -12,6 +12,7 @@ database that does not exist.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,7 +75,10 @@ def explain(exc: BaseException) -> list[Problem] | None:
     if isinstance(cause, UnknownTopicOrPartitionError):
         return [Problem(f"a topic does not exist on Kafka: {first_line(cause)}", _TOPIC_FIX)]
     if isinstance(cause, KafkaConnectionError):
-        return [Problem(f"cannot reach Kafka: {first_line(cause)}", _KAFKA_FIX)]
+        # aiokafka: "Unable to bootstrap from [('127.0.0.1', 9092, <AddressFamily…>)]"
+        hosts = ",".join(f"{h}:{p}" for h, p in re.findall(r"\('([^']+)', (\d+)", str(cause)))
+        where = f" at {hosts}" if hosts else f": {first_line(cause)}"
+        return [Problem(f"cannot reach Kafka{where}", _KAFKA_FIX)]
     if isinstance(cause, KafkaError):
         return [Problem(f"Kafka failed: {first_line(cause)}", _KAFKA_FIX)]
     if isinstance(exc, OutboxkitError):
