@@ -272,7 +272,10 @@ app.add_typer(inbox_app, name="inbox")
 def inbox_command(
     target: Annotated[
         str,
-        typer.Argument(help="Your Inbox object as module:attribute, e.g. payments.events:inbox"),
+        typer.Argument(
+            metavar="MODULE:INBOX",
+            help="Your Inbox object as module:attribute, e.g. payments.events:inbox",
+        ),
     ],
     *,
     database_url: DatabaseUrl = None,

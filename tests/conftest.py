@@ -20,7 +20,17 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
+def unit_tests_first(items: list[pytest.Item]) -> None:
+    """README promises it: the fast tier runs first (a stable sort: each tier keeps its order)."""
+    items.sort(key=lambda item: 0 if _in(item, "unit") else 1)
+
+
+def _in(item: pytest.Item, tier: str) -> bool:
+    return f"tests/{tier}/" in item.nodeid or f"tests.{tier}" in item.nodeid
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unit_tests_first(items)
     for item in items:
         if "tests/integration/" in item.nodeid or "tests.integration" in item.nodeid:
             item.add_marker(pytest.mark.integration)
