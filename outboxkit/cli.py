@@ -57,6 +57,7 @@ from outboxkit.inbox import (
     InboxWorker,
     read_dead_letters,
     replay_dead_letters,
+    unique_dead_letters,
 )
 from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.migrations import MigrationError, load_migrations, script
@@ -506,11 +507,14 @@ def dlq_list(
         return
     if not letters:
         typer.echo("no dead-lettered records")
+    first = {id(d) for d in unique_dead_letters(letters)}
     for d in letters:
         info = d.summary()
+        # Dead-lettering is at least once: a later copy of the same one is marked as such.
+        copy = "" if id(d) in first else " (a copy of an earlier dead letter)"
         typer.echo(
             f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
-            f"from {info['source']}: {info['reason']}: {info['error']}"
+            f"from {info['source']}: {info['reason']}: {info['error']}{copy}"
         )
 
 
@@ -544,6 +548,7 @@ def dlq_replay(
                 err=True,
             )
             raise typer.Exit(EXIT_FAILED)
+    letters = unique_dead_letters(letters)  # each dead-lettering once, not each copy of it
     with Progress(disable=json_output, transient=True) as progress:
         task = progress.add_task("replaying", total=len(letters))
         try:
