@@ -8,33 +8,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from outboxkit.inbox import Inbox
 from outboxkit.relay import InMemoryOutboxStorage
 from outboxkit.schemas import Event, encode
-
-_EXPORTER = InMemorySpanExporter()
-_PROVIDER = TracerProvider()
-_PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-_TRACER = _PROVIDER.get_tracer("tests")
+from tests.spans import TRACER as _TRACER
+from tests.spans import install
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    # The global provider can be set once per process; only this module sets it.
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        trace.set_tracer_provider(_PROVIDER)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+def spans() -> InMemorySpanExporter:
+    return install()
 
 
 class OrderPlaced(Event, type="tests.order_placed", topic="orders", key_field="order_id"):
