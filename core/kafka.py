@@ -4,6 +4,7 @@ topics, leaving a group."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -120,7 +121,16 @@ async def ensure_topics(
                 created.add(name)
             elif code != TopicAlreadyExistsError.errno:
                 raise ConfigurationError(f"Kafka refused to create topic {name}: {message}")
-        states = await _describe(admin, [spec.name for spec in specs])
+        # A new topic's metadata reaches every broker a moment after the controller answered.
+        deadline = time.monotonic() + request_timeout
+        while True:
+            try:
+                states = await _describe(admin, [spec.name for spec in specs])
+                break
+            except MissingTopicsError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
     return [
         TopicState(s.name, s.partitions, s.replication_factor, s.name in created) for s in states
     ]
