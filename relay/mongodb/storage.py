@@ -18,6 +18,7 @@ acknowledged, each a single statement. A relay SIGKILLed mid-batch leaves nothin
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Self, TypeVar
@@ -25,6 +26,7 @@ from uuid import UUID
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.cursor import AsyncCursor
 
 from outboxkit.core.mongo import (
     MAJORITY_READ,
@@ -124,27 +126,36 @@ class MongoOutboxStorage:
         )
 
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        where: Document = {"topic": tp.topic, "partition": tp.partition}
-        # Failed records block their key (per-key order): few by construction, read from
-        # outbox_failed_idx, and left out of the head read so that it still fills the batch.
-        blocked = await _guard(self.outbox.distinct("key", {**where, "state": "failed"}))
-        query: Document = {**where, "state": "pending"}
-        if blocked:
-            query["key"] = {"$nin": blocked}
-        cursor = (
-            self.outbox.find(query, _RECORD_FIELDS)
-            .sort([("position", 1), ("_id", 1)])
-            .hint("outbox_pending_idx")
-            .limit(limit * _SCAN_FACTOR)
-        )
         head: dict[bytes, OutboxRecord] = {}
-        for doc in await _guard(cursor.to_list()):
+        for doc in await _guard(self.head_query(tp, await self._blocked_keys(tp), limit).to_list()):
             key = bytes(doc["key"])
             if key not in head:
                 head[key] = _record(doc)
                 if len(head) == limit:
                     break
         return list(head.values())
+
+    async def _blocked_keys(self, tp: TopicPartition) -> list[bytes]:
+        """Keys with a failed record (per-key order: nothing overtakes it). Few by construction,
+        read from outbox_failed_idx."""
+        where = {"topic": tp.topic, "partition": tp.partition, "state": "failed"}
+        return list(await _guard(self.outbox.distinct("key", where)))
+
+    def head_query(
+        self, tp: TopicPartition, blocked: list[bytes], limit: int
+    ) -> AsyncCursor[Document]:
+        """The read of ``tp``'s head: the first ``4 * limit`` pending records in position
+        order, an index range scan of outbox_pending_idx (no sort: the index is in order),
+        leaving blocked keys out so that they do not crowd the window."""
+        query: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
+        if blocked:
+            query["key"] = {"$nin": blocked}
+        return (
+            self.outbox.find(query, _RECORD_FIELDS)
+            .sort([("position", 1), ("_id", 1)])
+            .hint("outbox_pending_idx")
+            .limit(limit * _SCAN_FACTOR)
+        )
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         if not records:
@@ -187,30 +198,35 @@ class MongoOutboxStorage:
         return int(result.deleted_count)
 
     async def backlog(self) -> list[PartitionBacklog]:
-        pending = {"$eq": ["$state", "pending"]}
-        pipeline: list[Document] = [
-            {"$match": {"state": {"$in": ["pending", "failed"]}}},
-            {
-                "$group": {
-                    "_id": {"topic": "$topic", "partition": "$partition"},
-                    "pending": {"$sum": {"$cond": [pending, 1, 0]}},
-                    "oldest": {"$min": {"$cond": [pending, "$created_at", None]}},
-                    "failed": {"$sum": {"$cond": [pending, 0, 1]}},
-                }
-            },
-            {"$sort": {"_id.topic": 1, "_id.partition": 1}},
-        ]
-        rows = await _guard(self._aggregate(pipeline))
-        return [
-            PartitionBacklog(
-                row["_id"]["topic"],
-                row["_id"]["partition"],
-                row["pending"],
-                row["oldest"],
-                row["failed"],
+        """Two covered index scans: pending records from outbox_pending_idx (the oldest by its
+        position, which is the server clock in µs when written), failed ones from
+        outbox_failed_idx; neither reads a document."""
+        by_partition = {"_id": {"topic": "$topic", "partition": "$partition"}}
+        pending = await _guard(
+            self._aggregate(
+                [
+                    {"$match": {"state": "pending"}},
+                    {"$group": {**by_partition, "n": {"$sum": 1}, "oldest": {"$min": "$position"}}},
+                ],
+                hint="outbox_pending_idx",
             )
-            for row in rows
-        ]
+        )
+        failed = await _guard(
+            self._aggregate(
+                [{"$match": {"state": "failed"}}, {"$group": {**by_partition, "n": {"$sum": 1}}}],
+                hint="outbox_failed_idx",
+            )
+        )
+        rows: dict[tuple[str, int], PartitionBacklog] = {}
+        for row in pending:
+            tp = (row["_id"]["topic"], row["_id"]["partition"])
+            oldest = datetime.fromtimestamp(row["oldest"] / 1_000_000, UTC)
+            rows[tp] = PartitionBacklog(*tp, pending=row["n"], oldest_created_at=oldest)
+        for row in failed:
+            tp = (row["_id"]["topic"], row["_id"]["partition"])
+            found = rows.get(tp, PartitionBacklog(*tp, pending=0, oldest_created_at=None))
+            rows[tp] = replace(found, failed=row["n"])
+        return [rows[tp] for tp in sorted(rows)]
 
     async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
         cursor = self.outbox.find({"state": state}).sort("_id", 1).limit(limit)
@@ -255,8 +271,8 @@ class MongoOutboxStorage:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _aggregate(self, pipeline: list[Document]) -> list[Document]:
-        cursor = await self.outbox.aggregate(pipeline)
+    async def _aggregate(self, pipeline: list[Document], *, hint: str) -> list[Document]:
+        cursor = await self.outbox.aggregate(pipeline, hint=hint)
         return await cursor.to_list()
 
 

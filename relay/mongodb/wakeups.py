@@ -77,7 +77,7 @@ class MongoWakeups:
                         elif kind == "update":
                             yield None
                         else:
-                            logger.warning("outbox change stream ended, reopening", event=kind)
+                            logger.warning("outbox change stream ended, reopening", change=kind)
                             break
             except PyMongoError as exc:
                 logger.warning(

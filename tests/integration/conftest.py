@@ -19,13 +19,16 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
 
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.mongo import database_name
 from outboxkit.embedded._process import (
     free_port,
     make_traversable,
@@ -38,6 +41,7 @@ from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_jars import fetch_kafka_jars
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
+from outboxkit.migrations.mongo import migrate as migrate_mongodb
 from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,7 +206,67 @@ def mongo_url() -> Iterator[str]:
     return with_dbname(server, f"test_{uuid.uuid4().hex[:12]}")
 
 
+async def migrate_mongodb_database(url: str) -> None:
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(url)
+    try:
+        await migrate_mongodb(client.get_database(database_name(url)))
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def migrated_mongodb_url(mongo_url: str) -> str:
+    """URL of a fresh MongoDB database with outboxkit's collections and indexes."""
+    asyncio.run(migrate_mongodb_database(mongo_url))
+    return mongo_url
+
+
+@pytest.fixture
+def migrated_postgresql_url(pg_url: str) -> str:
+    """``pg_url``, under the name the backend-parametrised tests ask for."""
+    return pg_url
+
+
 # --- every backend ------------------------------------------------------------------------------
+
+#: The database servers the guarantee tests run against, each in turn.
+REAL_BACKENDS = ["postgresql", "mongodb"]
+
+
+class RestartableServer(Protocol):
+    def stop(self, mode: Literal["fast", "immediate"] = "fast", *, timeout: float = 30.0) -> None:
+        """``immediate``: SIGKILL."""
+
+    def start(self) -> object: ...
+
+    def restart(self, mode: Literal["fast", "immediate"] = "fast") -> None: ...
+
+
+#: Starts a server of the test's backend: (URL of a migrated database, the server).
+RestartableDatabase = Callable[[], Awaitable[tuple[str, RestartableServer]]]
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on each real backend in turn."""
+    return str(request.getfixturevalue(f"migrated_{request.param}_url"))
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def restartable_db(request: pytest.FixtureRequest) -> RestartableDatabase:
+    """A server of each real backend in turn that the test may crash, stop and restart."""
+
+    async def start() -> tuple[str, RestartableServer]:
+        if request.param == "postgresql":
+            pg = await asyncio.to_thread(request.getfixturevalue("pg_factory"))
+            await migrate_database(pg.url())
+            return pg.url(), pg
+        mongo = await asyncio.to_thread(request.getfixturevalue("mongo_factory"))
+        url = mongo.url("restarted")
+        await migrate_mongodb_database(url)
+        return url, mongo
+
+    return start
 
 
 @pytest.fixture(params=BACKENDS)
