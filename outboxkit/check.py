@@ -121,15 +121,12 @@ def _migrations_result(pending: list[Migration], where: str) -> CheckResult:
         return CheckResult("migrations", True, "schema is up to date")
     labels = ", ".join(m.label for m in pending)
     # Every migration pending (the first creates the schema): a newcomer's "not migrated yet".
-    state = (
-        "do not exist"
-        if pending[0].version == 1
-        else f"are not up to date ({len(pending)} migration(s) not applied: {labels})"
-    )
+    state = "does not exist" if pending[0].version == 1 else "is not up to date"
     return CheckResult(
         "migrations",
         False,
-        f"outboxkit's tables {state} in {where}",
+        f"outboxkit's schema {state} in {where} ({len(pending)} migration(s) not applied: "
+        f"{labels})",
         "Run `outboxkit migrate` (on PostgreSQL you may apply `outboxkit migrate --sql` with "
         "your own migration tool).",
     )

@@ -94,7 +94,7 @@ def test_missing_tables(servers: Servers) -> None:
         "OUTBOXKIT_TOPICS": servers.topic,
     }
     for args in (["relay"], ["outbox", "pending"], ["outbox", "failed"]):
-        _fails(args, env, 1, "outboxkit's tables do not exist", "outboxkit migrate")
+        _fails(args, env, 1, "outboxkit's schema does not exist", "outboxkit migrate")
 
 
 def test_a_missing_topic_is_one_line_with_the_command_that_creates_it(servers: Servers) -> None:
