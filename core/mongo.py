@@ -25,7 +25,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConnectionFailure, PyMongoError
+from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
@@ -91,8 +91,12 @@ def is_unavailable(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """A conflict with a concurrent transaction, or a primary that stepped down: the whole
-    transaction may be tried again."""
-    return _has_label(exc, "TransientTransactionError")
+    transaction may be tried again. Not a server selection timeout, although the driver labels
+    it transient inside a transaction: the client already waited ``serverSelectionTimeoutMS``
+    for a primary, and ten more such waits would hide a database that is down for minutes."""
+    return _has_label(exc, "TransientTransactionError") and not isinstance(
+        exc, ServerSelectionTimeoutError
+    )
 
 
 def _has_label(exc: BaseException, label: str) -> bool:
@@ -150,7 +154,9 @@ async def _commit(session: AsyncClientSession) -> None:
             await session.commit_transaction()
             return
         except PyMongoError as exc:
-            if not _has_label(exc, "UnknownTransactionCommitResult"):
+            if not _has_label(exc, "UnknownTransactionCommitResult") or isinstance(
+                exc, ServerSelectionTimeoutError
+            ):
                 raise
             if attempt == COMMIT_ATTEMPTS - 1:
                 raise

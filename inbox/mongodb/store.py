@@ -110,17 +110,16 @@ class MongoInboxStore:
             ids = [{"consumer": consumer, "event_id": d.event.id} for d in deliveries]
             # An expired record no longer counts, whether or not mongod's TTL monitor (which
             # runs every 60 s) has removed it yet: what is a duplicate never depends on it.
-            seen = {
-                doc["_id"]["event_id"]
+            recorded = {
+                doc["_id"]["event_id"]: doc["expires_at"]
                 async for doc in self._records.find(
-                    {"_id": {"$in": ids}, "expires_at": {"$gt": now}},
-                    {"_id": True},
-                    session=session,
+                    {"_id": {"$in": ids}}, {"expires_at": True}, session=session
                 )
             }
-            expired_ids = [i for i in ids if i["event_id"] not in seen]
-            if expired_ids:
-                await self._records.delete_many({"_id": {"$in": expired_ids}}, session=session)
+            seen = {event_id for event_id, expires in recorded.items() if expires > now}
+            expired = [i for i in ids if i["event_id"] in recorded.keys() - seen]
+            if expired:
+                await self._records.delete_many({"_id": {"$in": expired}}, session=session)
             ran = []
             new: list[Document] = []
             for index, delivery in enumerate(deliveries):

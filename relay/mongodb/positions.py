@@ -22,35 +22,56 @@ week old, so the next writer's clock-based position still lies above it.
 
 from __future__ import annotations
 
-from pymongo import ReturnDocument
+from collections.abc import Mapping
+
+from pymongo import ReturnDocument, UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from outboxkit.core.mongo import Collection
+from outboxkit.core.mongo import Collection, Document
 
 #: The server's clock in microseconds, from inside the update (one clock for every writer).
 _NOW_US = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
 
+#: (topic, key)
+Key = tuple[str, bytes]
+
+
+def _advance(count: int) -> list[Document]:
+    """The update that reserves ``count`` positions: the last one becomes
+    max(now, previous last + count)."""
+    last = {"$max": [_NOW_US, {"$add": [{"$ifNull": ["$position", 0]}, count]}]}
+    return [{"$set": {"position": last, "updated_at": "$$NOW"}}]
+
+
+def _id(topic: str, key: bytes) -> Document:
+    return {"topic": topic, "key": key}
+
 
 async def take_positions(
-    keys: Collection, session: AsyncClientSession, topic: str, key: bytes, count: int
-) -> int:
-    """Reserve ``count`` consecutive positions for ``key`` of ``topic``; return the first."""
-    moved = await keys.find_one_and_update(
-        {"_id": {"topic": topic, "key": key}},
-        [
-            {
-                "$set": {
-                    "position": {
-                        "$max": [_NOW_US, {"$add": [{"$ifNull": ["$position", 0]}, count]}]
-                    },
-                    "updated_at": "$$NOW",
-                }
-            }
-        ],
-        projection={"position": True},
-        upsert=True,
-        return_document=ReturnDocument.AFTER,
+    keys: Collection, session: AsyncClientSession, counts: Mapping[Key, int]
+) -> dict[Key, int]:
+    """Reserve ``counts[k]`` consecutive positions for each key ``k``; return the first of
+    each. One round trip for one key; two for any number (all updates in one bulk write, then
+    one read of what they made — the transaction sees its own writes)."""
+    if len(counts) == 1:
+        [((topic, key), count)] = counts.items()
+        moved = await keys.find_one_and_update(
+            {"_id": _id(topic, key)},
+            _advance(count),
+            projection={"position": True},
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+            session=session,
+        )
+        assert moved is not None  # upsert=True with ReturnDocument.AFTER always returns it
+        return {(topic, key): int(moved["position"]) - count + 1}
+    await keys.bulk_write(
+        [UpdateOne({"_id": _id(*k)}, _advance(n), upsert=True) for k, n in counts.items()],
+        ordered=False,
         session=session,
     )
-    assert moved is not None  # upsert=True with ReturnDocument.AFTER always returns it
-    return int(moved["position"]) - count + 1
+    last = {
+        (doc["_id"]["topic"], bytes(doc["_id"]["key"])): int(doc["position"])
+        async for doc in keys.find({"_id": {"$in": [_id(*k) for k in counts]}}, session=session)
+    }
+    return {k: last[k] - n + 1 for k, n in counts.items()}

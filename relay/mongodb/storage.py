@@ -26,7 +26,6 @@ from uuid import UUID
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
-from pymongo.asynchronous.cursor import AsyncCursor
 
 from outboxkit.core.mongo import (
     MAJORITY_READ,
@@ -126,14 +125,9 @@ class MongoOutboxStorage:
         )
 
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        head: dict[bytes, OutboxRecord] = {}
-        for doc in await _guard(self.head_query(tp, await self._blocked_keys(tp), limit).to_list()):
-            key = bytes(doc["key"])
-            if key not in head:
-                head[key] = _record(doc)
-                if len(head) == limit:
-                    break
-        return list(head.values())
+        pipeline = self.head_pipeline(tp, await self._blocked_keys(tp), limit)
+        cursor = await _guard(self.outbox.aggregate(pipeline, hint="outbox_pending_idx"))
+        return [_record(doc) for doc in await _guard(cursor.to_list())]
 
     async def _blocked_keys(self, tp: TopicPartition) -> list[bytes]:
         """Keys with a failed record (per-key order: nothing overtakes it). Few by construction,
@@ -141,21 +135,25 @@ class MongoOutboxStorage:
         where = {"topic": tp.topic, "partition": tp.partition, "state": "failed"}
         return list(await _guard(self.outbox.distinct("key", where)))
 
-    def head_query(
-        self, tp: TopicPartition, blocked: list[bytes], limit: int
-    ) -> AsyncCursor[Document]:
-        """The read of ``tp``'s head: the first ``4 * limit`` pending records in position
-        order, an index range scan of outbox_pending_idx (no sort: the index is in order),
-        leaving blocked keys out so that they do not crowd the window."""
-        query: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
+    def head_pipeline(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Document]:
+        """The read of ``tp``'s head, one record per key, done by mongod so that only those
+        cross the network: the first ``4 * limit`` pending records in position order (an
+        index range scan of outbox_pending_idx, no sort: the index is in order; blocked keys
+        left out so that they do not crowd the window), the oldest of each key, oldest first."""
+        match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
         if blocked:
-            query["key"] = {"$nin": blocked}
-        return (
-            self.outbox.find(query, _RECORD_FIELDS)
-            .sort([("position", 1), ("_id", 1)])
-            .hint("outbox_pending_idx")
-            .limit(limit * _SCAN_FACTOR)
-        )
+            match["key"] = {"$nin": blocked}
+        order = {"position": 1, "_id": 1}
+        return [
+            {"$match": match},
+            {"$sort": order},
+            {"$limit": limit * _SCAN_FACTOR},
+            {"$group": {"_id": "$key", "head": {"$first": "$$ROOT"}}},
+            {"$replaceRoot": {"newRoot": "$head"}},
+            {"$sort": order},
+            {"$limit": limit},
+            {"$project": _RECORD_FIELDS},
+        ]
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         if not records:
@@ -259,7 +257,8 @@ class MongoOutboxStorage:
             copies = []
             now = datetime.now(UTC)
             async for doc in kept:
-                position = await take_positions(self._keys, session, doc["topic"], doc["key"], 1)
+                key = (doc["topic"], bytes(doc["key"]))
+                position = (await take_positions(self._keys, session, {key: 1}))[key]
                 copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
                 fresh = {"position": position, "created_at": now, "state": "pending"}
                 copies.append({**copy, **fresh, "attempts": 0})

@@ -47,8 +47,8 @@ class MongoOutbox:
         await self.add_many(session, [event])
 
     async def add_many(self, session: AsyncClientSession, events: Iterable[Event]) -> None:
-        """Add ``events`` in order: one read of the topics, one update per distinct key (its
-        positions), one insert of all documents."""
+        """Add ``events`` in order: one read of the topics, one or two round trips for the
+        keys' positions, one insert of all documents."""
         encoded = [(event, encode(event, source=self.source)) for event in events]
         if not encoded:
             return
@@ -56,11 +56,7 @@ class MongoOutbox:
         db = session.client.get_database(self.database)
         partitions = await _partition_counts(db, session, {wire.topic for _, wire in encoded})
         counts = Counter((wire.topic, wire.key) for _, wire in encoded)
-        keys = collection(db, "keys")
-        next_position = {
-            (topic, key): await take_positions(keys, session, topic, key, count)
-            for (topic, key), count in counts.items()
-        }
+        next_position = await take_positions(collection(db, "keys"), session, counts)
         now = datetime.now(UTC)
         documents = []
         for event, wire in encoded:

