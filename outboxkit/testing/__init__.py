@@ -20,6 +20,9 @@ Fixtures (docs/testing.md):
                                     ``OUTBOXKIT_TEST_PG_URL``, or a container
 ``outboxkit_kafka``        session  a :class:`Broker`: embedded Apache Kafka (Java 17) or Tansu,
                                     ``OUTBOXKIT_TEST_KAFKA``, or a container
+``outboxkit_mongodb``      session  a MongoDB replica set's URL: embedded mongod,
+                                    ``OUTBOXKIT_TEST_MONGO_URL``, or a container
+``outboxkit_mongodb_url``  test     a fresh migrated MongoDB database, dropped afterwards
 ``outboxkit_schema``       session  override it: your tables (SQL text or ``.sql`` paths)
 ``outboxkit_*_container``  session  PostgreSQL, Kafka, MongoDB in Docker (``[testcontainers]``);
                                     skipped, with the reason, where Docker is not available
@@ -47,6 +50,7 @@ from outboxkit.testing.harness import Broker, OutboxkitHarness
 from outboxkit.testing.servers import (
     docker_unavailable,
     embedded_broker,
+    embedded_mongodb,
     embedded_postgres,
     kafka_container,
     mongodb_container,
@@ -61,7 +65,9 @@ __all__ = [
     "outboxkit_kafka",
     "outboxkit_kafka_container",
     "outboxkit_memory",
+    "outboxkit_mongodb",
     "outboxkit_mongodb_container",
+    "outboxkit_mongodb_url",
     "outboxkit_postgres",
     "outboxkit_postgres_container",
     "outboxkit_schema",
@@ -117,6 +123,19 @@ def outboxkit_kafka(request: pytest.FixtureRequest) -> Iterator[Broker]:
     else:
         with embedded_broker(str(request.config.getini("outboxkit_broker")).strip()) as broker:
             yield broker
+
+
+@pytest.fixture(scope="session")
+def outboxkit_mongodb(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL (without a database) of a MongoDB replica set for the whole session."""
+    external = os.environ.get("OUTBOXKIT_TEST_MONGO_URL")
+    if external:
+        yield external
+    elif _servers(request.config) == "docker":
+        yield request.getfixturevalue("outboxkit_mongodb_container")
+    else:
+        with embedded_mongodb() as url:
+            yield url
 
 
 def _need_docker() -> None:
@@ -194,6 +213,24 @@ def outboxkit_database_url(outboxkit_postgres: str, outboxkit_template: str) -> 
     yield _with_dbname(outboxkit_postgres, name)
     with psycopg.connect(outboxkit_postgres, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def outboxkit_mongodb_url(outboxkit_mongodb: str) -> Iterator[str]:
+    """A fresh MongoDB database with outboxkit's collections for this test, dropped afterwards:
+    ``OutboxkitHarness(outboxkit_mongodb_url, outboxkit_kafka)`` works on it."""
+    import asyncio  # noqa: PLC0415
+
+    from pymongo import MongoClient  # noqa: PLC0415
+
+    url = _with_dbname(outboxkit_mongodb, f"test_{uuid.uuid4().hex[:12]}")
+    asyncio.run(backend_for(url).migrate(10.0))
+    yield url
+    client: MongoClient[dict[str, object]] = MongoClient(outboxkit_mongodb)
+    try:
+        client.drop_database(urlsplit(url).path.lstrip("/"))
+    finally:
+        client.close()
 
 
 # -- harnesses ---------------------------------------------------------------------------------

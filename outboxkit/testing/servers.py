@@ -29,6 +29,16 @@ def embedded_postgres() -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def embedded_mongodb() -> Iterator[str]:
+    """An embedded single-node MongoDB replica set (mongod, fetched once: SSPL, never bundled);
+    yields its URL without a database."""
+    from outboxkit.embedded.mongodb import EmbeddedMongo  # noqa: PLC0415
+
+    with EmbeddedMongo(fetch=True) as server:
+        yield server.url()
+
+
+@contextlib.contextmanager
 def embedded_broker(kind: str) -> Iterator[Broker]:
     """An embedded Apache Kafka (``kind="kafka"``) or Tansu broker."""
     if kind == "tansu":

@@ -5,7 +5,7 @@ pytest-asyncio's default strict mode.
 - in memory: a writer and a handler with no server (effects once, a duplicate absorbed, a
   failing handler rolled back), published events read back;
 - embedded servers started by the plugin itself (PostgreSQL and, without Java, Tansu), with the
-  project's own tables from ``outboxkit_schema``;
+  project's own tables from ``outboxkit_schema``; an embedded MongoDB replica set;
 - the Docker fixtures skip, with a reason naming Docker, where no daemon runs (here).
 """
 
@@ -118,6 +118,26 @@ async def test_through_real_servers(outboxkit):
     assert rows == [("o-1", Decimal("9.90"))]
 """
 
+MONGODB_TESTS = """
+from decimal import Decimal
+
+import pytest
+
+from outboxkit.testing import OutboxkitHarness
+from shop_events import OrderPlaced
+
+
+@pytest.mark.asyncio
+async def test_on_mongodb(outboxkit_mongodb_url, outboxkit_kafka):
+    assert outboxkit_mongodb_url.startswith("mongodb://")
+    async with OutboxkitHarness(outboxkit_mongodb_url, outboxkit_kafka) as harness:
+        await harness.create_topics("orders")
+        await harness.add(OrderPlaced(order_id="o-1", customer_id="c-1", total=Decimal("1")))
+        await harness.run_relay_until_empty()
+        [event] = await harness.published(OrderPlaced)
+    assert event.order_id == "o-1"
+"""
+
 DOCKER_TESTS = """
 def test_postgres_in_docker(outboxkit_postgres_container):
     pass
@@ -154,6 +174,12 @@ def test_in_memory_without_servers(project: pytest.Pytester) -> None:
 
 def test_embedded_servers_started_by_the_plugin(project: pytest.Pytester) -> None:
     project.makepyfile(test_servers=SERVER_TESTS)
+    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=240)
+    result.assert_outcomes(passed=1)
+
+
+def test_embedded_mongodb_started_by_the_plugin(project: pytest.Pytester) -> None:
+    project.makepyfile(test_mongodb=MONGODB_TESTS)
     result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=240)
     result.assert_outcomes(passed=1)
 
