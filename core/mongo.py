@@ -150,9 +150,7 @@ async def in_transaction(
                     raise unavailable(f"MongoDB is unavailable: {exc}") from exc
                 raise
             return result
-    raise unavailable(
-        f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s"
-    )
+    raise unavailable(f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s")
 
 
 async def _commit(session: AsyncClientSession) -> None:
