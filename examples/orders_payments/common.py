@@ -62,15 +62,18 @@ def service_app(
     inbox: Inbox[TX],
     registry: CollectorRegistry,
     own_schema: OwnSchema,
+    *,
+    workers: bool = True,
 ) -> tuple[FastAPI, Outboxkit[TX]]:
     """A FastAPI app named ``name`` whose lifespan prepares its database (outboxkit's migrations,
     then ``own_schema``) and runs its relay (publishing ``publishes``' topic) and ``inbox``;
     with the health router. The transaction type ``TX`` is the inbox's: a psycopg connection on
-    PostgreSQL, a pymongo session on MongoDB."""
+    PostgreSQL, a pymongo session on MongoDB. ``workers=False`` runs neither relay nor inbox
+    (tests drive them: examples/orders_payments/tests)."""
     kit = Outboxkit(
         source=f"urn:example:{name}",
-        relay=relay_settings(name, publishes.event_topic or ""),
-        inbox=inbox,
+        relay=relay_settings(name, publishes.event_topic or "") if workers else False,
+        inbox=inbox if workers else None,
         registry=registry,
     )
 

