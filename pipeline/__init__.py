@@ -12,17 +12,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from outboxkit.inbox.spark.exceptions import (
+from outboxkit.pipeline.exceptions import (
     ConnectorUnavailableError,
     PipelineError,
     SchemaMappingError,
 )
-from outboxkit.inbox.spark.settings import PipelineSettings
+from outboxkit.pipeline.settings import PipelineSettings
 
 if TYPE_CHECKING:
-    from outboxkit.inbox.spark.decode import RecordDecoder, event_column
-    from outboxkit.inbox.spark.jars import fetch_connector
-    from outboxkit.inbox.spark.pipeline import (
+    from outboxkit.pipeline.decode import RecordDecoder, event_column
+    from outboxkit.pipeline.jars import fetch_connector
+    from outboxkit.pipeline.pipeline import (
         QueryReport,
         decode,
         deduplicated,
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
         start_pipeline,
         valid_events,
     )
-    from outboxkit.inbox.spark.schema import spark_schema
-    from outboxkit.inbox.spark.sinks import PostgresBatchSink
+    from outboxkit.pipeline.schema import spark_schema
+    from outboxkit.pipeline.sinks import PostgresBatchSink
 
 _LAZY = {
     "PostgresBatchSink": "sinks",

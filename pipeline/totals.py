@@ -5,7 +5,7 @@ Two sinks show the two usual readers:
 
 - **a lake** (Parquet, append mode): one row per window, written once, when the watermark has
   passed the window's end — final values, never rewritten;
-- **a serving table** (PostgreSQL, :class:`~outboxkit.inbox.spark.sinks.PostgresBatchSink`):
+- **a serving table** (PostgreSQL, :class:`~outboxkit.pipeline.sinks.PostgresBatchSink`):
   every micro-batch adds its increments to the rows of the windows it touched, so totals are
   current within one trigger interval, and the batch log makes a re-run add nothing.
 """
@@ -19,8 +19,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from outboxkit.demo.events import OrderPlaced
-from outboxkit.inbox.spark.decode import event_column
-from outboxkit.inbox.spark.settings import spark_duration
+from outboxkit.pipeline.decode import event_column
+from outboxkit.pipeline.settings import spark_duration
 
 #: Columns of an order-totals row, in the lake and in the serving table.
 COLUMNS = ("window_start", "window_end", "customer_id", "currency", "orders", "items", "amount")

@@ -10,7 +10,7 @@ out so that one copy of each class is on the classpath.
 The connector must match Spark's version. When Maven Central has no connector of exactly the
 installed pyspark version, the newest release of the same major version before it is taken, and
 a warning says so (the pipeline's tests run against that combination). ``python -m
-outboxkit.inbox.spark.jars`` fetches and prints the directory.
+outboxkit.pipeline.jars`` fetches and prints the directory.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from outboxkit.inbox.spark.exceptions import ConnectorUnavailableError
+from outboxkit.pipeline.exceptions import ConnectorUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ _MARKER = ".complete"
 MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
 
 _POM = """<?xml version="1.0" encoding="UTF-8"?>
-<!-- Written by outboxkit.inbox.spark.jars: used only to copy the connector's jars. -->
+<!-- Written by outboxkit.pipeline.jars: used only to copy the connector's jars. -->
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>dev.outboxkit</groupId>

@@ -20,7 +20,7 @@ import psycopg
 import structlog
 from psycopg.abc import Query
 
-from outboxkit.inbox.spark.exceptions import PipelineError
+from outboxkit.pipeline.exceptions import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

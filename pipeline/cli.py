@@ -14,8 +14,8 @@ import typer
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import load_settings
-from outboxkit.inbox.spark.exceptions import PipelineError
-from outboxkit.inbox.spark.settings import PipelineSettings
+from outboxkit.pipeline.exceptions import PipelineError
+from outboxkit.pipeline.settings import PipelineSettings
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -103,7 +103,7 @@ def run(
     except ConfigurationError as exc:
         raise _fail(EXIT_CONFIG, exc) from None
     try:
-        from outboxkit.inbox.spark.pipeline import run_pipeline  # noqa: PLC0415 (needs pyspark)
+        from outboxkit.pipeline.pipeline import run_pipeline  # noqa: PLC0415 (needs pyspark)
     except ImportError as exc:
         raise _fail(
             EXIT_CONFIG, f"{exc}: the pipeline needs pip install 'outboxkit[spark]'"
@@ -133,7 +133,7 @@ def jars(
     ] = None,
 ) -> None:
     """Fetch the Spark Kafka connector jars with Maven (once) and print their directory."""
-    from outboxkit.inbox.spark.jars import fetch_connector  # noqa: PLC0415
+    from outboxkit.pipeline.jars import fetch_connector  # noqa: PLC0415
 
     try:
         typer.echo(str(fetch_connector(version=connector_version)))
@@ -142,5 +142,5 @@ def jars(
 
 
 def main() -> None:
-    """Entry point of ``python -m outboxkit.inbox.spark`` and of ``spark-submit``."""
+    """Entry point of ``python -m outboxkit.pipeline`` and of ``spark-submit``."""
     pipeline_app(prog_name="outboxkit pipeline")

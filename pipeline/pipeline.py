@@ -32,12 +32,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from outboxkit.demo.events import registry as shop_registry
-from outboxkit.inbox.spark import totals
-from outboxkit.inbox.spark.decode import RecordDecoder
-from outboxkit.inbox.spark.exceptions import PipelineError
-from outboxkit.inbox.spark.jars import connector_jars, fetch_connector
-from outboxkit.inbox.spark.settings import PipelineSettings, spark_duration
-from outboxkit.inbox.spark.sinks import PostgresBatchSink
+from outboxkit.pipeline import totals
+from outboxkit.pipeline.decode import RecordDecoder
+from outboxkit.pipeline.exceptions import PipelineError
+from outboxkit.pipeline.jars import connector_jars, fetch_connector
+from outboxkit.pipeline.settings import PipelineSettings, spark_duration
+from outboxkit.pipeline.sinks import PostgresBatchSink
 from outboxkit.schemas import EventRegistry
 
 logger = structlog.get_logger("outboxkit.pipeline")
@@ -104,7 +104,7 @@ def read_kafka(spark: SparkSession, settings: PipelineSettings) -> DataFrame:
 
 
 def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
-    """Decode Kafka records with ``registry`` (see :mod:`outboxkit.inbox.spark.decode`)."""
+    """Decode Kafka records with ``registry`` (see :mod:`outboxkit.pipeline.decode`)."""
     decoder = RecordDecoder(registry)
     return records.mapInArrow(decoder, decoder.spark_schema)
 

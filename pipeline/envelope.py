@@ -1,0 +1,102 @@
+"""The CloudEvents envelope (Kafka headers, binary content mode) read with Spark SQL.
+
+Mirrors :func:`outboxkit.schemas.wire.read_envelope`, but like the payload path it only
+*recognises*: ``ok`` is true when the headers are exactly of the form
+:func:`outboxkit.schemas.encode` writes — every kept header once and valid UTF-8, the seven
+protocol headers present, ``ce_specversion`` ``1.0``, ``content-type`` ``application/json``,
+``ce_id`` a canonical lower-case UUID, ``ce_time`` ``YYYY-MM-DDTHH:MM:SS.ffffffZ``,
+``ce_schemaversion`` a positive integer, ``ce_type`` and ``ce_source`` not empty. The Python
+decoder accepts every such envelope with the same values. When ``ok`` is false the record is
+left to the Python pass, which finds the exact reason (the order of its checks matters: a
+malformed header is reported before a missing one).
+
+Which headers are kept follows the Python decoder: a name that starts with ``ce_`` or equals
+``content-type`` (case-insensitively) is a protocol header, and only the seven exact names
+are read; other protocol names are ignored; every other header is a user header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from outboxkit.schemas.wire import CONTENT_TYPE, SPEC_VERSION, WireHeader
+
+REQUIRED = [
+    WireHeader.SPEC_VERSION.value,
+    WireHeader.ID.value,
+    WireHeader.SOURCE.value,
+    WireHeader.TYPE.value,
+    WireHeader.TIME.value,
+    WireHeader.SCHEMA_VERSION.value,
+    WireHeader.CONTENT_TYPE.value,
+]
+_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+# format_time's output; years 0002-9998 keep clear of Python's datetime range.
+_TIME = (
+    r"^(?!0000|0001|9999)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z$"
+)
+_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"
+_VERSION = r"^[1-9][0-9]{0,9}$"
+
+
+def _reserved(name: Column) -> Column:
+    lowered = F.lower(name)
+    return lowered.startswith("ce_") | (lowered == "content-type")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Columns of a record's envelope; the values are meaningful only where ``ok`` is true."""
+
+    ok: Column
+    event_id: Column
+    event_type: Column
+    version: Column
+    time: Column
+    user_headers: Column
+    """``map<string,string>`` of the user headers, in record order (build it only where ok)."""
+
+
+def read_envelope(headers: Column) -> Envelope:
+    """The envelope of the Kafka source's ``headers`` column (``includeHeaders``)."""
+    kept = F.filter(headers, lambda h: ~_reserved(h["key"]) | h["key"].isin(REQUIRED))
+
+    def text(name: str) -> Column:
+        return F.get(F.filter(kept, lambda h: h["key"] == name), 0)["value"].cast("string")
+
+    well_formed = (
+        F.forall(kept, lambda h: h["value"].isNotNull() & F.is_valid_utf8(h["value"]))
+        & (F.size(F.array_distinct(F.transform(kept, lambda h: h["key"]))) == F.size(kept))
+        & (F.size(F.filter(kept, lambda h: h["key"].isin(REQUIRED))) == len(REQUIRED))
+    )
+    event_id = text(WireHeader.ID)
+    event_type = text(WireHeader.TYPE)
+    version_text = text(WireHeader.SCHEMA_VERSION)
+    time_text = text(WireHeader.TIME)
+    time = F.try_to_timestamp(time_text, F.lit(_TIME_FORMAT))
+    ok = (
+        well_formed
+        & (text(WireHeader.SPEC_VERSION) == SPEC_VERSION)
+        & (text(WireHeader.CONTENT_TYPE) == CONTENT_TYPE)
+        & event_id.rlike(_UUID)
+        & time_text.rlike(_TIME)
+        & time.isNotNull()
+        & version_text.rlike(_VERSION)
+        & (event_type != "")
+        & (text(WireHeader.SOURCE) != "")
+    )
+    user = F.filter(headers, lambda h: ~_reserved(h["key"]))
+    return Envelope(
+        ok=F.coalesce(ok, F.lit(False)),
+        event_id=event_id,
+        event_type=event_type,
+        version=version_text.try_cast("long"),
+        time=time,
+        user_headers=F.map_from_entries(
+            F.transform(user, lambda h: F.struct(h["key"], h["value"].cast("string")))
+        ),
+    )
