@@ -41,7 +41,7 @@ from outboxkit.inbox import (
     read_dead_letters,
     replay_dead_letters,
 )
-from outboxkit.inbox.spark.cli import pipeline_app
+from outboxkit.pipeline.cli import pipeline_app
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (

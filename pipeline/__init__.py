@@ -1,7 +1,8 @@
 """The Spark pipeline: PySpark Structured Streaming over the outbox topics (``[spark]`` extra).
 
-The same events the inbox consumes, decoded by the same registry, deduplicated by event id
-within a watermark, written by idempotent sinks. See docs/spark.md.
+Your events (an :class:`~outboxkit.schemas.EventRegistry`), decoded once per micro-batch on the
+JVM (the registry itself for what Spark SQL cannot decide), deduplicated by event id within a
+watermark, and written by idempotent sinks: PostgreSQL and Delta Lake. See docs/spark.md.
 
 Importing this package does not import pyspark; the names that need it are loaded on first
 use, so ``outboxkit`` and its CLI work without the ``[spark]`` extra.
@@ -20,54 +21,70 @@ from outboxkit.pipeline.exceptions import (
 from outboxkit.pipeline.settings import PipelineSettings
 
 if TYPE_CHECKING:
-    from outboxkit.pipeline.decode import RecordDecoder, event_column
-    from outboxkit.pipeline.jars import fetch_connector
-    from outboxkit.pipeline.pipeline import (
+    from outboxkit.pipeline.decode import decode
+    from outboxkit.pipeline.fallback import event_column
+    from outboxkit.pipeline.jars import pipeline_jars
+    from outboxkit.pipeline.job import (
+        Output,
+        Pipeline,
         QueryReport,
-        decode,
         deduplicated,
         quarantined,
         read_kafka,
-        run_pipeline,
-        start_pipeline,
+        run,
+        start,
         valid_events,
     )
+    from outboxkit.pipeline.payload import jvm_decodable
     from outboxkit.pipeline.schema import spark_schema
-    from outboxkit.pipeline.sinks import PostgresBatchSink
+    from outboxkit.pipeline.session import build_session
+    from outboxkit.pipeline.sinks import BatchInfo, DeltaSink, PostgresSink, Sink
 
 _LAZY = {
-    "PostgresBatchSink": "sinks",
-    "QueryReport": "pipeline",
-    "RecordDecoder": "decode",
-    "decode": "pipeline",
-    "deduplicated": "pipeline",
-    "event_column": "decode",
-    "fetch_connector": "jars",
-    "quarantined": "pipeline",
-    "read_kafka": "pipeline",
-    "run_pipeline": "pipeline",
+    "BatchInfo": "sinks",
+    "DeltaSink": "sinks",
+    "Output": "job",
+    "Pipeline": "job",
+    "PostgresSink": "sinks",
+    "QueryReport": "job",
+    "Sink": "sinks",
+    "build_session": "session",
+    "decode": "decode",
+    "deduplicated": "job",
+    "event_column": "fallback",
+    "jvm_decodable": "payload",
+    "pipeline_jars": "jars",
+    "quarantined": "job",
+    "read_kafka": "job",
+    "run": "job",
     "spark_schema": "schema",
-    "start_pipeline": "pipeline",
-    "valid_events": "pipeline",
+    "start": "job",
+    "valid_events": "job",
 }
 
 __all__ = [
+    "BatchInfo",
     "ConnectorUnavailableError",
+    "DeltaSink",
+    "Output",
+    "Pipeline",
     "PipelineError",
     "PipelineSettings",
-    "PostgresBatchSink",
+    "PostgresSink",
     "QueryReport",
-    "RecordDecoder",
     "SchemaMappingError",
+    "Sink",
+    "build_session",
     "decode",
     "deduplicated",
     "event_column",
-    "fetch_connector",
+    "jvm_decodable",
+    "pipeline_jars",
     "quarantined",
     "read_kafka",
-    "run_pipeline",
+    "run",
     "spark_schema",
-    "start_pipeline",
+    "start",
     "valid_events",
 ]
 

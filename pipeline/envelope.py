@@ -39,7 +39,6 @@ _TIME = (
     r"^(?!0000|0001|9999)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
     r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z$"
 )
-_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"
 _VERSION = r"^[1-9][0-9]{0,9}$"
 
 
@@ -62,41 +61,64 @@ class Envelope:
 
 
 def read_envelope(headers: Column) -> Envelope:
-    """The envelope of the Kafka source's ``headers`` column (``includeHeaders``)."""
-    kept = F.filter(headers, lambda h: ~_reserved(h["key"]) | h["key"].isin(REQUIRED))
+    """The envelope of the Kafka source's ``headers`` column (``includeHeaders``).
 
-    def text(name: str) -> Column:
-        return F.get(F.filter(kept, lambda h: h["key"] == name), 0)["value"].cast("string")
+    Only the order :func:`~outboxkit.schemas.encode` writes is recognised — the seven protocol
+    headers first, in :data:`REQUIRED` order, then the user headers — so that the common case
+    costs a few positional reads; any other order is valid too, and is left to the Python pass.
+    """
+    count = F.size(headers)
 
-    well_formed = (
-        F.forall(kept, lambda h: h["value"].isNotNull() & F.is_valid_utf8(h["value"]))
-        & (F.size(F.array_distinct(F.transform(kept, lambda h: h["key"]))) == F.size(kept))
-        & (F.size(F.filter(kept, lambda h: h["key"].isin(REQUIRED))) == len(REQUIRED))
+    def text(index: int) -> Column:
+        return F.get(headers, index)["value"].cast("string")
+
+    protocol = F.lit(True)
+    for index, name in enumerate(REQUIRED):
+        value = F.get(headers, index)["value"]
+        protocol = (
+            protocol
+            & (F.get(headers, index)["key"] == name)
+            & value.isNotNull()
+            & F.is_valid_utf8(value)
+        )
+    # User headers (rare): distinct, valid UTF-8 and none that looks like a protocol header.
+    user = F.slice(headers, len(REQUIRED) + 1, F.greatest(count - len(REQUIRED), F.lit(1)))
+    users_ok = F.when(count == len(REQUIRED), F.lit(True)).otherwise(
+        F.forall(
+            user,
+            lambda h: ~_reserved(h["key"]) & h["value"].isNotNull() & F.is_valid_utf8(h["value"]),
+        )
+        & (F.size(F.array_distinct(F.transform(user, lambda h: h["key"]))) == F.size(user))
     )
-    event_id = text(WireHeader.ID)
-    event_type = text(WireHeader.TYPE)
-    version_text = text(WireHeader.SCHEMA_VERSION)
-    time_text = text(WireHeader.TIME)
-    time = F.try_to_timestamp(time_text, F.lit(_TIME_FORMAT))
+    index = {name: REQUIRED.index(name) for name in REQUIRED}
+    event_id = text(index[WireHeader.ID])
+    event_type = text(index[WireHeader.TYPE])
+    version_text = text(index[WireHeader.SCHEMA_VERSION])
+    time_text = text(index[WireHeader.TIME])
+    time = time_text.try_cast("timestamp")
     ok = (
-        well_formed
-        & (text(WireHeader.SPEC_VERSION) == SPEC_VERSION)
-        & (text(WireHeader.CONTENT_TYPE) == CONTENT_TYPE)
+        (count >= len(REQUIRED))
+        & protocol
+        & (text(index[WireHeader.SPEC_VERSION]) == SPEC_VERSION)
+        & (text(index[WireHeader.CONTENT_TYPE]) == CONTENT_TYPE)
         & event_id.rlike(_UUID)
         & time_text.rlike(_TIME)
         & time.isNotNull()
         & version_text.rlike(_VERSION)
         & (event_type != "")
-        & (text(WireHeader.SOURCE) != "")
+        & (text(index[WireHeader.SOURCE]) != "")
+        & users_ok
     )
-    user = F.filter(headers, lambda h: ~_reserved(h["key"]))
+    user_headers = F.when(count == len(REQUIRED), F.create_map().cast("map<string,string>")).otherwise(
+        F.map_from_entries(
+            F.transform(user, lambda h: F.struct(h["key"], h["value"].cast("string")))
+        )
+    )
     return Envelope(
         ok=F.coalesce(ok, F.lit(False)),
         event_id=event_id,
         event_type=event_type,
         version=version_text.try_cast("long"),
         time=time,
-        user_headers=F.map_from_entries(
-            F.transform(user, lambda h: F.struct(h["key"], h["value"].cast("string")))
-        ),
+        user_headers=user_headers,
     )
