@@ -26,7 +26,16 @@ from uuid import UUID
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import IntegerType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from outboxkit.pipeline.exceptions import SchemaMappingError
 from outboxkit.pipeline.schema import spark_schema
@@ -77,7 +86,7 @@ def result_schema(registry: EventRegistry) -> StructType:
             StructField("event_key", StringType()),
             StructField("occurred_at", TimestampType()),
             *(
-                StructField(name, spark_schema(model))
+                StructField(name, nullable(spark_schema(model)))
                 for name, model in model_columns(registry).items()
             ),
             StructField("error_reason", StringType()),
@@ -85,6 +94,18 @@ def result_schema(registry: EventRegistry) -> StructType:
             StructField("error_type", StringType()),
         ]
     )
+
+
+def nullable(data_type: DataType) -> DataType:
+    """``data_type`` with every nested field, element and value nullable: the decoded columns
+    are null on the rows of other models, and both passes must give the same type."""
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, nullable(f.dataType)) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(nullable(data_type.elementType), containsNull=True)
+    if isinstance(data_type, MapType):
+        return MapType(data_type.keyType, nullable(data_type.valueType), valueContainsNull=True)
+    return data_type
 
 
 class PythonDecoder:
