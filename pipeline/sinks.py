@@ -21,6 +21,7 @@ exact, since every batch is applied once.
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -196,9 +197,9 @@ class PostgresSink:
 
 
 def _log_id(query_id: str, sink: str) -> str:
-    """The batch log's query id: one per (query, sink), so two sinks in one database each
-    keep their own log."""
-    return f"{query_id}/{sink}"
+    """The batch log's query id: one per (query, sink) — a UUID derived from both — so two
+    sinks of one query each keep their own log."""
+    return str(uuid.uuid5(uuid.UUID(query_id), sink))
 
 
 class DeltaSink:
