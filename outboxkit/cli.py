@@ -41,8 +41,8 @@ from outboxkit.inbox import (
     read_dead_letters,
     replay_dead_letters,
 )
-from outboxkit.pipeline.cli import pipeline_app
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
+from outboxkit.pipeline.cli import pipeline_app
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (
     OutboxStorage,

@@ -10,8 +10,9 @@ use, so ``outboxkit`` and its CLI work without the ``[spark]`` extra.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from outboxkit.pipeline.exceptions import (
     ConnectorUnavailableError,
@@ -20,8 +21,8 @@ from outboxkit.pipeline.exceptions import (
 )
 from outboxkit.pipeline.settings import PipelineSettings
 
-if TYPE_CHECKING:
-    from outboxkit.pipeline.decode import decode
+if _TYPE_CHECKING:
+    from outboxkit.pipeline.decoder import decode
     from outboxkit.pipeline.fallback import event_column
     from outboxkit.pipeline.jars import pipeline_jars
     from outboxkit.pipeline.job import (
@@ -49,7 +50,7 @@ _LAZY = {
     "QueryReport": "job",
     "Sink": "sinks",
     "build_session": "session",
-    "decode": "decode",
+    "decode": "decoder",
     "deduplicated": "job",
     "event_column": "fallback",
     "jvm_decodable": "payload",
@@ -89,10 +90,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

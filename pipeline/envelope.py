@@ -90,26 +90,28 @@ def read_envelope(headers: Column) -> Envelope:
         )
         & (F.size(F.array_distinct(F.transform(user, lambda h: h["key"]))) == F.size(user))
     )
-    index = {name: REQUIRED.index(name) for name in REQUIRED}
-    event_id = text(index[WireHeader.ID])
-    event_type = text(index[WireHeader.TYPE])
-    version_text = text(index[WireHeader.SCHEMA_VERSION])
-    time_text = text(index[WireHeader.TIME])
+    position = {name: REQUIRED.index(name) for name in REQUIRED}
+    event_id = text(position[WireHeader.ID])
+    event_type = text(position[WireHeader.TYPE])
+    version_text = text(position[WireHeader.SCHEMA_VERSION])
+    time_text = text(position[WireHeader.TIME])
     time = time_text.try_cast("timestamp")
     ok = (
         (count >= len(REQUIRED))
         & protocol
-        & (text(index[WireHeader.SPEC_VERSION]) == SPEC_VERSION)
-        & (text(index[WireHeader.CONTENT_TYPE]) == CONTENT_TYPE)
+        & (text(position[WireHeader.SPEC_VERSION]) == SPEC_VERSION)
+        & (text(position[WireHeader.CONTENT_TYPE]) == CONTENT_TYPE)
         & event_id.rlike(_UUID)
         & time_text.rlike(_TIME)
         & time.isNotNull()
         & version_text.rlike(_VERSION)
         & (event_type != "")
-        & (text(index[WireHeader.SOURCE]) != "")
+        & (text(position[WireHeader.SOURCE]) != "")
         & users_ok
     )
-    user_headers = F.when(count == len(REQUIRED), F.create_map().cast("map<string,string>")).otherwise(
+    user_headers = F.when(
+        count == len(REQUIRED), F.create_map().cast("map<string,string>")
+    ).otherwise(
         F.map_from_entries(
             F.transform(user, lambda h: F.struct(h["key"], h["value"].cast("string")))
         )

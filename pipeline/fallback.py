@@ -118,7 +118,9 @@ class PythonDecoder:
     def __init__(self, registry: EventRegistry) -> None:
         self.registry = registry
         self.schema = result_schema(registry)
-        self._columns = {(m.event_type, m.event_version): n for n, m in model_columns(registry).items()}
+        self._columns = {
+            (m.event_type, m.event_version): n for n, m in model_columns(registry).items()
+        }
         self._arrow: pa.StructType | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -142,7 +144,7 @@ class PythonDecoder:
         return outboxkit_registry_decode
 
 
-def decode_rows(
+def decode_rows(  # noqa: PLR0917 (the UDF's columns, in order)
     decoder: PythonDecoder,
     undecided: pa.Array,
     key: pa.Array,

@@ -270,7 +270,9 @@ def fetch_delta(dest: Path | None = None) -> Path:
     if connector_version_in(dest):
         return dest
     if shutil.which("mvn") is None:
-        raise ConnectorUnavailableError("Maven is missing (apt-get install maven): it fetches Delta")
+        raise ConnectorUnavailableError(
+            "Maven is missing (apt-get install maven): it fetches Delta"
+        )
     with tempfile.TemporaryDirectory(prefix="outboxkit-delta-") as work:
         try:
             layout = _maven_copy(Path(work), version, DELTA_GROUP, artifact)
@@ -283,7 +285,9 @@ def fetch_delta(dest: Path | None = None) -> Path:
     return dest
 
 
-def pipeline_jars(jars_dir: str | None = None, *, connector_version: str | None = None) -> list[Path]:
+def pipeline_jars(
+    jars_dir: str | None = None, *, connector_version: str | None = None
+) -> list[Path]:
     """Every jar a local run needs: ``jars_dir`` as given (all of them, filled by you), or
     the fetched connector and Delta Lake, each artifact once."""
     if jars_dir:

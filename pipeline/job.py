@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
-from outboxkit.pipeline.decode import decode
+from outboxkit.pipeline.decoder import decode
 from outboxkit.pipeline.exceptions import PipelineError
 from outboxkit.pipeline.fallback import model_columns
 from outboxkit.pipeline.payload import why_not_jvm_decodable

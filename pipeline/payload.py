@@ -43,6 +43,7 @@ nested ``BaseModel``              an object, recursively (same conditions on the
 from __future__ import annotations
 
 import collections.abc
+import math
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,14 +61,12 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DataType,
-    DateType,
     DecimalType,
     DoubleType,
     LongType,
     StringType,
     StructField,
     StructType,
-    TimestampType,
 )
 
 from outboxkit.pipeline.schema import DEFAULT_SCALE, MAX_PRECISION
@@ -157,9 +156,7 @@ def why_not_jvm_decodable(model: type[Event]) -> str | None:
 
 def parse_schema(model: type[Event]) -> StructType:
     """The schema ``from_json`` reads a canonical payload of ``model`` with."""
-    return StructType(
-        [StructField(f.key, f.parse, nullable=True) for f in _payload_fields(model)]
-    )
+    return StructType([StructField(f.key, f.parse, nullable=True) for f in _payload_fields(model)])
 
 
 def payload_checks(model: type[Event], parsed: Column) -> Column:
@@ -193,7 +190,9 @@ def _check_model(model: type[BaseModel], base: type[BaseModel] | None) -> None:
             raise NotJvmDecodable(f"{name}: has its own validators")
     if getattr(model, "__pydantic_post_init__", None):
         raise NotJvmDecodable(f"{name}: defines model_post_init")
-    if model.__pydantic_generic_metadata__.get("origin") or getattr(model, "__pydantic_root_model__", False):
+    if model.__pydantic_generic_metadata__.get("origin") or getattr(
+        model, "__pydantic_root_model__", False
+    ):
         raise NotJvmDecodable(f"{name}: generic and root models are not supported")
 
 
@@ -259,8 +258,7 @@ def _plain(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
         return _Field(LongType(), lambda c: _all([b(c) for b in bounds]), _same)
     if issubclass(annotation, float):
         bounds = _bounds(metadata, where, allowed=())
-        finite = lambda c: ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))  # noqa: E731
-        return _Field(DoubleType(), lambda c: _all([finite(c), *(b(c) for b in bounds)]), _same)
+        return _Field(DoubleType(), lambda c: _all([_finite(c), *(b(c) for b in bounds)]), _same)
     if issubclass(annotation, Decimal):
         return _decimal(metadata, where)
     if annotation is AwareDatetime or (
@@ -269,15 +267,17 @@ def _plain(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
         _no_constraints(metadata, where)
         return _Field(
             StringType(),
-            lambda c: c.rlike(_DATETIME) & F.try_to_timestamp(c, F.lit(_DATETIME_FORMAT)).isNotNull(),
+            lambda c: (
+                c.rlike(_DATETIME) & F.try_to_timestamp(c, F.lit(_DATETIME_FORMAT)).isNotNull()
+            ),
             lambda c: F.try_to_timestamp(c, F.lit(_DATETIME_FORMAT)),
         )
     if issubclass(annotation, date) and not issubclass(annotation, datetime):
         _no_constraints(metadata, where)
         return _Field(
             StringType(),
-            lambda c: c.rlike(f"^{_DATE}$") & F.try_to_date(c, F.lit("yyyy-MM-dd")).isNotNull(),
-            lambda c: F.try_to_date(c, F.lit("yyyy-MM-dd")),
+            lambda c: c.rlike(f"^{_DATE}$") & F.try_to_date(c, "yyyy-MM-dd").isNotNull(),
+            lambda c: F.try_to_date(c, "yyyy-MM-dd"),
         )
     if issubclass(annotation, UUID):
         _no_constraints(metadata, where)
@@ -338,7 +338,9 @@ def _decimal(metadata: tuple[Any, ...], where: str) -> _Field:
     max_digits = _general(metadata, "max_digits")
     places = _general(metadata, "decimal_places")
     precision, scale = (
-        (max_digits or MAX_PRECISION, places) if places is not None else (MAX_PRECISION, DEFAULT_SCALE)
+        (max_digits or MAX_PRECISION, places)
+        if places is not None
+        else (MAX_PRECISION, DEFAULT_SCALE)
     )
     spark_type = DecimalType(precision, scale)
 
@@ -369,29 +371,39 @@ def _decimal(metadata: tuple[Any, ...], where: str) -> _Field:
 _Rule = Callable[[Column], Column]
 
 
+def _compare(op: str, bound: object) -> _Rule:
+    def rule(c: Column) -> Column:
+        value = F.lit(bound)
+        return {"gt": c > value, "ge": c >= value, "lt": c < value, "le": c <= value}[op]
+
+    return rule
+
+
 def _bounds(metadata: tuple[Any, ...], where: str, *, allowed: tuple[str, ...]) -> list[_Rule]:
     rules: list[_Rule] = []
     for item in metadata:
-        if isinstance(item, at.Gt) and _number(item.gt):
-            rules.append(lambda c, v=item.gt: c > F.lit(v))
-        elif isinstance(item, at.Ge) and _number(item.ge):
-            rules.append(lambda c, v=item.ge: c >= F.lit(v))
-        elif isinstance(item, at.Lt) and _number(item.lt):
-            rules.append(lambda c, v=item.lt: c < F.lit(v))
-        elif isinstance(item, at.Le) and _number(item.le):
-            rules.append(lambda c, v=item.le: c <= F.lit(v))
+        op = {at.Gt: "gt", at.Ge: "ge", at.Lt: "lt", at.Le: "le"}.get(type(item))
+        if op is not None and _number(getattr(item, op)):
+            rules.append(_compare(op, getattr(item, op)))
         elif not _general_only(item, allowed):
             raise NotJvmDecodable(f"{where}: constraint {item!r}")
     return rules
+
+
+def _length(op: str, bound: int) -> _Rule:
+    def rule(n: Column) -> Column:
+        return n >= bound if op == "min" else n <= bound
+
+    return rule
 
 
 def _lengths(metadata: tuple[Any, ...], where: str) -> list[_Rule]:
     rules: list[_Rule] = []
     for item in metadata:
         if isinstance(item, at.MinLen):
-            rules.append(lambda n, v=item.min_length: n >= v)
+            rules.append(_length("min", item.min_length))
         elif isinstance(item, at.MaxLen):
-            rules.append(lambda n, v=item.max_length: n <= v)
+            rules.append(_length("max", item.max_length))
         else:
             raise NotJvmDecodable(f"{where}: constraint {item!r}")
     return rules
@@ -403,7 +415,7 @@ def _no_constraints(metadata: tuple[Any, ...], where: str) -> None:
 
 
 def _number(value: object) -> bool:
-    return type(value) in (int, Decimal) or (type(value) is float and value == value)
+    return type(value) in (int, Decimal) or (type(value) is float and not math.isnan(value))
 
 
 def _general_only(item: object, allowed: tuple[str, ...]) -> bool:
@@ -436,6 +448,10 @@ def _all(checks: Sequence[Column]) -> Column:
     for check in checks:
         result = result & check
     return result
+
+
+def _finite(c: Column) -> Column:
+    return ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
 
 
 def _true(_: Column) -> Column:

@@ -240,7 +240,9 @@ class DeltaSink:
             )
         else:
             self._merge(DeltaTable.forPath(spark, path), rows, app_id, batch.batch_id)
-        logger.info("batch written", sink=self.name, query=batch.query_name, batch_id=batch.batch_id)
+        logger.info(
+            "batch written", sink=self.name, query=batch.query_name, batch_id=batch.batch_id
+        )
         return True
 
     def _merge(self, table: object, rows: DataFrame, app_id: str, batch_id: int) -> None:

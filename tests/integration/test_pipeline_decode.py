@@ -95,7 +95,8 @@ def swap(record: Record, name: str, value: bytes | None) -> Record:
 
 def replace(record: Record, old: bytes, new: bytes) -> Record:
     key, payload, headers = record
-    assert payload is not None and old in payload, (old, payload)
+    assert payload is not None
+    assert old in payload, (old, payload)
     return key, payload.replace(old, new), headers
 
 
@@ -105,7 +106,7 @@ def corpus() -> list[tuple[str, Record]]:
     shipped = wire(
         Shipped(
             order_id="o-7",
-            tags=Tags(labels=["fragile", "é \"quoted\" \\ /"], weight=1.5),
+            tags=Tags(labels=["fragile", 'é "quoted" \\ /'], weight=1.5),
             shipped_on=datetime(2026, 2, 28, 23, 0, tzinfo=UTC),
             parcel=3,
             price=Decimal("123.40"),
@@ -118,10 +119,36 @@ def corpus() -> list[tuple[str, Record]]:
     cases: list[tuple[str, Record]] = [
         # Canonical (what encode writes): decided on the JVM.
         ("good", good),
-        ("good, note", wire(order(note="gift ✓ \"x\" \\n", occurred_at=datetime(2026, 1, 1, tzinfo=UTC)))),
-        ("good, many lines", wire(order(lines=[OrderLine(sku=f"s{i}", quantity=i + 1, unit_price=Decimal(i)) for i in range(5)]))),
+        (
+            "good, note",
+            wire(order(note='gift ✓ "x" \\n', occurred_at=datetime(2026, 1, 1, tzinfo=UTC))),
+        ),
+        (
+            "good, many lines",
+            wire(
+                order(
+                    lines=[
+                        OrderLine(sku=f"s{i}", quantity=i + 1, unit_price=Decimal(i))
+                        for i in range(5)
+                    ]
+                )
+            ),
+        ),
         ("good, zero amount", wire(order(amount=Decimal("0"), currency=Currency.USD))),
-        ("good, payment", wire(PaymentCaptured(payment_id="p", order_id="o", customer_id="c", currency=Currency.EUR, amount=Decimal("1.5"), occurred_at=WHEN, topic="t"))),
+        (
+            "good, payment",
+            wire(
+                PaymentCaptured(
+                    payment_id="p",
+                    order_id="o",
+                    customer_id="c",
+                    currency=Currency.EUR,
+                    amount=Decimal("1.5"),
+                    occurred_at=WHEN,
+                    topic="t",
+                )
+            ),
+        ),
         ("good, nested model and user headers", shipped),
         ("good, validated model", wire(Validated(name="abc", occurred_at=WHEN))),
         # Valid, but not canonical: the Python pass decides (and accepts).
@@ -130,13 +157,22 @@ def corpus() -> list[tuple[str, Record]]:
         ("quantity as a string", replace(good, b'"quantity":2', b'"quantity":"2"')),
         ("spaces in the JSON", replace(good, b'","', b'", "')),
         ("note missing", replace(good, b',"note":null', b"")),
-        ("nested extra key (ignored by OrderLine)", replace(good, b'"sku":"s"', b'"sku":"s","x":1')),
+        (
+            "nested extra key (ignored by OrderLine)",
+            replace(good, b'"sku":"s"', b'"sku":"s","x":1'),
+        ),
         ("ce_time with an offset", swap(good, "ce_time", b"2026-03-01T12:30:15.25+02:00")),
         ("upper-case ce_id", swap(good, "ce_id", headers[1][1].upper())),  # type: ignore[union-attr]
-        ("content-type with charset", swap(good, "content-type", b"application/json; charset=utf-8")),
+        (
+            "content-type with charset",
+            swap(good, "content-type", b"application/json; charset=utf-8"),
+        ),
         ("headers in another order", (key, value, list(reversed(headers)))),
         ("an unknown ce_ extension", (key, value, [*headers, ("ce_traceparent", b"00-x")])),
-        ("validated model rejects", replace(wire(Validated(name="abc", occurred_at=WHEN)), b'"abc"', b'"axc"')),
+        (
+            "validated model rejects",
+            replace(wire(Validated(name="abc", occurred_at=WHEN)), b'"abc"', b'"axc"'),
+        ),
         # Garbage decided on the JVM (well-formed envelope).
         ("unknown type", swap(good, "ce_type", b"shop.order_refunded")),
         ("unsupported version", swap(good, "ce_schemaversion", b"7")),
@@ -171,7 +207,12 @@ def corpus() -> list[tuple[str, Record]]:
         ("extra top-level field", replace(good, b'"note":null', b'"note":null,"x":1')),
         ("envelope field in the payload", replace(good, b'"note":null', b'"note":null,"id":"x"')),
         ("order_id missing", replace(good, b'"order_id":"o-1",', b"")),
-        ("lines null", replace(good, b'"lines":[{"sku":"s","quantity":2,"unit_price":"4.50"}]', b'"lines":null')),
+        (
+            "lines null",
+            replace(
+                good, b'"lines":[{"sku":"s","quantity":2,"unit_price":"4.50"}]', b'"lines":null'
+            ),
+        ),
         ("order_id a number", replace(good, b'"order_id":"o-1"', b'"order_id":1')),
         ("nested: weight negative", replace(shipped, b'"weight":1.5', b'"weight":-1.5')),
         ("nested: no labels", replace(shipped, b'"labels":["fragile",', b'"labels":[],"x":[')),
@@ -179,10 +220,19 @@ def corpus() -> list[tuple[str, Record]]:
         ("parcel above its bound", replace(shipped, b'"parcel":3', b'"parcel":1001')),
         ("order_id too short", replace(shipped, b'"order_id":"o-7"', b'"order_id":"o"')),
         ("shipped_on naive", replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-02-28T23:00:00"')),
-        ("shipped_on 31 April", replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-04-31T23:00:00Z"')),
+        (
+            "shipped_on 31 April",
+            replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-04-31T23:00:00Z"'),
+        ),
         # Oversize for its column: valid for Pydantic, not representable in Spark.
-        ("amount too large for decimal(38,2)", replace(good, b'"9.00"', b'"' + b"9" * 37 + b'.00"')),
-        ("quantity beyond a long", replace(good, b'"quantity":2', b'"quantity":' + str(2**70).encode())),
+        (
+            "amount too large for decimal(38,2)",
+            replace(good, b'"9.00"', b'"' + b"9" * 37 + b'.00"'),
+        ),
+        (
+            "quantity beyond a long",
+            replace(good, b'"quantity":2', b'"quantity":' + str(2**70).encode()),
+        ),
     ]
     return cases
 
@@ -232,8 +282,8 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
     for (label, record), got, want in zip(labelled, decoded, expected, strict=True):
         reason = reason_of(reg, record)
         assert want["error_reason"] == reason or want["error_reason"] == "unrepresentable", label
-        got_outcome = {k: got[k] for k in want if k != "error_message" and k != "error_type"}
-        want_outcome = {k: v for k, v in want.items() if k != "error_message" and k != "error_type"}
+        got_outcome = {k: got[k] for k in want if k not in {"error_message", "error_type"}}
+        want_outcome = {k: v for k, v in want.items() if k not in {"error_message", "error_type"}}
         if got_outcome != want_outcome:
             mismatches.append((label, got_outcome, want_outcome))
         if want["error_reason"] is not None:
@@ -257,4 +307,3 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
     outcomes = [row["error_reason"] for row in expected]
     assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
     assert "unrepresentable" in outcomes
-

@@ -237,9 +237,7 @@ async def test_sinks_equal_a_recount_of_distinct_valid_events(
     assert len(quarantine_rows(spark, settings)) == len(bad)
 
 
-def test_a_replayed_batch_writes_nothing(
-    spark: SparkSession, pg_url: str, tmp_path: Path
-) -> None:
+def test_a_replayed_batch_writes_nothing(spark: SparkSession, pg_url: str, tmp_path: Path) -> None:
     sink = PostgresSink(
         "replayed",
         keys=["k"],

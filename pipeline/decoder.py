@@ -26,8 +26,11 @@ columns (``error_reason error_message error_type``) and ``decoded_by`` (``jvm`` 
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.functions import arrow_udf
 
 from outboxkit.pipeline.envelope import read_envelope
 from outboxkit.pipeline.fallback import (
@@ -37,7 +40,7 @@ from outboxkit.pipeline.fallback import (
     model_columns,
 )
 from outboxkit.pipeline.payload import jvm_decodable, parse_schema, payload_checks, typed_payload
-from outboxkit.schemas import EventRegistry
+from outboxkit.schemas import Event, EventRegistry
 from outboxkit.schemas.exceptions import DecodeErrorReason
 
 #: The Python pass's own name in the plan (``explain()`` shows it).
@@ -98,7 +101,7 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
     )
 
     decoder = PythonDecoder(registry)
-    python = F.arrow_udf(decoder.function(), decoder.schema)
+    python = arrow_udf(decoder.function(), decoder.schema, functionType=250)  # scalar
     undecided = F.col("_undecided")
     with_python = checked.withColumn(
         "_py",
@@ -110,9 +113,9 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
     return with_python.select(*_output(models, valid.keys()))
 
 
-def _any(names: object) -> Column:
+def _any(names: Iterable[str]) -> Column:
     result = F.lit(False)
-    for name in names:  # type: ignore[attr-defined]
+    for name in names:
         result = result | F.col(name)
     return result
 
@@ -170,7 +173,7 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
     return F.when(ok, reason), F.when(ok, message)
 
 
-def _output(models: dict[str, object], jvm_models: object) -> list[Column]:
+def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
     undecided = F.col("_undecided")
     py = F.col("_py")
     valid = ~undecided & F.col("_reason").isNull()
@@ -188,7 +191,7 @@ def _output(models: dict[str, object], jvm_models: object) -> list[Column]:
     ]
     envelope = read_envelope(F.col("headers"))
     for name, model in models.items():
-        if name in jvm_models:  # type: ignore[operator]
+        if name in jvm_models:
             parsed = F.col(f"_p_{name}")
             fields = {
                 "id": F.col("_id"),
@@ -197,7 +200,7 @@ def _output(models: dict[str, object], jvm_models: object) -> list[Column]:
                 "occurred_at": F.col("_time"),
                 "headers": envelope.user_headers,
             }
-            payload = typed_payload(model, parsed)  # type: ignore[arg-type]
+            payload = typed_payload(model, parsed)
             struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
             columns.append(
                 F.when(undecided, py[name]).when(F.col(f"_v_{name}"), struct).alias(name)
@@ -210,7 +213,7 @@ def _output(models: dict[str, object], jvm_models: object) -> list[Column]:
         F.col("key"),
         F.when(quarantined, F.col("value")).alias("value"),
         F.when(quarantined, F.col("headers")).alias("headers"),
-        *RAW_COLUMNS[3:],
+        *(F.col(c) for c in RAW_COLUMNS[3:]),
         reason.alias("error_reason"),
         F.when(undecided, py["error_message"]).otherwise(F.col("_message")).alias("error_message"),
         F.when(undecided, py["error_type"])
