@@ -27,6 +27,7 @@ columns (``error_reason error_message error_type``) and ``decoded_by`` (``jvm`` 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -101,7 +102,8 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
     )
 
     decoder = PythonDecoder(registry)
-    python = arrow_udf(decoder.function(), decoder.schema, functionType=250)  # scalar
+    make_udf: Any = arrow_udf  # typed by the function's hints (pyspark's stubs cannot say so)
+    python = make_udf(decoder.function(), decoder.schema)
     undecided = F.col("_undecided")
     with_python = checked.withColumn(
         "_py",
