@@ -1,7 +1,7 @@
 """``outboxkit pipeline``: run a pipeline job locally, or fetch its jars.
 
 pyspark is imported only inside the commands, so ``outboxkit`` works without the ``[spark]``
-extra. Under ``spark-submit`` the same command runs through ``outboxkit/inbox/spark/__main__.py``.
+extra. Under ``spark-submit`` the same command runs through ``outboxkit/pipeline/__main__.py``.
 """
 
 from __future__ import annotations
