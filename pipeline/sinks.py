@@ -229,6 +229,8 @@ class DeltaSink:
         spark = rows.sparkSession
         path = self.location(batch.settings_output)
         app_id = f"{batch.query_id}/{self.name}"
+        if rows.isEmpty():
+            return False  # nothing to write: no Delta commit (each costs a log entry)
         # Delta skips a write whose (txnAppId, txnVersion) the table has already committed.
         if not self.keys or not DeltaTable.isDeltaTable(spark, path):
             (
