@@ -18,6 +18,7 @@ Building blocks, usable in your own jobs: :func:`read_kafka`, :func:`decode`,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,7 +165,14 @@ class BatchWriter:
                     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
                 try:
                     for sink in output.sinks:
+                        started = time.perf_counter()
                         sink.write(rows, info)
+                        logger.debug(
+                            "sink done",
+                            sink=sink.name,
+                            batch_id=batch_id,
+                            seconds=round(time.perf_counter() - started, 3),
+                        )
                 finally:
                     if several:
                         rows.unpersist()

@@ -387,7 +387,11 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
 
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from outboxkit.pipeline.session import DELTA_CONF, use_this_python_for_workers  # noqa: PLC0415
+    from outboxkit.pipeline.session import (  # noqa: PLC0415
+        DELTA_CONF,
+        local_delta_conf,
+        use_this_python_for_workers,
+    )
 
     use_this_python_for_workers()
     builder = (
@@ -399,7 +403,7 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
     )
-    for key, value in DELTA_CONF.items():
+    for key, value in {**DELTA_CONF, **local_delta_conf(2)}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

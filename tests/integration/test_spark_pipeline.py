@@ -297,7 +297,7 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
     records[200:200] = bad
     await produce(kafka_bootstrap, topic, records)
     settings = settings_for(
-        tmp_path, kafka_bootstrap, topic, pg_url, pipeline_max_offsets_per_trigger=20
+        tmp_path, kafka_bootstrap, topic, pg_url, pipeline_max_offsets_per_trigger=40
     )
     jars_dir = tmp_path / "jars"  # OUTBOXKIT_SPARK_JARS: one directory with every jar
     jars_dir.mkdir()
@@ -314,7 +314,7 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
         "OUTBOXKIT_PIPELINE_TRIGGER": "0.5",
         "OUTBOXKIT_PIPELINE_JOB": "outboxkit.demo.pipeline:order_totals",
         "OUTBOXKIT_PIPELINE_WATERMARK": "PT1H",
-        "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "20",
+        "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "40",
         "OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS": "2",
         "OUTBOXKIT_SPARK_MASTER": "local[2]",
         "OUTBOXKIT_SPARK_JARS": str(jars_dir),
@@ -340,7 +340,7 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
 
 
 def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
-    """Run the CLI driver with a processing-time trigger; SIGKILL it after three batches."""
+    """Run the CLI driver with a processing-time trigger; SIGKILL it after two batches."""
     with log_path.open("w") as log:
         driver = subprocess.Popen(
             [sys.executable, "-m", "outboxkit.pipeline", "run"],
@@ -353,9 +353,9 @@ def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
         )
         try:
             wait_until(
-                lambda: _batches_written(pg_url) >= 3,
-                timeout=180,
-                what="three batches",
+                lambda: _batches_written(pg_url) >= 2,
+                timeout=240,
+                what="two batches",
                 process=driver,
             )
         finally:
