@@ -258,9 +258,6 @@ class DeltaSink:
         # Delta's idempotent DML: the merge commits with this (app id, version) transaction.
         spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
         spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-        # The source is the persisted micro-batch, deterministic if recomputed: no need for
-        # Delta to materialise it once more.
-        spark.conf.set("spark.databricks.delta.merge.materializeSource", "none")
         try:
             merge = table.alias("t").merge(rows.alias("s"), on)  # type: ignore[attr-defined]
             if updates:
@@ -269,4 +266,3 @@ class DeltaSink:
         finally:
             spark.conf.unset("spark.databricks.delta.write.txnAppId")
             spark.conf.unset("spark.databricks.delta.write.txnVersion")
-            spark.conf.unset("spark.databricks.delta.merge.materializeSource")
