@@ -199,7 +199,7 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                 )
 
             print("kill/restart:")
-            killed = settings("bench-kill")
+            killed = settings("bench-kill", pipeline_max_offsets_per_trigger=100_000)
             env = {
                 **os.environ,
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
