@@ -62,7 +62,8 @@ class Sink(Protocol):
         """Called once before the query starts (create tables, check migrations…)."""
 
     def write(self, rows: DataFrame, batch: BatchInfo) -> bool:
-        """Write ``rows``; ``False`` when the batch was already written (skipped)."""
+        """Write ``rows``; ``False`` when the sink knows it wrote nothing (a batch it had
+        already written, or no rows)."""
 
 
 def _identifier(table: str) -> sql.Identifier:
