@@ -249,6 +249,8 @@ class ProgressLog(StreamingQueryListener):
             batch_id=progress.batchId,
             input_rows=progress.numInputRows,
             late_rows_dropped=late,
+            duration_ms=dict(progress.durationMs or {}),
+            state_rows=sum(op.numRowsTotal or 0 for op in progress.stateOperators),
         )
 
     def onQueryIdle(self, event: Any) -> None:
