@@ -97,7 +97,10 @@ async def main(args: argparse.Namespace) -> None:
             await conn.execute("CREATE TABLE payments (event_id uuid, amount int)")
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
-        await admin.create_topics([NewTopic("paid", args.partitions, 1)])
+        # The dead-letter topic too: an inbox worker refuses to start without it.
+        await admin.create_topics(
+            [NewTopic("paid", args.partitions, 1), NewTopic("paid.dlq", args.partitions, 1)]
+        )
         await admin.close()
         await produce_events(
             bootstrap,

@@ -2,6 +2,7 @@
 
     OutboxkitError
     ├── ConfigurationError              settings that cannot work; the message says what to fix
+    │   └── MissingTopicsError          topics the settings name do not exist on Kafka
     ├── outboxkit.schemas.SchemaError   events, registry, wire format
     ├── outboxkit.relay.RelayError      outbox → Kafka
     └── outboxkit.inbox.InboxError      Kafka → handler
@@ -22,3 +23,7 @@ class OutboxkitError(Exception):
 
 class ConfigurationError(OutboxkitError):
     """The configuration is invalid."""
+
+
+class MissingTopicsError(ConfigurationError):
+    """Topics do not exist on Kafka: create them with `outboxkit topics create`."""

@@ -1,14 +1,21 @@
-"""Kafka helpers shared by the commands and workers: partition counts, leaving a group."""
+"""Kafka helpers shared by the commands and workers: partition counts, creating and describing
+topics, leaving a group."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
-from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError
 
 logger = structlog.get_logger("outboxkit")
 
@@ -30,12 +37,169 @@ async def partition_counts(
     return {t: counts[t] for t in topics}
 
 
-def missing_topics(topics: Sequence[str]) -> ConfigurationError:
-    """The error for topics that Kafka does not have."""
-    return ConfigurationError(
-        f"topic(s) {', '.join(topics)} do not exist on Kafka: create them (outboxkit never "
-        "creates topics) or fix OUTBOXKIT_TOPICS"
+def missing_topics(topics: Sequence[str]) -> MissingTopicsError:
+    """The error for topics that Kafka does not have: one line, with the command that fixes it."""
+    return MissingTopicsError(
+        f"topic(s) {', '.join(topics)} do not exist on Kafka: create them with "
+        f"`{create_command(topics)}` (or fix OUTBOXKIT_TOPICS)"
     )
+
+
+def create_command(topics: Sequence[str], dlq_suffix: str = ".dlq") -> str:
+    """The ``outboxkit topics create`` command that creates ``topics`` (a dead-letter topic is
+    created with its source topic, so the source is named instead)."""
+    names = dict.fromkeys(t.removesuffix(dlq_suffix) if dlq_suffix else t for t in topics)
+    return "outboxkit topics create " + " ".join(names)
+
+
+#: Topic configs ``outboxkit topics describe`` shows (the ones that matter for the outbox).
+DESCRIBED_CONFIGS = ("cleanup.policy", "min.insync.replicas", "retention.ms")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create. ``replication_factor=None``: 3, or the number of brokers if fewer."""
+
+    name: str
+    partitions: int
+    replication_factor: int | None = None
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """A topic as Kafka has it. ``created``: this call created it (``False``: it existed)."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    created: bool = False
+    #: Partitions whose in-sync replicas are fewer than their replicas, or that have no leader.
+    under_replicated: int = 0
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@asynccontextmanager
+async def admin_client(
+    bootstrap_servers: Sequence[str], *, request_timeout: float = 10.0
+) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=list(bootstrap_servers),
+        client_id="outboxkit",
+        request_timeout_ms=int(request_timeout * 1000),
+    )
+    try:
+        await admin.start()
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(
+    bootstrap_servers: Sequence[str], specs: Sequence[TopicSpec], *, request_timeout: float = 10.0
+) -> list[TopicState]:
+    """Create the topics of ``specs`` that do not exist; leave existing ones as they are.
+
+    Idempotent and safe to run concurrently (a topic another caller just created counts as
+    existing). Raises :class:`ConfigurationError` when Kafka refuses a spec (a replication
+    factor above the broker count, an unknown config…)."""
+    async with admin_client(bootstrap_servers, request_timeout=request_timeout) as admin:
+        brokers = len((await admin.describe_cluster())["brokers"])
+        requests = [
+            NewTopic(
+                spec.name,
+                spec.partitions,
+                spec.replication_factor or min(3, brokers),
+                topic_configs=_default_configs(spec, brokers),
+            )
+            for spec in specs
+        ]
+        response = await admin.create_topics(requests, timeout_ms=int(request_timeout * 1000))
+        created = set()
+        for name, code, message in _topic_errors(response):
+            if code == 0:
+                created.add(name)
+            elif code != TopicAlreadyExistsError.errno:
+                raise ConfigurationError(f"Kafka refused to create topic {name}: {message}")
+        # A new topic's metadata reaches every broker a moment after the controller answered.
+        deadline = time.monotonic() + request_timeout
+        while True:
+            try:
+                states = await _describe(admin, [spec.name for spec in specs])
+                break
+            except MissingTopicsError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+    return [
+        TopicState(s.name, s.partitions, s.replication_factor, s.name in created) for s in states
+    ]
+
+
+def _default_configs(spec: TopicSpec, brokers: int) -> dict[str, str]:
+    """With three replicas or more, ``min.insync.replicas=2`` unless given: an ``acks=all``
+    write then survives the loss of one broker (with Kafka's default of 1 it may not)."""
+    configs = dict(spec.configs)
+    replicas = spec.replication_factor or min(3, brokers)
+    if replicas >= 3:
+        configs.setdefault("min.insync.replicas", "2")
+    return configs
+
+
+def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
+    errors = []
+    for item in response.topic_errors:
+        name, code = item[0], item[1]
+        message = item[2] if len(item) > 2 else None
+        errors.append((name, code, message or (for_code(code).__name__ if code else None)))
+    return errors
+
+
+async def describe_topics(
+    bootstrap_servers: Sequence[str], topics: Sequence[str], *, request_timeout: float = 10.0
+) -> list[TopicState]:
+    """Partitions, replication and the :data:`DESCRIBED_CONFIGS` of ``topics``; raises
+    :class:`ConfigurationError` naming the missing ones."""
+    async with admin_client(bootstrap_servers, request_timeout=request_timeout) as admin:
+        return await _describe(admin, topics)
+
+
+async def _describe(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> list[TopicState]:
+    described = {t["topic"]: t for t in await admin.describe_topics(list(topics))}
+    missing = [
+        t
+        for t in topics
+        if t not in described or described[t]["error_code"] or not described[t]["partitions"]
+    ]
+    if missing:
+        raise missing_topics(missing)
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(DESCRIBED_CONFIGS))
+        for t in topics
+    ]
+    configs: dict[str, dict[str, str]] = {t: {} for t in topics}
+    try:
+        for response in await admin.describe_configs(resources):
+            for resource in response.resources:
+                name, entries = resource[3], resource[4]
+                configs[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
+    except KafkaError:  # a broker without DescribeConfigs (Tansu): the configs stay unknown
+        pass
+    states = []
+    for topic in topics:
+        partitions = described[topic]["partitions"]
+        states.append(
+            TopicState(
+                name=topic,
+                partitions=len(partitions),
+                replication_factor=max(len(p["replicas"]) for p in partitions),
+                under_replicated=sum(
+                    1 for p in partitions if p["leader"] < 0 or len(p["isr"]) < len(p["replicas"])
+                ),
+                configs=configs[topic],
+            )
+        )
+    return states
 
 
 async def leave_group(stop: Awaitable[None], *, within: float, who: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -41,8 +42,11 @@ Collection = AsyncCollection[Document]
 #: Prefix of outboxkit's collections in the service's database.
 PREFIX = "outboxkit."
 
-#: Attempts of one transaction (each a full retry after a transient error) before giving up.
-TRANSACTION_ATTEMPTS = 10
+#: How long one transaction keeps being retried after transient errors (write conflicts with
+#: concurrent writers of the same key or dedupe record) before giving up. The driver's own
+#: with_transaction allows 120 s; a conflict lasts as long as the other transaction, so a
+#: count of attempts would give up on a slow but healthy competitor.
+TRANSACTION_TIME_LIMIT = 30.0
 #: Commit retries after an unknown commit result, per attempt.
 COMMIT_ATTEMPTS = 5
 
@@ -104,7 +108,7 @@ def _has_label(exc: BaseException, label: str) -> bool:
 
 
 async def _backoff(attempt: int) -> None:
-    await asyncio.sleep(random.uniform(0, min(0.002 * 2**attempt, 0.5)))
+    await asyncio.sleep(random.uniform(0, min(0.002 * 2**attempt, 0.2)))
 
 
 async def in_transaction(
@@ -119,7 +123,10 @@ async def in_transaction(
     an exception it raises aborts the transaction and propagates. Server and network failures
     that outlast the retries raise ``unavailable``."""
     async with client.start_session() as session:
-        for attempt in range(TRANSACTION_ATTEMPTS):
+        deadline = time.monotonic() + TRANSACTION_TIME_LIMIT
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
             await session.start_transaction(write_concern=MAJORITY_WRITE)
             try:
                 result = await work(session)
@@ -143,9 +150,7 @@ async def in_transaction(
                     raise unavailable(f"MongoDB is unavailable: {exc}") from exc
                 raise
             return result
-    raise unavailable(
-        f"MongoDB transaction still conflicting after {TRANSACTION_ATTEMPTS} attempts"
-    )
+    raise unavailable(f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s")
 
 
 async def _commit(session: AsyncClientSession) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -19,8 +19,8 @@ from pydantic import (
     BeforeValidator,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -127,8 +127,23 @@ class ConnectionSettings(BaseSettings):
         return database_kind(self.database_url)
 
 
+class KafkaSettings(BaseSettings):
+    """Where the Kafka cluster is: for the commands that need no database (``topics create``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", validate_default=True
+    )
+
+    kafka_bootstrap_servers: BootstrapServers = Field(default=["localhost:9092"], min_length=1)
+    topics: CommaList = Field(default=[])
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+
 class WorkerSettings(ConnectionSettings):
-    """What every long-running worker (relay, inbox) shares: its topics and its group timing."""
+    """What every long-running worker (relay, inbox) shares: its topics and its group timing.
+
+    The checks are field validators (not one model validator, which pydantic runs only once
+    every field is valid), so that every invalid or missing setting is reported at once."""
 
     session_timeout: float = Field(
         default=10.0, ge=1.0, description="Seconds without heartbeats before a worker is replaced"
@@ -138,15 +153,23 @@ class WorkerSettings(ConnectionSettings):
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )
 
-    @model_validator(mode="after")
-    def _worker_coherent(self) -> Self:
-        if not self.topics:
-            raise ValueError("OUTBOXKIT_TOPICS: a worker needs the topics it works on")
-        if self.heartbeat_interval * 3 > self.session_timeout:
+    @field_validator("topics")
+    @classmethod
+    def _worker_needs_topics(cls, topics: list[str]) -> list[str]:
+        if not topics:
+            raise ValueError("not set: a worker needs the topics it works on, comma-separated")
+        return topics
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _heartbeat_within_session(cls, interval: float, info: ValidationInfo) -> float:
+        session = info.data.get("session_timeout")  # absent when it is itself invalid
+        if session is not None and interval * 3 > session:
             raise ValueError(
-                "OUTBOXKIT_HEARTBEAT_INTERVAL must be at most a third of OUTBOXKIT_SESSION_TIMEOUT"
+                "must be at most a third of OUTBOXKIT_SESSION_TIMEOUT "
+                f"({session:g} s), or the group drops a live worker"
             )
-        return self
+        return interval
 
 
 def load_settings(cls: type[S], **values: Any) -> S:
@@ -161,16 +184,22 @@ def load_settings(cls: type[S], **values: Any) -> S:
 
 
 def describe_validation_error(exc: ValidationError, cls: type[BaseSettings]) -> str:
+    """Every problem of ``exc``, one line each, named by its environment variable."""
     lines = ["invalid configuration:"]
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
         env_var = f"{ENV_PREFIX}{field.upper()}"
         info = cls.model_fields.get(field)
         problem = error["msg"].removeprefix("Value error, ")
-        line = f"  {env_var}: {problem}"
-        if error["type"] == "missing" and info is not None and info.description:
+        if not field:  # a check across settings: its message names them itself
+            line = f"  {problem}"
+        elif error["type"] == "missing" and info is not None and info.description:
             line = f"  {env_var} is not set: {info.description[0].lower()}{info.description[1:]}"
         elif error["type"] == "extra_forbidden":
             line = f"  {field}: unknown setting"
+        elif problem.startswith("not set:"):
+            line = f"  {env_var} is {problem}"
+        else:
+            line = f"  {env_var}: {problem}"
         lines.append(line)
     return "\n".join(lines)

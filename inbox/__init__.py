@@ -5,7 +5,12 @@ Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
-from outboxkit.inbox.dlq import DeadLetter, read_dead_letters, replay_dead_letters
+from outboxkit.inbox.dlq import (
+    DeadLetter,
+    read_dead_letters,
+    replay_dead_letters,
+    unique_dead_letters,
+)
 from outboxkit.inbox.exceptions import (
     DeadLetterError,
     HandlerRegistrationError,
@@ -40,4 +45,5 @@ __all__ = [
     "PostgresInboxStore",
     "read_dead_letters",
     "replay_dead_letters",
+    "unique_dead_letters",
 ]

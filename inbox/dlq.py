@@ -6,6 +6,13 @@ a dead-lettered event (its transaction rolled back), so the replayed event takes
 when its handler succeeds; replaying it twice is absorbed by the dedupe like any duplicate.
 A replayed event arrives after newer events of its key: handlers that care about per-key order
 must tolerate that (or the operator replays before newer events of the key were produced).
+
+Dead-lettering is at least once: a worker that dies between writing a dead letter and committing
+the record's offset dead-letters it again after the restart. Both copies carry the same
+:attr:`DeadLetter.dedupe_key` — (inbox, source topic, partition, offset) — which a consumer of a
+dead-letter topic should dedupe on (the event id alone would merge a replayed event that failed
+again, a new dead letter, with the first one). ``outboxkit inbox dlq list`` marks the copies and
+``replay`` publishes each record once.
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ class DeadLetter:
             return None
         return TopicPartition(topic, int(partition))
 
+    @property
+    def dedupe_key(self) -> tuple[str | None, str | None, str | None, str | None]:
+        """The same for every copy of one dead-lettering (dead-lettering is at least once):
+        the inbox and the source record's topic, partition and offset."""
+        return (
+            self.header(INBOX),
+            self.header(SOURCE_TOPIC),
+            self.header(SOURCE_PARTITION),
+            self.header(SOURCE_OFFSET),
+        )
+
     def summary(self) -> dict[str, object]:
         """What ``outboxkit inbox dlq list --json`` prints for this record."""
         return {
@@ -77,6 +95,17 @@ class DeadLetter:
         }
 
 
+def unique_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """``letters`` without the later copies of one dead-lettering (same :attr:`dedupe_key`)."""
+    seen: set[tuple[str | None, ...]] = set()
+    unique = []
+    for letter in letters:
+        if letter.dedupe_key not in seen:
+            seen.add(letter.dedupe_key)
+            unique.append(letter)
+    return unique
+
+
 async def read_dead_letters(
     bootstrap_servers: Sequence[str], topics: Sequence[str], *, limit: int | None = None
 ) -> list[DeadLetter]:
@@ -87,7 +116,11 @@ async def read_dead_letters(
         isolation_level="read_committed",
         client_id="outboxkit.dlq",
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # a consumer that could not start is closed too (no warning)
+        raise
     try:
         try:
             counts = await partition_counts(bootstrap_servers, topics)

@@ -28,6 +28,7 @@ from typing import Any, Generic
 import psycopg
 from typing_extensions import TypeVar
 
+from outboxkit.core import tracing
 from outboxkit.inbox.exceptions import HandlerRegistrationError
 from outboxkit.schemas import Event, EventRegistry
 
@@ -70,7 +71,12 @@ class Inbox(Generic[TX]):
         return register
 
     def handler_for(self, event: Event) -> Handler[TX] | None:
-        return self._handlers.get(type(event))
+        """The handler of ``event``'s type; when the process uses OpenTelemetry, wrapped in a
+        consumer span that continues the writer's trace (the event's ``traceparent``)."""
+        handler = self._handlers.get(type(event))
+        if handler is None or not tracing.in_use():
+            return handler
+        return _traced(handler, self.name, event)
 
     @property
     def event_types(self) -> list[type[Event]]:
@@ -80,3 +86,22 @@ class Inbox(Generic[TX]):
     def topics(self) -> list[str]:
         """The topics of the handled event types: what this inbox consumes by default."""
         return sorted({cls.event_topic for cls in self._handlers if cls.event_topic is not None})
+
+
+def _traced(handler: Handler[TX], consumer: str, event: Event) -> Handler[TX]:
+    async def traced(event: Any, tx: TX) -> None:
+        with tracing.consumer_span(
+            f"{event.topic} process",
+            event.headers,
+            {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": event.topic,
+                "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
+                "messaging.message.id": str(event.id),
+                "outboxkit.event_type": event.event_type,
+            },
+        ):
+            await handler(event, tx)
+
+    return traced

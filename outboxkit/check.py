@@ -6,14 +6,17 @@ Checks never raise: every failure, expected or not, becomes a :class:`CheckResul
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import re
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 from pymongo.errors import PyMongoError
 
+from outboxkit.core.kafka import create_command
 from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.migrations import Migration, MigrationError, pending_migrations
@@ -42,6 +45,42 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+DEV_HINT = 'on a laptop, `eval "$(outboxkit dev up)"` starts PostgreSQL and Kafka'
+
+
+def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tuple[str, str | None]:
+    """What failed (naming the server ``where``, if given) and what to do, for a driver error."""
+    message = _first_line(exc)
+    at = f" at {where}" if where else ""
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        return (
+            f"outboxkit's tables are missing{at}: {message}",
+            "Run `outboxkit migrate` (or apply `outboxkit migrate --sql` with your own tool).",
+        )
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return (
+            f"PostgreSQL{at} refused: {message}",
+            "Grant this user USAGE on schema outboxkit and read/write on its tables.",
+        )
+    if re.search(r"password authentication failed|role .* does not exist|no pg_hba", message):
+        return (
+            f"PostgreSQL{at} refused the login: {message}",
+            "Check the user and password in OUTBOXKIT_DATABASE_URL.",
+        )
+    if re.search(r"database .* does not exist", message):
+        return (
+            f"PostgreSQL{at} has no such database: {message}",
+            "Create it (CREATE DATABASE …) or fix the name in OUTBOXKIT_DATABASE_URL.",
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return (
+            f"cannot connect to PostgreSQL{at}: {message}",
+            "Is the server running and reachable from here? Check host and port in "
+            f"OUTBOXKIT_DATABASE_URL ({DEV_HINT}).",
+        )
+    return f"PostgreSQL{at} failed: {message}", None
+
+
 async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
     try:
@@ -50,16 +89,11 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
             autocommit=True,
             connect_timeout=max(1, round(settings.connect_timeout)),
         )
-    except (psycopg.Error, OSError) as exc:
-        return [
-            CheckResult(
-                "database",
-                False,
-                f"cannot connect to PostgreSQL at {where}: {_first_line(exc)}",
-                "Is the server running and reachable from here? Check host, port, user, password "
-                "and database name in OUTBOXKIT_DATABASE_URL.",
-            )
-        ]
+    except psycopg.Error as exc:
+        return [CheckResult("database", False, *explain_database_error(exc, where))]
+    except OSError as exc:
+        summary, fix = explain_database_error(psycopg.OperationalError(str(exc)), where)
+        return [CheckResult("database", False, summary, fix)]
     async with conn:
         cur = await conn.execute("SHOW server_version")
         row = await cur.fetchone()
@@ -78,18 +112,21 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
                 )
             )
         else:
-            results.append(_migrations_result(pending))
+            results.append(_migrations_result(pending, where))
         return results
 
 
-def _migrations_result(pending: list[Migration]) -> CheckResult:
+def _migrations_result(pending: list[Migration], where: str) -> CheckResult:
     if not pending:
         return CheckResult("migrations", True, "schema is up to date")
     labels = ", ".join(m.label for m in pending)
+    # Every migration pending (the first creates the schema): a newcomer's "not migrated yet".
+    state = "does not exist" if pending[0].version == 1 else "is not up to date"
     return CheckResult(
         "migrations",
         False,
-        f"{len(pending)} migration(s) not applied: {labels}",
+        f"outboxkit's schema {state} in {where} ({len(pending)} migration(s) not applied: "
+        f"{labels})",
         "Run `outboxkit migrate` (on PostgreSQL you may apply `outboxkit migrate --sql` with "
         "your own migration tool).",
     )
@@ -146,10 +183,14 @@ async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:
         )
     finally:
         await client.close()
-    return _migrations_result(pending)
+    return _migrations_result(pending, redact(settings.database_url))
 
 
-async def check_kafka(settings: ConnectionSettings) -> list[CheckResult]:
+async def check_kafka(
+    settings: ConnectionSettings, *, topics: Sequence[str] | None = None
+) -> list[CheckResult]:
+    """Kafka reachable, and ``topics`` (default: ``settings.topics``) there."""
+    topics = list(settings.topics if topics is None else topics)
     servers = ",".join(settings.kafka_bootstrap_servers)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -160,33 +201,33 @@ async def check_kafka(settings: ConnectionSettings) -> list[CheckResult]:
             await admin.start()
             existing = set(await admin.list_topics())
     except Exception as exc:
+        reason = "" if isinstance(exc, KafkaConnectionError | TimeoutError) else _first_line(exc)
         return [
             CheckResult(
                 "kafka",
                 False,
-                f"cannot reach Kafka at {servers}: {_first_line(exc) or type(exc).__name__}",
+                f"cannot reach Kafka at {servers}" + (f": {reason}" if reason else ""),
                 "Is the broker running and reachable from here? Check "
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS (the broker's advertised listeners must "
-                "resolve from this host too).",
+                f"resolve from this host too; {DEV_HINT}).",
             )
         ]
     finally:
         await admin.close()
     results = [CheckResult("kafka", True, f"Kafka at {servers}")]
-    missing = [topic for topic in settings.topics if topic not in existing]
+    missing = [topic for topic in topics if topic not in existing]
     if missing:
+        # One line: the topics, and the command that creates them.
         results.append(
             CheckResult(
                 "topics",
                 False,
-                f"topic(s) not found: {', '.join(missing)}",
-                "Create them, e.g. kafka-topics.sh --bootstrap-server "
-                f"{settings.kafka_bootstrap_servers[0]} --create --topic {missing[0]} "
-                "--partitions 6 --replication-factor 3 (outboxkit never creates topics).",
+                f"topic(s) {', '.join(missing)} not found on Kafka at {servers}: create them with "
+                f"`{create_command(missing)}`",
             )
         )
-    elif settings.topics:
-        results.append(CheckResult("topics", True, f"found {', '.join(settings.topics)}"))
+    elif topics:
+        results.append(CheckResult("topics", True, f"found {', '.join(topics)}"))
     return results
 
 

@@ -1,7 +1,11 @@
 """The ``outboxkit`` command.
 
 Exit codes: 0 success; 1 a check or operation failed; 2 invalid configuration or usage.
-Every option has an ``OUTBOXKIT_*`` environment variable twin, shown in ``--help``.
+Options that say where things are or how a worker runs have an ``OUTBOXKIT_*`` environment
+variable twin, shown in ``--help``; per-invocation flags (``--json``, ``--limit``…) do not
+(:mod:`outboxkit.cli_options`). Expected failures end the command with one or two lines on
+stderr (:mod:`outboxkit.diagnose`); ``--debug`` or ``OUTBOXKIT_LOG_LEVEL=debug`` shows the
+traceback too.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,14 +30,25 @@ from pydantic_settings import BaseSettings
 from pymongo.errors import PyMongoError
 from rich.progress import Progress
 
+from outboxkit import topics_cli
 from outboxkit._version import __version__
 from outboxkit.backends import backend_for
-from outboxkit.check import redact, run_checks
+from outboxkit.check import explain_database_error, redact, run_checks
+from outboxkit.cli_options import (
+    BootstrapServers,
+    DatabaseUrl,
+    DlqSuffix,
+    JsonOutput,
+    Limit,
+    Topics,
+)
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.kafka import partition_counts
 from outboxkit.core.logs import configure_logging
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.demo.cli import demo
+from outboxkit.dev_cli import dev_app
+from outboxkit.diagnose import explain, preflight
 from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
@@ -41,6 +57,7 @@ from outboxkit.inbox import (
     InboxWorker,
     read_dead_letters,
     replay_dead_letters,
+    unique_dead_letters,
 )
 from outboxkit.migrations import MigrationError, load_migrations, script
 from outboxkit.pipeline.cli import pipeline_app
@@ -64,21 +81,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help text: wrapped to the terminal, no boxes, no <bool> after flags.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
 
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_DATABASE_URL", help="postgresql://… or mongodb://…"),
-]
-BootstrapServers = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS", help="host:port[,host:port…]"),
-]
-Topics = Annotated[
-    str | None,
-    typer.Option(envvar="OUTBOXKIT_TOPICS", help="Topics that must exist, comma-separated."),
-]
-JsonOutput = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+#: Set by ``--debug`` (or ``OUTBOXKIT_LOG_LEVEL=debug``): show tracebacks.
+_debug = False
 
 
 def _version(value: bool) -> None:
@@ -93,8 +102,18 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show the traceback of a failure (as OUTBOXKIT_LOG_LEVEL=debug does), and "
+            "debug logs.",
+        ),
+    ] = False,
 ) -> None:
     """Transactional outbox and inbox: write to your database and publish to Kafka, safely."""
+    global _debug  # noqa: PLW0603
+    _debug = _debug or debug
 
 
 def _fail_config(exc: ConfigurationError) -> typer.Exit:
@@ -155,7 +174,13 @@ def migrate_command(
     backend = backend_for(settings.database_url)
     try:
         applied = asyncio.run(backend.migrate(settings.connect_timeout))
-    except (psycopg.Error, PyMongoError, MigrationError) as exc:
+    except psycopg.Error as exc:
+        what, fix = explain_database_error(exc, redact(settings.database_url))
+        typer.echo(f"error: migrating failed: {what}", err=True)
+        if fix:
+            typer.echo(f"  → {fix}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (PyMongoError, MigrationError) as exc:
         typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     if applied:
@@ -165,14 +190,38 @@ def migrate_command(
 
 
 LogFormatOption = Annotated[
-    str, typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", help="console or json")
+    str,
+    typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", metavar="console|json", help="Log format."),
+]
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        envvar="OUTBOXKIT_LOG_LEVEL",
+        metavar="debug|info|warning|error",
+        help="Log level; debug also shows the traceback of a failure.",
+    ),
 ]
 HttpPort = Annotated[
     int | None,
     typer.Option(
-        envvar="OUTBOXKIT_HTTP_PORT", help="Serve /healthz and /metrics (Prometheus) on this port."
+        envvar="OUTBOXKIT_HTTP_PORT",
+        metavar="PORT",
+        help="Serve /healthz and /metrics (Prometheus) on this port.",
     ),
 ]
+
+
+def _configure_logging(log_format: str, log_level: str) -> None:
+    level = log_level.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise _fail_config(
+            ConfigurationError(
+                f"OUTBOXKIT_LOG_LEVEL: {log_level!r} is not debug, info, warning or error"
+            )
+        )
+    global _debug  # noqa: PLW0603
+    _debug = _debug or level == "DEBUG"
+    configure_logging("json" if log_format == "json" else "console", "DEBUG" if _debug else level)
 
 
 @app.command()
@@ -184,14 +233,18 @@ def relay(
     relay_name: Annotated[
         str | None,
         typer.Option(
-            envvar="OUTBOXKIT_RELAY_NAME", help="Relay name: group outboxkit.relay.<name>."
+            envvar="OUTBOXKIT_RELAY_NAME",
+            metavar="NAME",
+            help="Relay name: group outboxkit.relay.<name>.",
         ),
     ] = None,
     http_port: HttpPort = None,
     log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
 ) -> None:
-    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group."""
-    configure_logging("json" if log_format == "json" else "console")
+    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group.
+    Refuses to start when the database, outboxkit's tables, the broker or a topic is missing."""
+    _configure_logging(log_format, log_level)
     settings = _settings(
         RelaySettings,
         database_url=database_url,
@@ -199,15 +252,13 @@ def relay(
         topics=topics,
         relay_name=relay_name,
     )
+    asyncio.run(preflight(settings, topics=settings.topics))
 
     async def run() -> None:
         async with backend_for(settings.database_url).relay(settings) as (storage, wakeups):
             await _run_worker(Relay(settings, storage, wakeups), http_port)
 
-    try:
-        asyncio.run(run())
-    except ConfigurationError as exc:
-        raise _fail_config(exc) from None
+    asyncio.run(run())
 
 
 inbox_app = typer.Typer(
@@ -222,7 +273,10 @@ app.add_typer(inbox_app, name="inbox")
 def inbox_command(
     target: Annotated[
         str,
-        typer.Argument(help="Your Inbox object as module:attribute, e.g. payments.events:inbox"),
+        typer.Argument(
+            metavar="MODULE:INBOX",
+            help="Your Inbox object as module:attribute, e.g. payments.events:inbox",
+        ),
     ],
     *,
     database_url: DatabaseUrl = None,
@@ -230,10 +284,13 @@ def inbox_command(
     topics: Topics = None,
     http_port: HttpPort = None,
     log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Consume events and run the handlers of an Inbox until SIGTERM/SIGINT, then commit and
-    leave the group. Without --topics, the topics of the handlers' event types."""
-    configure_logging("json" if log_format == "json" else "console")
+    leave the group. Without --topics, the topics of the handlers' event types. Refuses to
+    start when the database, outboxkit's tables, the broker, a topic or its dead-letter topic
+    is missing."""
+    _configure_logging(log_format, log_level)
     try:
         inbox = _import_inbox(target)
     except ConfigurationError as exc:
@@ -244,6 +301,8 @@ def inbox_command(
         kafka_bootstrap_servers=kafka_bootstrap_servers,
         topics=topics or ",".join(inbox.topics) or None,
     )
+    dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
+    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs]))
 
     async def run() -> None:
         async with backend_for(settings.database_url).inbox_store(settings) as store:
@@ -284,6 +343,9 @@ def _import_inbox(target: str) -> Inbox[Any]:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
+    # Like uvicorn: modules of the current directory import without PYTHONPATH.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -303,8 +365,7 @@ outbox_app = typer.Typer(
 )
 app.add_typer(outbox_app, name="outbox")
 
-EventIds = Annotated[list[str], typer.Argument(help="Event ids (UUIDs).")]
-Limit = Annotated[int, typer.Option(help="At most this many rows.")]
+EventIds = Annotated[list[str], typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs).")]
 
 
 def _event_ids(values: list[str]) -> list[UUID]:
@@ -318,6 +379,7 @@ def _run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awa
     settings = _settings(ConnectionSettings, database_url=database_url)
 
     async def run() -> T:
+        await preflight(settings, kafka=False)
         async with backend_for(settings.database_url).outbox_storage(settings) as storage:
             return await action(storage)
 
@@ -407,13 +469,6 @@ dlq_app = typer.Typer(
 )
 inbox_app.add_typer(dlq_app, name="dlq")
 
-DlqSuffix = Annotated[
-    str,
-    typer.Option(
-        envvar="OUTBOXKIT_DLQ_SUFFIX", help="Dead-letter topic of a topic: <topic><suffix>."
-    ),
-]
-
 
 def _dlq_topics(topics: str | None, suffix: str) -> list[str]:
     names = [t.strip() for t in (topics or "").split(",") if t.strip()]
@@ -432,7 +487,7 @@ def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return asyncio.run(read_dead_letters(_bootstrap(servers), topics, limit=limit))
-    except (DeadLetterError, KafkaError) as exc:
+    except DeadLetterError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
 
@@ -452,18 +507,22 @@ def dlq_list(
         return
     if not letters:
         typer.echo("no dead-lettered records")
+    first = {id(d) for d in unique_dead_letters(letters)}
     for d in letters:
         info = d.summary()
+        # Dead-lettering is at least once: a later copy of the same one is marked as such.
+        copy = "" if id(d) in first else " (a copy of an earlier dead letter)"
         typer.echo(
             f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
-            f"from {info['source']}: {info['reason']}: {info['error']}"
+            f"from {info['source']}: {info['reason']}: {info['error']}{copy}"
         )
 
 
 @dlq_app.command("replay")
 def dlq_replay(
     event_ids: Annotated[
-        list[str] | None, typer.Argument(help="Event ids (UUIDs) to replay.", show_default=False)
+        list[str] | None,
+        typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs) to replay.", show_default=False),
     ] = None,
     *,
     replay_all: Annotated[
@@ -489,6 +548,7 @@ def dlq_replay(
                 err=True,
             )
             raise typer.Exit(EXIT_FAILED)
+    letters = unique_dead_letters(letters)  # each dead-lettering once, not each copy of it
     with Progress(disable=json_output, transient=True) as progress:
         task = progress.add_task("replaying", total=len(letters))
         try:
@@ -508,8 +568,15 @@ def dlq_replay(
         typer.echo(f"replayed {sent} record(s)")
 
 
-topics_app = typer.Typer(help="The topics the outbox writes to.", no_args_is_help=True)
+topics_app = typer.Typer(
+    help="Kafka topics: create them (with their dead-letter topics), describe them, record "
+    "their partition counts for writers.",
+    no_args_is_help=True,
+)
 app.add_typer(topics_app, name="topics")
+topics_app.command("create")(topics_cli.create)
+topics_app.command("describe")(topics_cli.describe)
+app.add_typer(dev_app, name="dev")
 
 
 @topics_app.command("sync")
@@ -530,6 +597,7 @@ def topics_sync(
     if not settings.topics:
         raise _fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    asyncio.run(preflight(settings, topics=settings.topics))
     try:
         counts = asyncio.run(partition_counts(settings.kafka_bootstrap_servers, settings.topics))
     except (ConfigurationError, KafkaError) as exc:
@@ -544,11 +612,36 @@ def topics_sync(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    app(args=_inbox_runs_by_default(list(sys.argv[1:] if argv is None else argv)))
+    """The ``outboxkit`` command: expected failures end it with one or two lines on stderr and
+    a non-zero exit code; ``--debug`` (anywhere) or ``OUTBOXKIT_LOG_LEVEL=debug`` adds the
+    traceback."""
+    global _debug  # noqa: PLW0603
+    args = list(sys.argv[1:] if argv is None else argv)
+    _debug = os.environ.get("OUTBOXKIT_LOG_LEVEL", "").strip().lower() == "debug"
+    if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
+        args.remove("--debug")
+        args.insert(0, "--debug")  # an option of the root command, wherever it was typed
+    try:
+        app(args=_inbox_runs_by_default(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if _debug:
+            raise
+        problems = explain(exc)
+        if problems is None:  # not expected: a bug, worth its traceback in a report
+            typer.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
+            typer.echo("  → Run again with --debug for the traceback, and report it.", err=True)
+            sys.exit(EXIT_FAILED)
+        for problem in problems:
+            for line in problem.lines():
+                typer.echo(line, err=True)
+        sys.exit(max(p.exit_code for p in problems))
 
 
 def _inbox_runs_by_default(args: list[str]) -> list[str]:
     """``outboxkit inbox module:obj`` means ``outboxkit inbox run module:obj``."""
-    if len(args) >= 2 and args[0] == "inbox" and args[1] not in {"run", "dlq", "--help"}:
-        return ["inbox", "run", *args[1:]]
+    at = 1 if args[:1] == ["--debug"] else 0
+    if len(args) >= at + 2 and args[at] == "inbox" and args[at + 1] not in {"run", "dlq", "--help"}:
+        return [*args[:at], "inbox", "run", *args[at + 1 :]]
     return args

@@ -17,7 +17,13 @@ from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
-from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
+from outboxkit.relay.records import (
+    OutboxRecord,
+    PartitionBacklog,
+    RecordInfo,
+    RecordState,
+    TopicPartition,
+)
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
@@ -36,6 +42,7 @@ __all__ = [
     "PostgresOutbox",
     "PostgresOutboxStorage",
     "RecordInfo",
+    "RecordState",
     "Relay",
     "RelayError",
     "RelayHealth",

@@ -13,6 +13,8 @@ record value              the payload fields only, as compact UTF-8 JSON
 ``ce_schemaversion``      ``event_version`` of the class (a CloudEvents extension attribute)
 ``content-type``          ``application/json``
 other headers             ``event.headers``, one Kafka header each (UTF-8 values)
+``traceparent``           the writer's current span (W3C Trace Context) when the process uses
+                          OpenTelemetry and ``event.headers`` has none (``core/tracing.py``)
 ========================  =====================================================================
 
 The topic is the record's topic. Decoding lives in
@@ -31,6 +33,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from outboxkit.core.tracing import trace_headers
 from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, SchemaError
 
@@ -103,6 +106,13 @@ def encode(event: Event, *, source: str) -> EncodedEvent:
         (WireHeader.CONTENT_TYPE.value, CONTENT_TYPE.encode()),
     ]
     headers.extend((name, value.encode()) for name, value in event.headers.items())
+    # The writer's trace context (OpenTelemetry, when the process uses it): every writer calls
+    # encode, so the PostgreSQL, in-memory and MongoDB outboxes all carry it to the consumer.
+    headers.extend(
+        (name, value.encode())
+        for name, value in trace_headers().items()
+        if name not in event.headers
+    )
     payload = event.model_dump_json(include=set(event.event_payload_fields), by_alias=True)
     return EncodedEvent(
         topic=event.topic,

@@ -5,6 +5,10 @@ in a subprocess, against the test servers. A comment in the document says what i
 ``<!-- snippets: topics=orders,payments -->`` creates those topics (and registers their
 partition counts, as ``outboxkit topics sync`` does) and sets ``OUTBOXKIT_TOPICS``;
 ``<!-- snippets: spark -->`` marks the document's test ``spark``.
+
+docs/getting-started.md is run differently, literally (:func:`literal_script`): its ```sh and
+```python blocks, as written and in order, in one shell, with no hidden setup — a python block
+whose first line is ``# save as NAME`` is saved to that file, any other is run with ``python``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _NEEDS = re.compile(r"<!-- snippets: (.*?) -->")
+_ANY_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_SAVE_AS = re.compile(r"# save as (\S+)\n")
+
+#: Documents run literally, shell and python, by tests/integration/test_getting_started.py.
+LITERAL_DOCUMENTS = ("docs/getting-started.md",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ def documents() -> list[Path]:
 
 
 def snippets(path: Path) -> Snippets | None:
+    if str(path.relative_to(REPO)) in LITERAL_DOCUMENTS:
+        return None
     text = path.read_text()
     blocks = _BLOCK.findall(text)
     if not blocks:
@@ -55,3 +66,35 @@ def snippets(path: Path) -> Snippets | None:
 
 def all_snippets() -> list[Snippets]:
     return [s for s in map(snippets, documents()) if s is not None]
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+
+    @property
+    def saved_as(self) -> str | None:
+        """The file a ``# save as NAME`` python block goes to."""
+        match = _SAVE_AS.match(self.code)
+        return match.group(1) if self.language == "python" and match else None
+
+
+def blocks(path: Path) -> list[Block]:
+    """Every fenced block of ``path``, in order (a block without a language shows output)."""
+    return [Block(lang, code) for lang, code in _ANY_BLOCK.findall(path.read_text())]
+
+
+def literal_script(path: Path) -> str:
+    """The bash script that runs ``path``'s blocks as written, in order: ```sh blocks as they
+    are, ```python blocks saved (``# save as NAME``) or run with ``python``."""
+    parts = ["set -euo pipefail"]
+    for index, block in enumerate(blocks(path)):
+        end = f"OUTBOXKIT_BLOCK_{index}"
+        if block.language == "sh":
+            parts.append(block.code)
+        elif block.language == "python" and block.saved_as:
+            parts.append(f"cat > {block.saved_as} <<'{end}'\n{block.code}{end}")
+        elif block.language == "python":
+            parts.append(f"python - <<'{end}'\n{block.code}{end}")
+    return "\n".join(parts) + "\n"

@@ -40,14 +40,20 @@ def relay_settings(name: str, topic: str) -> RelaySettings:
 
 
 def service_app(
-    name: str, publishes: type[Event], inbox: Inbox, registry: CollectorRegistry
+    name: str,
+    publishes: type[Event],
+    inbox: Inbox,
+    registry: CollectorRegistry,
+    *,
+    workers: bool = True,
 ) -> tuple[FastAPI, Outboxkit]:
     """A FastAPI app named ``name`` whose lifespan prepares its database (``<name>.sql``) and
-    runs its relay (publishing ``publishes``' topic) and ``inbox``; with the health router."""
+    runs its relay (publishing ``publishes``' topic) and ``inbox``; with the health router.
+    ``workers=False`` runs neither (tests drive them: examples/orders_payments/tests)."""
     kit = Outboxkit(
         source=f"urn:example:{name}",
-        relay=relay_settings(name, publishes.event_topic or ""),
-        inbox=inbox,
+        relay=relay_settings(name, publishes.event_topic or "") if workers else False,
+        inbox=inbox if workers else None,
         registry=registry,
     )
 

@@ -48,9 +48,10 @@ class Order(BaseModel):
     payment_id: str | None
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    app, kit = service_app("orders", OrderPlaced, inbox, registry)
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (its tests run them)."""
+    app, kit = service_app("orders", OrderPlaced, inbox, registry, workers=workers)
     Service = Annotated[Outboxkit, Depends(running(kit))]  # 503 until started
 
     @app.post("/orders", status_code=201)

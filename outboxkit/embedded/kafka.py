@@ -1,7 +1,8 @@
 """A real Apache Kafka broker (KRaft, combined broker+controller nodes) run from its jars.
 
-The jars come from Maven Central (``tests/kafka/fetch.sh`` puts them in
-``~/.cache/outboxkit/kafka-<version>``); Java 17 runs them. A cluster of one node serves most
+The jars come from Maven Central (``outboxkit dev jars`` puts them in
+``~/.cache/outboxkit/kafka-<version>``, see :mod:`outboxkit.embedded.kafka_jars`); Java 17 runs
+them. A cluster of one node serves most
 tests; three nodes serve replication tests. Every node keeps its ports and data across
 :meth:`KafkaNode.stop` / :meth:`KafkaNode.start`, so a test can restart a broker under load.
 """
@@ -9,7 +10,6 @@ tests; three nodes serve replication tests. Every node keeps its ports and data 
 from __future__ import annotations
 
 import base64
-import os
 import shutil
 import signal
 import subprocess
@@ -30,8 +30,9 @@ from outboxkit.embedded._process import (
     stop_process,
     wait_until,
 )
+from outboxkit.embedded.kafka_jars import DEFAULT_KAFKA_VERSION, kafka_jars_dir
 
-DEFAULT_KAFKA_VERSION = "4.4.0"
+__all__ = ["DEFAULT_KAFKA_VERSION", "KafkaCluster", "KafkaNode", "kafka_jars_dir"]
 
 _LOG4J2 = """\
 status = warn
@@ -48,18 +49,6 @@ logger.org.level = WARN
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = INFO
 """
-
-
-def kafka_jars_dir(version: str = DEFAULT_KAFKA_VERSION) -> Path:
-    """``$OUTBOXKIT_KAFKA_JARS``, or the cache that ``tests/kafka/fetch.sh`` fills."""
-    configured = os.environ.get("OUTBOXKIT_KAFKA_JARS")
-    path = Path(configured) if configured else Path.home() / ".cache/outboxkit" / f"kafka-{version}"
-    if not (path / f"kafka_2.13-{version}.jar").exists() and not any(path.glob("kafka_2.13-*.jar")):
-        raise ConfigurationError(
-            f"No Apache Kafka jars in {path}: run tests/kafka/fetch.sh (needs Java 17 and Maven) "
-            "or set OUTBOXKIT_KAFKA_JARS to a directory holding them"
-        )
-    return path
 
 
 def _kafka_uuid() -> str:
@@ -224,7 +213,9 @@ class KafkaCluster(ManagedServer):
     def java_command(self) -> list[str]:
         java = shutil.which("java")
         if java is None:
-            raise ConfigurationError("Apache Kafka needs Java 17: apt-get install openjdk-17-jre")
+            raise ConfigurationError(
+                "Apache Kafka needs Java 17: apt-get install openjdk-17-jre-headless"
+            )
         return [
             java,
             f"-Xmx{self.heap}",

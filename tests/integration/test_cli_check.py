@@ -53,7 +53,8 @@ def test_missing_topic_and_json_output(pg_url: str, kafka_bootstrap: str) -> Non
     assert checks["kafka"]["ok"] is True
     assert checks["topics"]["ok"] is False
     assert "no-such-topic" in checks["topics"]["summary"]
-    assert "--create --topic no-such-topic" in checks["topics"]["fix"]
+    # One line: the topic and the command that creates it.
+    assert "`outboxkit topics create no-such-topic`" in checks["topics"]["summary"]
 
 
 def test_missing_migrations(empty_pg_url: str, kafka_bootstrap: str) -> None:

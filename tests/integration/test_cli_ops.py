@@ -88,7 +88,7 @@ async def test_topics_sync_lets_writers_add_events_before_any_relay_ran(
 
     absent = run_cli("topics", "sync", "--topics", f"{topic}-absent", env=env)
     assert absent.returncode == 1
-    assert "do not exist on Kafka" in absent.stderr
+    assert f"`outboxkit topics create {topic}-absent`" in absent.stderr
 
     synced = run_cli("topics", "sync", "--topics", topic, "--json", env=env)
     assert synced.returncode == 0, synced.stderr

@@ -103,5 +103,7 @@ def test_demo_without_kafka_jars_says_what_to_do(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "--broker kafka" in result.stderr
-    assert "fetch.sh" in result.stderr
+    # A hint that a PyPI user can follow: a command every installation has.
+    assert "`outboxkit dev jars`" in result.stderr
+    assert "fetch.sh" not in result.stderr
     assert "Traceback" not in result.stderr

@@ -4,7 +4,11 @@ back to the orders service — outbox → relay → inbox → handler → outbox
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import httpx
@@ -13,6 +17,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from examples.orders_payments import orders, payments
+from tests.docs_snippets import REPO
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
 
@@ -74,3 +79,29 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
             payment = (await bank.get(f"/payments/{order['order_id']}")).json()
             assert payment["amount"] == "6.50"
         assert (await shop.get("/orders/o-nope")).status_code == 404
+
+
+EXAMPLE_TESTS = "examples/orders_payments"
+
+
+async def test_the_example_services_own_tests_pass_with_the_testing_plugin(
+    pg_server_url: str, kafka_bootstrap: str
+) -> None:
+    """examples/orders_payments/tests use outboxkit.testing as a service's tests would; they
+    run as their own pytest session, on this session's servers (OUTBOXKIT_TEST_PG_URL/KAFKA)."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", EXAMPLE_TESTS],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "OUTBOXKIT_TEST_PG_URL": pg_server_url,
+            "OUTBOXKIT_TEST_KAFKA": kafka_bootstrap,
+        },
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "4 passed" in result.stdout

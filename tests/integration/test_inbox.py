@@ -44,6 +44,7 @@ async def test_duplicates_from_any_source_take_effect_once(
     db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = await make_topic("payments", partitions=3)
+    await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
     events = [Payment(topic=topic, entity=f"e{i % 7}", seq=i) for i in range(60)]
     # A relay re-send (everything twice), then a replay of some, later.
@@ -117,6 +118,7 @@ async def test_crash_between_database_commit_and_offset_commit(
     """G6: SIGKILL right after a record's transaction commits and before its offset commit, at
     random records, again and again; each restart redelivers; every event takes effect once."""
     topic = await make_topic("payments", partitions=2)
+    await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
     events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(400)]
     await produce(kafka_bootstrap, events)
@@ -184,6 +186,7 @@ async def test_two_workers_rebalancing_take_each_effect_once(
     db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = await make_topic("payments", partitions=4)
+    await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
     env = inbox_env(db_url, kafka_bootstrap, topic)
     batches = [
@@ -214,6 +217,7 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
 ) -> None:
     """G7: dedupe rows older than the retention go, in small batches, while the worker runs."""
     topic = await make_topic("payments")
+    await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
     env = inbox_env(
         db_url,
@@ -251,6 +255,7 @@ async def test_handler_chains_an_outbox_event_once(
 ) -> None:
     """inbox → handler → outbox in one transaction: a redelivered event adds no second row."""
     topic = await make_topic("refunds")
+    await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await register_topic(db_url, "refunds-issued", 3)
     refunds = [Refund(topic=topic, entity=f"r{i}", seq=i) for i in range(20)]
     await produce(kafka_bootstrap, [*refunds, *refunds])

@@ -307,3 +307,17 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
     outcomes = [row["error_reason"] for row in expected]
     assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
     assert "unrepresentable" in outcomes
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_the_writers_traceparent_stays_available_on_a_decoded_row(spark: Any) -> None:
+    """Trace propagation (docs/tracing.md): the pipeline keeps the record's traceparent in the
+    event's headers column, so a job can attach its work to the writer's trace."""
+    key, value, headers = wire(order())
+    record = (key, value, "t", 0, 0, WHEN, 0, [*headers, ("traceparent", TRACEPARENT.encode())])
+    (row,) = decode(spark.createDataFrame([record], SOURCE_SCHEMA), shop).toArrow().to_pylist()
+    assert row["error_reason"] is None
+    assert row["decoded_by"] == "jvm"
+    assert dict(row["shop_order_placed_v1"]["headers"])["traceparent"] == TRACEPARENT

@@ -70,3 +70,13 @@ def test_the_decoder_survives_pickling() -> None:
     copy = pickle.loads(pickle.dumps(decoder))
     (row,) = run(copy, [Huge(name="a", amount=Decimal("1.25"), occurred_at=WHEN)], [True])
     assert row["error_reason"] is None
+
+
+def test_the_writers_traceparent_stays_available_on_a_decoded_row() -> None:
+    """docs/tracing.md: the event's headers column keeps the traceparent (the Python pass)."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    event = Huge(
+        name="a", amount=Decimal("1.25"), occurred_at=WHEN, headers={"traceparent": traceparent}
+    )
+    (row,) = run(PythonDecoder(registry()), [event], [True])
+    assert dict(row["test_huge_v1"]["headers"])["traceparent"] == traceparent

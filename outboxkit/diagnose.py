@@ -1,0 +1,132 @@
+"""Expected failures, told to a person: what failed, and what to do about it.
+
+The ``outboxkit`` command turns every exception it expects — a database or broker it cannot
+reach, a refused password, outboxkit's tables or a topic that do not exist, invalid settings —
+into a :class:`Problem`: one line naming what failed, one line saying what to do, and an exit
+code (``2`` for configuration, ``1`` otherwise). Only ``--debug`` (or
+``OUTBOXKIT_LOG_LEVEL=debug``) shows the traceback. :func:`preflight` checks, before a worker
+starts, what it will need, so that a worker never starts only to retry forever against a
+database that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
+
+from outboxkit.backends import backend_for
+from outboxkit.check import (
+    DEV_HINT,
+    CheckResult,
+    check_kafka,
+    explain_database_error,
+)
+from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError, OutboxkitError
+from outboxkit.core.settings import ConnectionSettings
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What failed (one line) and what to do (one line, or ``None``)."""
+
+    what: str
+    fix: str | None = None
+    exit_code: int = EXIT_FAILED
+
+    def lines(self) -> list[str]:
+        lines = [f"error: {self.what}"]
+        if self.fix:
+            lines.append(f"  → {self.fix}")
+        return lines
+
+
+class PreflightError(OutboxkitError):
+    """What a command needs is not there."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        super().__init__("; ".join(p.what for p in problems))
+        self.problems = list(problems)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0].strip()
+
+
+def explain(exc: BaseException) -> list[Problem] | None:
+    """The problems ``exc`` stands for, or ``None`` when it is not an expected failure."""
+    if isinstance(exc, PreflightError):
+        return exc.problems
+    if isinstance(exc, MissingTopicsError):  # not a typo in a setting: a step not taken yet
+        return [Problem(str(exc))]
+    if isinstance(exc, ConfigurationError):
+        return [Problem(str(exc), None, EXIT_CONFIG)]
+    cause = _root_cause(exc)
+    if isinstance(cause, psycopg.Error):
+        return [_database_problem(cause)]
+    if isinstance(cause, UnknownTopicOrPartitionError):
+        return [Problem(f"a topic does not exist on Kafka: {first_line(cause)}", _TOPIC_FIX)]
+    if isinstance(cause, KafkaConnectionError):
+        # aiokafka: "Unable to bootstrap from [('127.0.0.1', 9092, <AddressFamily…>)]"
+        hosts = ",".join(f"{h}:{p}" for h, p in re.findall(r"\('([^']+)', (\d+)", str(cause)))
+        where = f" at {hosts}" if hosts else f": {first_line(cause)}"
+        return [Problem(f"cannot reach Kafka{where}", _KAFKA_FIX)]
+    if isinstance(cause, KafkaError):
+        return [Problem(f"Kafka failed: {first_line(cause)}", _KAFKA_FIX)]
+    if isinstance(exc, OutboxkitError):
+        return [Problem(first_line(exc))]
+    if isinstance(exc, OSError):
+        return [Problem(first_line(exc))]
+    return None
+
+
+_KAFKA_FIX = (
+    "Is the broker running and reachable from here? Check OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS "
+    f"({DEV_HINT})."
+)
+_TOPIC_FIX = "Create it with `outboxkit topics create <topic>`, or fix OUTBOXKIT_TOPICS."
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """Through outboxkit's wrappers (e.g. StorageUnavailableError) to the driver's error."""
+    seen = exc
+    while isinstance(seen, OutboxkitError) and seen.__cause__ is not None:
+        seen = seen.__cause__
+    return seen
+
+
+def _database_problem(exc: psycopg.Error) -> Problem:
+    what, fix = explain_database_error(exc)
+    return Problem(what, fix)
+
+
+def _problems(results: Sequence[CheckResult]) -> list[Problem]:
+    return [Problem(r.summary, r.fix) for r in results if not r.ok]
+
+
+async def preflight(
+    settings: ConnectionSettings,
+    *,
+    database: bool = True,
+    kafka: bool = True,
+    topics: Sequence[str] = (),
+) -> None:
+    """Check what a command needs — the database reachable with outboxkit's schema up to date,
+    Kafka reachable with ``topics`` — and raise :class:`PreflightError` with every problem."""
+    checks = []
+    if database:
+        checks.append(backend_for(settings.database_url).check(settings))
+    if kafka:
+        checks.append(check_kafka(settings, topics=topics))
+    results = [r for group in await asyncio.gather(*checks) for r in group]
+    problems = _problems(results)
+    if problems:
+        raise PreflightError(problems)

@@ -1,0 +1,176 @@
+"""``outboxkit topics create`` and ``outboxkit topics describe``.
+
+outboxkit's workers never create topics (a typo must fail, not create a topic): this command
+does, once, on purpose. It is idempotent — existing topics are left as they are and reported —
+and creates each topic's dead-letter topic ``<topic><suffix>`` too, which an inbox needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Topics
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.kafka import (
+    TopicSpec,
+    TopicState,
+    admin_client,
+    create_command,
+    describe_topics,
+    ensure_topics,
+)
+from outboxkit.core.settings import KafkaSettings, load_settings
+
+TopicNames = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="TOPIC",
+        help="Topics (default: OUTBOXKIT_TOPICS).",
+        show_default=False,
+    ),
+]
+
+
+def _settings(servers: str | None, topics: str | None, names: list[str] | None) -> KafkaSettings:
+    settings = load_settings(
+        KafkaSettings,
+        kafka_bootstrap_servers=servers,
+        topics=",".join(names) if names else topics,
+    )
+    if not settings.topics:
+        raise ConfigurationError(
+            "no topics given: name them (outboxkit topics create orders) or set OUTBOXKIT_TOPICS"
+        )
+    # Failures are reported as one line each; aiokafka would also log every retry.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    return settings
+
+
+def _configs(pairs: list[str]) -> dict[str, str]:
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(
+                f"--config {pair!r}: give KEY=VALUE, e.g. retention.ms=86400000"
+            )
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def _describe_state(state: TopicState) -> str:
+    parts = [f"{state.partitions} partitions", f"replication factor {state.replication_factor}"]
+    parts += [f"{key}={value}" for key, value in sorted(state.configs.items())]
+    if state.under_replicated:
+        parts.append(f"{state.under_replicated} partition(s) under-replicated")
+    return ", ".join(parts)
+
+
+def create(
+    topic_names: TopicNames = None,
+    *,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    partitions: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Partitions of each new topic.")
+    ] = 6,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Replicas of each partition [default: 3, or the number of brokers if fewer].",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="A topic config, e.g. retention.ms=604800000 (repeat for more). With 3 "
+            "replicas or more, min.insync.replicas defaults to 2.",
+            show_default=False,
+        ),
+    ] = None,
+    dlq: Annotated[
+        bool,
+        typer.Option(
+            "--dlq/--no-dlq", help="Also create each topic's dead-letter topic <topic><suffix>."
+        ),
+    ] = True,
+    dlq_suffix: DlqSuffix = ".dlq",
+    json_output: JsonOutput = False,
+) -> None:
+    """Create topics (and their dead-letter topics) that do not exist yet. Safe to run again:
+    existing topics are reported and left as they are."""
+    settings = _settings(kafka_bootstrap_servers, topics, topic_names)
+    names = list(settings.topics)
+    if dlq:
+        names += [f"{t}{dlq_suffix}" for t in settings.topics if not t.endswith(dlq_suffix)]
+    configs = _configs(config or [])
+    specs = [
+        TopicSpec(name, partitions, replication_factor, configs) for name in dict.fromkeys(names)
+    ]
+    states = asyncio.run(
+        ensure_topics(
+            settings.kafka_bootstrap_servers, specs, request_timeout=settings.connect_timeout
+        )
+    )
+    if json_output:
+        typer.echo(json.dumps([asdict(s) for s in states], indent=2))
+        return
+    for state in states:
+        verb = "created" if state.created else "exists "
+        typer.echo(
+            f"{verb} {state.name}: {state.partitions} partitions, "
+            f"replication factor {state.replication_factor}"
+        )
+
+
+def describe(
+    topic_names: TopicNames = None,
+    *,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    dlq_suffix: DlqSuffix = ".dlq",
+    json_output: JsonOutput = False,
+) -> None:
+    """Partitions, replication and configs of topics, and whether their dead-letter topics
+    exist. Exit code 1 if a topic does not exist."""
+    settings = _settings(kafka_bootstrap_servers, topics, topic_names)
+
+    async def run() -> tuple[list[TopicState], list[str]]:
+        async with admin_client(
+            settings.kafka_bootstrap_servers, request_timeout=settings.connect_timeout
+        ) as admin:
+            existing = set(await admin.list_topics())
+        wanted = list(settings.topics)
+        dlqs = [f"{t}{dlq_suffix}" for t in wanted if not t.endswith(dlq_suffix)]
+        found = [t for t in dict.fromkeys(wanted + dlqs) if t in existing or t in wanted]
+        states = await describe_topics(
+            settings.kafka_bootstrap_servers, found, request_timeout=settings.connect_timeout
+        )
+        return states, [t for t in dlqs if t not in existing]
+
+    states, missing_dlqs = asyncio.run(run())
+    if json_output:
+        typer.echo(
+            json.dumps(
+                {"topics": [asdict(s) for s in states], "missing_dead_letter_topics": missing_dlqs},
+                indent=2,
+            )
+        )
+        return
+    for state in states:
+        typer.echo(f"{state.name}: {_describe_state(state)}")
+    for name in missing_dlqs:
+        typer.echo(
+            f"{name}: missing (an inbox on {name.removesuffix(dlq_suffix)} needs it: "
+            f"`{create_command([name], dlq_suffix)}`)"
+        )

@@ -1,0 +1,43 @@
+"""Dead-lettering is at least once (a worker that dies between writing a dead letter and
+committing its offset writes it again, docs/inbox.md#dead-letters): every copy of one
+dead-lettering carries the same dedupe key, and a replayed event that fails again is a new one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aiokafka.structs import ConsumerRecord
+
+from outboxkit.inbox import DeadLetter, unique_dead_letters
+from outboxkit.inbox.deadletter import ADDED, dead_letter_headers
+
+
+def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("orders", 2, offset, 0, 0, b"c-1", b"{}", None, 3, 2, headers)
+
+
+def _letter(record: ConsumerRecord[bytes, bytes], dlq_offset: int) -> DeadLetter:
+    headers = dead_letter_headers(
+        record, inbox="payments", reason="handler_failed", error=ValueError("declined")
+    )
+    return DeadLetter(
+        "orders.dlq", 2, dlq_offset, datetime.now(UTC), record.key, record.value, tuple(headers)
+    )
+
+
+def test_copies_of_one_dead_lettering_share_the_dedupe_key() -> None:
+    record = _record(41, [("ce_id", b"0b7e6b8e-0000-4000-8000-000000000001")])
+    first, again = _letter(record, 0), _letter(record, 1)  # the worker died before its commit
+    assert first.dedupe_key == again.dedupe_key == ("payments", "orders", "2", "41")
+    assert unique_dead_letters([first, again]) == [first]
+
+
+def test_a_replayed_event_that_fails_again_is_a_new_dead_letter() -> None:
+    record = _record(41, [("ce_id", b"0b7e6b8e-0000-4000-8000-000000000001")])
+    first = _letter(record, 0)
+    # A replay publishes the original headers (without outboxkit's) at a new source offset.
+    replayed = _record(97, [(n, v) for n, v in first.headers if n not in ADDED])
+    second = _letter(replayed, 1)
+    assert first.event_id == second.event_id
+    assert first.dedupe_key != second.dedupe_key
+    assert unique_dead_letters([first, second]) == [first, second]
