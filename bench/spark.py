@@ -1,12 +1,21 @@
-"""Spark pipeline throughput: a backlog of OrderPlaced events through the example pipeline
-(available-now, local[2]) against the ceiling (raw aiokafka consumption of the same topic).
+"""Spark pipeline figures, one run on local[2]: raw Kafka source read rate, the pipeline's
+throughput into each sink and its ratio to the raw rate, SparkSession start, and 1M events end
+to end with a driver killed mid-stream, checked against a batch recount.
 
-    python bench/spark.py [--events 50000] [--partitions 4] [--master local[2]]
+    python bench/spark.py [--events 1000000] [--partitions 4] [--master local[2]]
 
-Starts its own PostgreSQL and one Apache Kafka node (or uses --postgres URL / --kafka HOST:PORT).
-The pipeline runs its three queries (quarantine, order totals → Parquet, order totals →
-PostgreSQL), each reading the whole topic; "events/s" is backlog size / wall time of the run
-(SparkSession start-up excluded and printed separately). Prints figures, asserts nothing.
+Starts its own PostgreSQL and one Apache Kafka node (or uses --postgres URL / --kafka HOST:PORT)
+and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on the same topic:
+
+1. raw: ``count()`` of a batch ``kafka`` source (read_committed, headers), no decode;
+2. the demo's job (``outboxkit.demo.pipeline``), available-now with 100K records per
+   micro-batch, into PostgreSQL only, into Delta only, into both: events/s = backlog / wall
+   time of the run, and the ratio to (1);
+3. kill/restart: the same job as ``python -m outboxkit.pipeline run`` with a 1 s trigger and
+   100K records per batch, SIGKILLed after two committed batches, then resumed from its
+   checkpoint (available-now); both sinks are compared with a batch recount of the distinct
+   valid events (Kafka → decode → dropDuplicates → the same totals).
+Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +35,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -33,7 +46,7 @@ from outboxkit.embedded.kafka import kafka_jars_dir
 from outboxkit.migrations import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.kafka_io import consume_rate, produce_events
+from bench.kafka_io import produce_events
 
 
 async def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -78,17 +91,47 @@ async def _migrate(url: str) -> None:
         await migrate(conn)
 
 
-def main() -> None:
+def _pg_totals(url: str, table: str) -> dict[tuple[Any, ...], int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            f"SELECT window_start, customer_id, currency, orders FROM {table}"
+        ).fetchall()
+    return {(r[0], r[1], r[2]): r[3] for r in rows}
+
+
+def _frame_totals(frame: Any) -> dict[tuple[Any, ...], int]:
+    rows = frame.select("window_start", "customer_id", "currency", "orders").toArrow()
+    return {
+        (r["window_start"], r["customer_id"], r["currency"]): r["orders"] for r in rows.to_pylist()
+    }
+
+
+def _compare(name: str, got: dict[tuple[Any, ...], int], want: dict[tuple[Any, ...], int]) -> None:
+    lost = sum(max(0, n - got.get(k, 0)) for k, n in want.items())
+    double = sum(max(0, n - want.get(k, 0)) for k, n in got.items())
+    print(
+        f"  {name}: {sum(got.values()):,} orders counted, recount {sum(want.values()):,}: "
+        f"{lost} lost, {double} double-counted, {'EQUAL' if got == want else 'DIFFERENT'}"
+    )
+
+
+def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--postgres", help="use this PostgreSQL (superuser URL)")
     parser.add_argument("--kafka", help="use this Kafka cluster (host:port)")
     args = parser.parse_args()
 
-    from outboxkit.inbox.spark import PipelineSettings  # noqa: PLC0415
-    from outboxkit.inbox.spark.pipeline import build_session, run_pipeline  # noqa: PLC0415
+    # The driver holds the dedupe state of a local run: more than pyspark's 1 GiB default.
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 4g pyspark-shell")
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    from outboxkit.demo.events import registry  # noqa: PLC0415
+    from outboxkit.demo.pipeline import order_totals, totals  # noqa: PLC0415
+    from outboxkit.pipeline import PipelineSettings, build_session, decode, run  # noqa: PLC0415
+    from outboxkit.pipeline.jars import pipeline_jars  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="outboxkit-bench-spark-") as tmp:
         workdir = Path(tmp)
@@ -97,35 +140,117 @@ def main() -> None:
             topic = f"bench.orders-{uuid.uuid4().hex[:6]}"
             started = time.perf_counter()
             asyncio.run(_produce(bootstrap, topic, args.events, args.partitions))
-            print(f"produced {args.events} events in {time.perf_counter() - started:.1f} s")
-            ceiling = asyncio.run(consume_rate(bootstrap, topic, args.events))
-            print(f"ceiling (aiokafka, read_committed): {ceiling:,.0f} events/s")
+            print(f"produced {args.events:,} events in {time.perf_counter() - started:.1f} s")
 
-            settings = PipelineSettings(
-                kafka_bootstrap_servers=bootstrap,
-                topics=topic,
-                database_url=pg_url,
-                pipeline_name="bench",
-                pipeline_output=str(workdir / "lake"),
-                spark_master=args.master,
-            )
+            def settings(name: str, **extra: Any) -> PipelineSettings:
+                return PipelineSettings(
+                    kafka_bootstrap_servers=bootstrap,
+                    topics=topic,
+                    database_url=pg_url,
+                    pipeline_name=name,
+                    pipeline_output=str(workdir / name),
+                    spark_master=args.master,
+                    **extra,
+                )
+
             started = time.perf_counter()
-            spark = build_session(settings)
+            spark = build_session(settings("bench"))
             spark.sparkContext.setLogLevel("ERROR")
             print(f"SparkSession start: {time.perf_counter() - started:.1f} s ({args.master})")
-            started = time.perf_counter()
-            reports = run_pipeline(settings, spark=spark)
-            elapsed = time.perf_counter() - started
-            for r in reports:
-                print(f"  {r.name}: {r.batches} batches, {r.input_rows} rows")
-            print(
-                f"pipeline (3 queries, available-now): {elapsed:.1f} s, "
-                f"{args.events / elapsed:,.0f} events/s = {args.events / elapsed / ceiling:.2f}x "
-                "the ceiling"
+
+            def source() -> Any:
+                return (
+                    spark.read.format("kafka")
+                    .option("kafka.bootstrap.servers", bootstrap)
+                    .option("subscribe", topic)
+                    .option("kafka.isolation.level", "read_committed")
+                    .option("includeHeaders", "true")
+                    .load()
+                )
+
+            raw = 0.0
+            for attempt in (1, 2):  # the first read also warms the JVM up
+                started = time.perf_counter()
+                count = source().count()
+                elapsed = time.perf_counter() - started
+                raw = max(raw, count / elapsed)
+                print(f"raw kafka source count #{attempt}: {count:,} in {elapsed:.1f} s")
+            print(f"raw read rate: {raw:,.0f} records/s")
+
+            for label, keep in (("postgresql", "postgres"), ("delta", "delta"), ("both", "")):
+                job_settings = settings(f"bench-{label}", pipeline_max_offsets_per_trigger=100_000)
+                job = order_totals(job_settings, table=f"totals_{label}")
+                outputs = [
+                    type(o)(
+                        o.name,
+                        o.transform,
+                        [s for s in o.sinks if keep in type(s).__name__.lower()],
+                    )
+                    for o in job.outputs
+                ]
+                job = type(job)(job.registry, outputs, job.quarantine)
+                started = time.perf_counter()
+                report = run(job, job_settings, spark=spark)
+                elapsed = time.perf_counter() - started
+                rate = report.input_rows / elapsed
+                print(
+                    f"pipeline into {label}: {report.input_rows:,} events in {elapsed:.1f} s "
+                    f"({report.batches} batches) = {rate:,.0f} events/s = {rate / raw:.2f}x raw"
+                )
+
+            print("kill/restart:")
+            killed = settings("bench-kill", pipeline_max_offsets_per_trigger=100_000)
+            env = {
+                **os.environ,
+                "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                "OUTBOXKIT_TOPICS": topic,
+                "OUTBOXKIT_DATABASE_URL": pg_url,
+                "OUTBOXKIT_PIPELINE_JOB": "outboxkit.demo.pipeline:order_totals",
+                "OUTBOXKIT_PIPELINE_NAME": killed.pipeline_name,
+                "OUTBOXKIT_PIPELINE_OUTPUT": killed.pipeline_output,
+                "OUTBOXKIT_PIPELINE_TRIGGER": "1",
+                "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "100000",
+                "OUTBOXKIT_SPARK_MASTER": args.master,
+            }
+            jars = workdir / "jars"
+            jars.mkdir()
+            for jar in pipeline_jars():
+                (jars / jar.name).symlink_to(jar)
+            env["OUTBOXKIT_SPARK_JARS"] = str(jars)
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("DROP TABLE IF EXISTS shop_order_totals")
+                conn.execute("DELETE FROM outboxkit.pipeline_batches")
+            log = (workdir / "driver.log").open("w")
+            driver = subprocess.Popen(
+                [sys.executable, "-m", "outboxkit.pipeline", "run"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-            with psycopg.connect(pg_url) as conn:
-                row = conn.execute("SELECT sum(orders) FROM shop_order_totals").fetchone()
-            print(f"serving table counts {row[0] if row else 0} orders")
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and driver.poll() is None:
+                with psycopg.connect(pg_url) as conn:
+                    row = conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone()
+                if row and row[0] >= 2:
+                    break
+                time.sleep(0.5)
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+            before = sum(_pg_totals(pg_url, "shop_order_totals").values())
+            print(f"  killed the driver (SIGKILL) with {before:,} orders counted")
+            started = time.perf_counter()
+            report = run(order_totals(killed), killed, spark=spark)
+            print(
+                f"  resumed: {report.input_rows:,} records in {report.batches} batches, "
+                f"{time.perf_counter() - started:.1f} s"
+            )
+            decoded = decode(source(), registry)
+            events = decoded.where(F.col("error_reason").isNull()).dropDuplicates(["event_id"])
+            want = _frame_totals(totals(events))
+            _compare("postgresql", _pg_totals(pg_url, "shop_order_totals"), want)
+            delta = spark.read.format("delta").load(killed.output("order_totals"))
+            _compare("delta", _frame_totals(delta), want)
             spark.stop()
 
 

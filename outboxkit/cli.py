@@ -59,8 +59,8 @@ from outboxkit.inbox import (
     replay_dead_letters,
     unique_dead_letters,
 )
-from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.migrations import MigrationError, load_migrations, script
+from outboxkit.pipeline.cli import pipeline_app
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (
     OutboxStorage,

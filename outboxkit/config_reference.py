@@ -36,7 +36,7 @@ SECTIONS = [
     ("Inbox", "outboxkit.inbox:InboxSettings", "`outboxkit inbox`, or `Outboxkit(inbox=…)`."),
     (
         "Spark pipeline",
-        "outboxkit.inbox.spark.settings:PipelineSettings",
+        "outboxkit.pipeline.settings:PipelineSettings",
         "`outboxkit pipeline run` and the `spark-submit` job (the `[spark]` extra).",
     ),
 ]

@@ -366,3 +366,49 @@ def pgbouncer_url(pg_url: str, tmp_path: Path) -> Iterator[str]:
         yield urlunsplit(server._replace(netloc=f"{server.username}@127.0.0.1:{port}"))
     finally:
         stop_process(process, signal.SIGTERM, timeout=10)
+
+
+# --- Spark: one local[2] session for the whole test session ------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_jars() -> list[Path]:
+    """The pipeline's jars (Kafka connector, Delta Lake), fetched with Maven on first use."""
+    pytest.importorskip("pyspark", reason="the Spark pipeline needs the [spark] extra")
+    from outboxkit.pipeline.jars import pipeline_jars  # noqa: PLC0415
+
+    return pipeline_jars()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_jars: list[Path]) -> Iterator[object]:
+    """A local[2] SparkSession with the pipeline's jars and Delta Lake, shared by every test."""
+    import logging  # noqa: PLC0415
+
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    from outboxkit.pipeline.session import (  # noqa: PLC0415
+        DELTA_CONF,
+        local_delta_conf,
+        use_this_python_for_workers,
+    )
+
+    use_this_python_for_workers()
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("outboxkit-tests")
+        .config("spark.jars", ",".join(map(str, spark_jars)))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in {**DELTA_CONF, **local_delta_conf(2)}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    # py4j logs at INFO from a finalizer when the interpreter exits, after pytest closed the
+    # streams it captures: a "Logging error" traceback in the output, not a failure.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    yield session
+    session.stop()

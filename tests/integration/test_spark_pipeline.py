@@ -1,21 +1,20 @@
 """The Spark pipeline against a real Kafka broker and PostgreSQL, in local[2].
 
-The sinks must equal a plain recount (in Python) of the distinct valid events; bad records are
-in quarantine with their error; a driver killed with SIGKILL and restarted from its checkpoint
-counts nothing twice.
+The demo's job (``outboxkit.demo.pipeline:order_totals``) writes order totals to PostgreSQL and
+to a Delta table: both must equal a plain recount (in Python) of the distinct valid events; bad
+records are in the quarantine table with their error; a driver killed with SIGKILL and
+restarted from its checkpoint counts nothing twice, in either sink.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -35,50 +34,14 @@ pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [s
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from outboxkit.inbox.spark import PipelineSettings, PostgresBatchSink, run_pipeline  # noqa: E402
-from outboxkit.inbox.spark.jars import connector_jars  # noqa: E402
-from outboxkit.inbox.spark.pipeline import query_names, use_this_python_for_workers  # noqa: E402
+from outboxkit.demo.pipeline import order_totals  # noqa: E402
+from outboxkit.pipeline import BatchInfo, DeltaSink, PipelineSettings, PostgresSink, run  # noqa: E402
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 Record = tuple[bytes, bytes | None, list[tuple[str, bytes]]]
-
-
-@pytest.fixture(scope="session")
-def spark_jars() -> Path:
-    """The Spark Kafka connector jars, fetched with Maven on first use."""
-    result = subprocess.run(
-        [sys.executable, "-m", "outboxkit.inbox.spark.jars"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"fetching the Spark Kafka connector failed:\n{result.stderr}", pytrace=False)
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="session")
-def spark(spark_jars: Path) -> Iterator[SparkSession]:
-    use_this_python_for_workers()
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("outboxkit-tests")
-        .config("spark.jars", ",".join(map(str, connector_jars(spark_jars))))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    # py4j logs at INFO from a finalizer when the interpreter exits, after pytest closed the
-    # streams it captures: a "Logging error" traceback in the output, not a failure.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    yield session
-    session.stop()
 
 
 # --- events and the plain recount --------------------------------------------------------------
@@ -138,15 +101,18 @@ def serving_table(url: str, table: str = "shop_order_totals") -> dict[TotalsKey,
 
 
 def lake(spark: SparkSession, settings: PipelineSettings) -> dict[TotalsKey, Total]:
-    table = spark.read.parquet(settings.output("order_totals")).toArrow().to_pylist()
+    path = settings.output("order_totals")
+    table = spark.read.format("delta").load(path).toArrow().to_pylist()
     result = {(r["window_start"], r["customer_id"], r["currency"]): r for r in table}
-    assert len(result) == len(table), "a window was written twice"
+    assert len(result) == len(table), "a window is in the Delta table twice"
     return {k: Total(r["orders"], r["items"], r["amount"]) for k, r in result.items()}
 
 
-def closed(totals: dict[TotalsKey, Total], watermark: datetime) -> dict[TotalsKey, Total]:
-    """The windows an append-mode aggregation has emitted once the watermark is here."""
-    return {k: v for k, v in totals.items() if k[0] + HOUR <= watermark}
+def quarantine_rows(spark: SparkSession, settings: PipelineSettings) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = (
+        spark.read.format("delta").load(settings.output("quarantine")).toArrow().to_pylist()
+    )
+    return rows
 
 
 async def produce(bootstrap: str, topic: str, records: list[Record]) -> None:
@@ -171,7 +137,6 @@ def settings_for(
         pipeline_output=str(tmp_path / "lake"),
         pipeline_checkpoint=str(tmp_path / "checkpoints"),
         pipeline_watermark=HOUR,
-        pipeline_window=HOUR,
         spark_shuffle_partitions=2,
         **extra,
     )
@@ -237,15 +202,17 @@ async def test_sinks_equal_a_recount_of_distinct_valid_events(
     await produce(kafka_bootstrap, topic, records)
 
     settings = settings_for(tmp_path, kafka_bootstrap, topic, pg_url)
-    reports = await asyncio.to_thread(run_pipeline, settings, spark=spark)
+    job = order_totals(settings)
+    report = await asyncio.to_thread(run, job, settings, spark=spark)
 
     expected = recount(events)
     assert serving_table(pg_url) == expected
+    assert lake(spark, settings) == expected
     newest = max(e.occurred_at for e in events)
-    assert lake(spark, settings) == closed(expected, newest - HOUR)
-    assert {r.name for r in reports} == set(query_names(settings).values())
+    assert report.name == "test"
+    assert report.input_rows == len(records)
 
-    quarantine = spark.read.parquet(settings.output("quarantine")).toArrow().to_pylist()
+    quarantine = quarantine_rows(spark, settings)
     by_value = sorted(quarantine, key=lambda r: r["source_offset"])
     assert sorted(r["error_reason"] for r in by_value) == sorted(reasons)
     bad_values = {r[1] for r in bad}
@@ -263,33 +230,47 @@ async def test_sinks_equal_a_recount_of_distinct_valid_events(
     on_time = order(500, newest + timedelta(minutes=5), topic=topic)
     too_late = order(501, newest - 2 * HOUR, topic=topic)
     await produce(kafka_bootstrap, topic, [first_dup, wire(too_late), wire(on_time)])
-    reports = await asyncio.to_thread(run_pipeline, settings, spark=spark)
+    report = await asyncio.to_thread(run, job, settings, spark=spark)
     assert serving_table(pg_url) == recount([*events, on_time])
-    serving = next(r for r in reports if r.name.endswith("postgresql"))
-    assert serving.late_rows == 2
-    assert lake(spark, settings) == closed(recount([*events, on_time]), on_time.occurred_at - HOUR)
+    assert report.late_rows == 2
+    assert lake(spark, settings) == recount([*events, on_time])
+    assert len(quarantine_rows(spark, settings)) == len(bad)
 
 
-def test_a_replayed_batch_writes_nothing(pg_url: str) -> None:
-    sink = PostgresBatchSink(
-        pg_url,
-        query_name="test.replay",
-        statement="INSERT INTO replayed VALUES (%s) "
-        "ON CONFLICT (k) DO UPDATE SET n = replayed.n + 1",
-        prepare=lambda df: df,
-        columns=["k"],
+def test_a_replayed_batch_writes_nothing(spark: SparkSession, pg_url: str, tmp_path: Path) -> None:
+    sink = PostgresSink(
+        "replayed",
+        keys=["k"],
+        add=["n"],
+        ddl="CREATE TABLE replayed (k text PRIMARY KEY, n int NOT NULL)",
     )
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE replayed (k text PRIMARY KEY, n int NOT NULL DEFAULT 1)")
+    sink.prepare(spark, str(tmp_path), pg_url)
+
+    def batch(query_id: str, batch_id: int) -> BatchInfo:
+        return BatchInfo(query_id, "test.replay", batch_id, str(tmp_path), pg_url)
+
     query_id = "6f1c2f1e-8a0b-4d39-9e38-3b8f3c0f9a11"
-    assert sink.write(query_id, 7, [("a",), ("b",)]) is True
-    assert sink.write(query_id, 7, [("a",), ("b",)]) is False
-    assert sink.write(query_id, 8, [("a",)]) is True
+    rows = spark.createDataFrame([("a", 1), ("b", 1)], "k string, n int")
+    assert sink.write(rows, batch(query_id, 7)) is True
+    assert sink.write(rows, batch(query_id, 7)) is False
+    assert sink.write(rows.where("k = 'a'"), batch(query_id, 8)) is True
     other_checkpoint = "0d9e3a6c-2f55-4a8e-9f1e-0c7d2b1a4e22"
-    assert sink.write(other_checkpoint, 7, [("b",)]) is True
+    assert sink.write(rows.where("k = 'b'"), batch(other_checkpoint, 7)) is True
     with psycopg.connect(pg_url) as conn:
         assert dict(conn.execute("SELECT k, n FROM replayed").fetchall()) == {"a": 2, "b": 2}
         assert conn.execute("SELECT count(*) FROM outboxkit.pipeline_batches").fetchone() == (3,)
+
+    merged = DeltaSink(str(tmp_path / "merged"), keys=["k"], add=["n"])
+    appended = DeltaSink(str(tmp_path / "appended"))
+    for delta in (merged, appended):
+        delta.write(rows, batch(query_id, 7))
+        delta.write(rows, batch(query_id, 7))
+        delta.write(rows.where("k = 'a'"), batch(query_id, 8))
+        delta.write(rows.where("k = 'a'"), batch(query_id, 8))
+    table = spark.read.format("delta").load(str(tmp_path / "merged")).toArrow().to_pylist()
+    assert {r["k"]: r["n"] for r in table} == {"a": 2, "b": 1}
+    table = spark.read.format("delta").load(str(tmp_path / "appended")).toArrow().to_pylist()
+    assert sorted(r["k"] for r in table) == ["a", "a", "b"]
 
 
 def _batches_written(url: str) -> int:
@@ -302,7 +283,7 @@ def _batches_written(url: str) -> int:
 async def test_a_driver_killed_mid_run_resumes_without_double_counting(
     *,
     spark: SparkSession,
-    spark_jars: Path,
+    spark_jars: list[Path],
     kafka_bootstrap: str,
     make_topic: MakeTopic,
     pg_url: str,
@@ -316,8 +297,12 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
     records[200:200] = bad
     await produce(kafka_bootstrap, topic, records)
     settings = settings_for(
-        tmp_path, kafka_bootstrap, topic, pg_url, pipeline_max_offsets_per_trigger=20
+        tmp_path, kafka_bootstrap, topic, pg_url, pipeline_max_offsets_per_trigger=40
     )
+    jars_dir = tmp_path / "jars"  # OUTBOXKIT_SPARK_JARS: one directory with every jar
+    jars_dir.mkdir()
+    for jar in spark_jars:
+        (jars_dir / jar.name).symlink_to(jar)
     env = {
         **os.environ,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
@@ -327,12 +312,12 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
         "OUTBOXKIT_PIPELINE_OUTPUT": settings.pipeline_output,
         "OUTBOXKIT_PIPELINE_CHECKPOINT": settings.checkpoint,
         "OUTBOXKIT_PIPELINE_TRIGGER": "0.5",
+        "OUTBOXKIT_PIPELINE_JOB": "outboxkit.demo.pipeline:order_totals",
         "OUTBOXKIT_PIPELINE_WATERMARK": "PT1H",
-        "OUTBOXKIT_PIPELINE_WINDOW": "PT1H",
-        "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "20",
+        "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "40",
         "OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS": "2",
         "OUTBOXKIT_SPARK_MASTER": "local[2]",
-        "OUTBOXKIT_SPARK_JARS": str(spark_jars),
+        "OUTBOXKIT_SPARK_JARS": str(jars_dir),
     }
     await asyncio.to_thread(_run_and_kill, env, tmp_path / "driver.log", pg_url)
     written_before_kill = _batches_written(pg_url)
@@ -341,13 +326,12 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
     # The restart re-runs the batch the kill interrupted (its offsets are in the checkpoint),
     # then catches up without the per-batch limit.
     unlimited = settings.model_copy(update={"pipeline_max_offsets_per_trigger": None})
-    await asyncio.to_thread(run_pipeline, unlimited, spark=spark)
+    await asyncio.to_thread(run, order_totals(unlimited), unlimited, spark=spark)
 
     expected = recount(events)
     assert serving_table(pg_url) == expected
-    newest = max(e.occurred_at for e in events)
-    assert lake(spark, settings) == closed(expected, newest - HOUR)
-    quarantine = spark.read.parquet(settings.output("quarantine")).toArrow().to_pylist()
+    assert lake(spark, settings) == expected
+    quarantine = quarantine_rows(spark, settings)
     assert sorted(r["source_offset"] for r in quarantine) == sorted(
         {r["source_offset"] for r in quarantine}
     )
@@ -356,10 +340,10 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
 
 
 def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
-    """Run the CLI driver with a processing-time trigger; SIGKILL it after three batches."""
+    """Run the CLI driver with a processing-time trigger; SIGKILL it after two batches."""
     with log_path.open("w") as log:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "outboxkit.inbox.spark", "run"],
+            [sys.executable, "-m", "outboxkit.pipeline", "run"],
             env=env,
             cwd=REPO,
             stdout=log,
@@ -369,9 +353,9 @@ def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
         )
         try:
             wait_until(
-                lambda: _batches_written(pg_url) >= 3,
-                timeout=180,
-                what="three batches",
+                lambda: _batches_written(pg_url) >= 2,
+                timeout=240,
+                what="two batches",
                 process=driver,
             )
         finally:

@@ -76,7 +76,7 @@ def _options(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
 def test_every_option_has_an_environment_twin_or_is_a_per_invocation_flag() -> None:
     """README and --help claim it: options that say where things are or how a worker runs
     have an OUTBOXKIT_* twin; per-invocation flags (cli_options.PER_INVOCATION) have none. The
-    Spark pipeline's options are its own (outboxkit.inbox.spark.cli) and all have twins."""
+    Spark pipeline's options are its own (outboxkit.pipeline.cli) and all have twins."""
     missing = [
         f"{path}: {param.name}"
         for path, param in _options(typer.main.get_command(app))

@@ -17,6 +17,7 @@ PUBLIC_PACKAGES = [
     "outboxkit.schemas",
     "outboxkit.relay",
     "outboxkit.inbox",
+    "outboxkit.pipeline",
 ]
 
 
@@ -52,7 +53,7 @@ def test_every_python_package_is_listed_for_the_wheel() -> None:
     assert found == listed
 
 
-@pytest.mark.parametrize("folder", ["core", "schemas", "relay", "inbox"])
+@pytest.mark.parametrize("folder", ["core", "schemas", "relay", "inbox", "pipeline"])
 def test_each_package_is_typed_and_has_one_exceptions_module(folder: str) -> None:
     assert (REPO / folder / "py.typed").exists()
     assert (REPO / folder / "exceptions.py").exists()

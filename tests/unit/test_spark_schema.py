@@ -1,4 +1,4 @@
-"""Pydantic model → Spark StructType (outboxkit.inbox.spark.schema)."""
+"""Pydantic model → Spark StructType (outboxkit.pipeline.schema)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from outboxkit.demo.events import OrderPlaced
-from outboxkit.inbox.spark import SchemaMappingError, spark_schema
+from outboxkit.pipeline import SchemaMappingError, spark_schema
 
 
 class Colour(StrEnum):

@@ -1,11 +1,12 @@
-"""``outboxkit pipeline``: run the Spark pipeline locally, or fetch its connector jars.
+"""``outboxkit pipeline``: run a pipeline job locally, or fetch its jars.
 
 pyspark is imported only inside the commands, so ``outboxkit`` works without the ``[spark]``
-extra. Under ``spark-submit`` the same command runs through ``outboxkit/inbox/spark/__main__.py``.
+extra. Under ``spark-submit`` the same command runs through ``outboxkit/pipeline/__main__.py``.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 from typing import Annotated, Any
@@ -14,8 +15,8 @@ import typer
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import load_settings
-from outboxkit.inbox.spark.exceptions import PipelineError
-from outboxkit.inbox.spark.settings import PipelineSettings
+from outboxkit.pipeline.exceptions import PipelineError
+from outboxkit.pipeline.settings import PipelineSettings
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -40,8 +41,16 @@ def _fail(code: int, message: object) -> typer.Exit:
 @pipeline_app.command("run")
 def run(
     *,
+    job: Annotated[
+        str | None,
+        _option(
+            "PIPELINE_JOB",
+            "module:name of your Pipeline, or of a function of the settings that returns one "
+            "(the demo's: outboxkit.demo.pipeline:order_totals).",
+        ),
+    ] = None,
     output: Annotated[
-        str | None, _option("PIPELINE_OUTPUT", "Parquet root: order_totals/, quarantine/.")
+        str | None, _option("PIPELINE_OUTPUT", "Lake root: quarantine/ and your Delta tables.")
     ] = None,
     checkpoint: Annotated[
         str | None,
@@ -55,20 +64,15 @@ def run(
         str | None,
         _option("PIPELINE_WATERMARK", "Allowed lateness, seconds or ISO 8601 (default PT1H)."),
     ] = None,
-    window: Annotated[
-        str | None,
-        _option("PIPELINE_WINDOW", "Aggregation window, seconds or ISO 8601 (default PT1H)."),
-    ] = None,
-    name: Annotated[str | None, _option("PIPELINE_NAME", "Pipeline name.")] = None,
-    table: Annotated[str | None, _option("PIPELINE_TABLE", "Serving table.")] = None,
+    name: Annotated[str | None, _option("PIPELINE_NAME", "Pipeline (query) name.")] = None,
     database_url: Annotated[
-        str | None, _option("DATABASE_URL", "postgresql://… of the serving table.")
+        str | None, _option("DATABASE_URL", "postgresql://… of the PostgreSQL sinks.")
     ] = None,
     kafka_bootstrap_servers: Annotated[
         str | None, _option("KAFKA_BOOTSTRAP_SERVERS", "host:port[,host:port…]")
     ] = None,
     topics: Annotated[
-        str | None, _option("TOPICS", "Topics to read (default shop.orders).")
+        str | None, _option("TOPICS", "Topics to read (default: the models' topics).")
     ] = None,
     max_offsets_per_trigger: Annotated[
         int | None, _option("PIPELINE_MAX_OFFSETS_PER_TRIGGER", "Records per micro-batch.")
@@ -77,22 +81,20 @@ def run(
         str | None, _option("SPARK_MASTER", "Spark master (default local[*]).")
     ] = None,
     spark_jars: Annotated[
-        str | None, _option("SPARK_JARS", "Directory of the Kafka connector jars.")
+        str | None, _option("SPARK_JARS", "Directory of every jar (Kafka connector, Delta).")
     ] = None,
 ) -> None:
-    """Run the example pipeline: order totals to Parquet and PostgreSQL, bad records to
-    quarantine. available-now stops when the backlog is done; an interval runs until
-    SIGTERM/SIGINT."""
+    """Run a pipeline job. available-now stops when the backlog is done; an interval runs
+    until SIGTERM/SIGINT."""
     try:
         settings = load_settings(
             PipelineSettings,
+            pipeline_job=job,
             pipeline_output=output,
             pipeline_checkpoint=checkpoint,
             pipeline_trigger=trigger,
             pipeline_watermark=watermark,
-            pipeline_window=window,
             pipeline_name=name,
-            pipeline_table=table,
             database_url=database_url,
             kafka_bootstrap_servers=kafka_bootstrap_servers,
             topics=topics,
@@ -102,8 +104,14 @@ def run(
         )
     except ConfigurationError as exc:
         raise _fail(EXIT_CONFIG, exc) from None
+    if settings.pipeline_job is None:
+        raise _fail(
+            EXIT_CONFIG,
+            "OUTBOXKIT_PIPELINE_JOB is not set: give --job module:name "
+            "(e.g. outboxkit.demo.pipeline:order_totals)",
+        )
     try:
-        from outboxkit.inbox.spark.pipeline import run_pipeline  # noqa: PLC0415 (needs pyspark)
+        from outboxkit.pipeline.job import run as run_pipeline  # noqa: PLC0415 (needs pyspark)
     except ImportError as exc:
         raise _fail(
             EXIT_CONFIG, f"{exc}: the pipeline needs pip install 'outboxkit[spark]'"
@@ -111,18 +119,38 @@ def run(
     from outboxkit.core.logs import configure_logging  # noqa: PLC0415
 
     configure_logging()
+    try:
+        pipeline = load_job(settings.pipeline_job, settings)
+    except PipelineError as exc:
+        raise _fail(EXIT_CONFIG, exc) from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        reports = run_pipeline(settings, stop=stop)
+        report = run_pipeline(pipeline, settings, stop=stop)
     except PipelineError as exc:
         raise _fail(EXIT_FAILED, exc) from None
-    for report in reports:
-        typer.echo(
-            f"{report.name}: {report.batches} batches, {report.input_rows} records, "
-            f"{report.late_rows} late rows dropped"
-        )
+    typer.echo(
+        f"{report.name}: {report.batches} batches, {report.input_rows} records, "
+        f"{report.late_rows} late rows dropped"
+    )
+
+
+def load_job(target: str, settings: PipelineSettings) -> Any:
+    """The :class:`~outboxkit.pipeline.Pipeline` named by ``module:name``: the object itself,
+    or what calling it with ``settings`` returns."""
+    from outboxkit.pipeline.job import Pipeline  # noqa: PLC0415
+
+    module_name, _, attr = target.partition(":")
+    try:
+        value = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PipelineError(f"OUTBOXKIT_PIPELINE_JOB={target}: {exc}") from None
+    if not isinstance(value, Pipeline) and callable(value):
+        value = value(settings)
+    if not isinstance(value, Pipeline):
+        raise PipelineError(f"OUTBOXKIT_PIPELINE_JOB={target} is not a Pipeline")
+    return value
 
 
 @pipeline_app.command("jars")
@@ -132,15 +160,17 @@ def jars(
         _option("SPARK_CONNECTOR_VERSION", "Connector version (default: the installed pyspark's)."),
     ] = None,
 ) -> None:
-    """Fetch the Spark Kafka connector jars with Maven (once) and print their directory."""
-    from outboxkit.inbox.spark.jars import fetch_connector  # noqa: PLC0415
+    """Fetch the Kafka connector's and Delta Lake's jars with Maven (once) and print their
+    directories."""
+    from outboxkit.pipeline.jars import fetch_connector, fetch_delta  # noqa: PLC0415
 
     try:
         typer.echo(str(fetch_connector(version=connector_version)))
+        typer.echo(str(fetch_delta()))
     except PipelineError as exc:
         raise _fail(EXIT_FAILED, exc) from None
 
 
 def main() -> None:
-    """Entry point of ``python -m outboxkit.inbox.spark`` and of ``spark-submit``."""
+    """Entry point of ``python -m outboxkit.pipeline`` and of ``spark-submit``."""
     pipeline_app(prog_name="outboxkit pipeline")

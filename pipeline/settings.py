@@ -6,7 +6,6 @@ ones) before it starts a JVM.
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Literal
 
@@ -16,7 +15,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outboxkit.core.settings import ENV_PREFIX, BootstrapServers, CommaList, Duration
 
 AVAILABLE_NOW: Literal["available-now"] = "available-now"
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 
 def spark_duration(value: timedelta) -> str:
@@ -37,27 +35,33 @@ class PipelineSettings(BaseSettings):
         description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
     )
     topics: CommaList = Field(
-        default=["shop.orders"],
-        min_length=1,
-        description="Topics the pipeline reads, comma-separated",
+        default=[],
+        description="Topics the pipeline reads, comma-separated; by default the default "
+        "topics of the job's event models",
     )
     database_url: str | None = Field(
         default=None,
-        description="PostgreSQL database of the serving table (postgresql://…); without it the "
-        "pipeline writes Parquet only",
+        description="PostgreSQL database of the PostgreSQL sinks (postgresql://…)",
+    )
+    pipeline_job: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="The job `outboxkit pipeline run` runs, as module:name: a Pipeline, or a "
+        "function of the PipelineSettings that returns one "
+        "(e.g. outboxkit.demo.pipeline:order_totals, the demo's)",
     )
     pipeline_name: str = Field(
-        default="shop-order-totals",
+        default="outboxkit",
         pattern=r"^[A-Za-z0-9._-]+$",
-        description="Name of the pipeline: prefixes its query names and its batch-log rows",
+        description="Name of the pipeline: its streaming query and checkpoint subdirectory",
     )
     pipeline_output: str = Field(
         description="Directory or URI (file:, hdfs:, s3a:…) under which the pipeline writes its "
-        "Parquet outputs: order_totals/ and quarantine/",
+        "Delta tables (quarantine/, and the job's relative DeltaSink paths)",
     )
     pipeline_checkpoint: str | None = Field(
         default=None,
-        description="Checkpoint directory or URI (one subdirectory per query); "
+        description="Checkpoint root (the query uses <root>/<pipeline_name>); "
         "<pipeline_output>/_checkpoints when not set. Reuse it to resume; never share it "
         "between two running pipelines",
     )
@@ -70,14 +74,6 @@ class PipelineSettings(BaseSettings):
         default=timedelta(hours=1),
         description="How far behind the newest event time an event may arrive and still count; "
         "also how long an event id is remembered for dropping duplicates",
-    )
-    pipeline_window: Duration = Field(
-        default=timedelta(hours=1), description="Length of the event-time windows aggregated"
-    )
-    pipeline_table: str = Field(
-        default="shop_order_totals",
-        description="PostgreSQL table (optionally schema.table) of the serving aggregates; "
-        "created if missing",
     )
     pipeline_starting_offsets: Literal["earliest", "latest"] = Field(
         default="earliest",
@@ -92,8 +88,9 @@ class PipelineSettings(BaseSettings):
     )
     spark_jars: str | None = Field(
         default=None,
-        description="Directory of the Spark Kafka connector jars; fetched with Maven into "
-        "~/.cache/outboxkit when not set (spark-submit users pass --packages instead)",
+        description="Directory of every jar a local run needs (the Kafka connector and Delta "
+        "Lake); fetched with Maven into ~/.cache/outboxkit when not set (spark-submit users "
+        "pass --packages instead)",
     )
     spark_connector_version: str | None = Field(
         default=None,
@@ -111,17 +108,10 @@ class PipelineSettings(BaseSettings):
     @classmethod
     def _postgresql(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("the pipeline's serving table needs PostgreSQL: postgresql://…")
+            raise ValueError("the pipeline's PostgreSQL sinks need postgresql://…")
         return value
 
-    @field_validator("pipeline_table")
-    @classmethod
-    def _identifier(cls, value: str) -> str:
-        if not _IDENTIFIER.fullmatch(value):
-            raise ValueError(f"{value!r} is not a table name (letters, digits, _; schema.table)")
-        return value
-
-    @field_validator("pipeline_watermark", "pipeline_window")
+    @field_validator("pipeline_watermark")
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):

@@ -1,4 +1,4 @@
-"""Errors of the Spark pipeline (``outboxkit.inbox.spark``).
+"""Errors of the Spark pipeline (``outboxkit.pipeline``).
 
 PipelineError
 ├── SchemaMappingError         an event model has a field with no Spark type

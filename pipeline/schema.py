@@ -54,7 +54,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from outboxkit.inbox.spark.exceptions import SchemaMappingError
+from outboxkit.pipeline.exceptions import SchemaMappingError
 
 #: Spark's widest decimal, and the scale used when a model does not say (``decimal_places``).
 MAX_PRECISION = 38

@@ -1,4 +1,5 @@
-"""The Spark Kafka connector (``spark-sql-kafka-0-10``) for local runs, fetched with Maven.
+"""The pipeline's jars for local runs, fetched with Maven: the Spark Kafka connector
+(``spark-sql-kafka-0-10``) and Delta Lake (``delta-spark``).
 
 pyspark ships no Kafka connector. On a cluster, ``spark-submit --packages
 org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>`` resolves it. ``outboxkit pipeline
@@ -10,7 +11,11 @@ out so that one copy of each class is on the classpath.
 The connector must match Spark's version. When Maven Central has no connector of exactly the
 installed pyspark version, the newest release of the same major version before it is taken, and
 a warning says so (the pipeline's tests run against that combination). ``python -m
-outboxkit.inbox.spark.jars`` fetches and prints the directory.
+outboxkit.pipeline.jars`` fetches both and prints their directories.
+
+Delta Lake's jars are ``io.delta:delta-spark_<Spark major.minor>_2.13:<delta-spark version>``,
+the version of the installed ``delta-spark`` Python package (its jars and its Python code go
+together), cached in ``~/.cache/outboxkit/delta-<version>-spark-<major.minor>``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from outboxkit.inbox.spark.exceptions import ConnectorUnavailableError
+from outboxkit.pipeline.exceptions import ConnectorUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,7 @@ _MARKER = ".complete"
 MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
 
 _POM = """<?xml version="1.0" encoding="UTF-8"?>
-<!-- Written by outboxkit.inbox.spark.jars: used only to copy the connector's jars. -->
+<!-- Written by outboxkit.pipeline.jars: used only to copy the connector's jars. -->
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>dev.outboxkit</groupId>
@@ -136,10 +141,12 @@ class _NotPublishedError(Exception):
     pass
 
 
-def _maven_copy(work: Path, version: str) -> Path:
-    """The connector's runtime dependencies, in a Maven repository layout under ``work``."""
+def _maven_copy(
+    work: Path, version: str, group: str = CONNECTOR_GROUP, artifact: str = CONNECTOR_ARTIFACT
+) -> Path:
+    """An artifact's runtime dependencies, in a Maven repository layout under ``work``."""
     pom = work / f"pom-{version}.xml"
-    pom.write_text(_POM.format(group=CONNECTOR_GROUP, artifact=CONNECTOR_ARTIFACT, version=version))
+    pom.write_text(_POM.format(group=group, artifact=artifact, version=version))
     layout = work / f"jars-{version}"
     command = [
         "mvn",
@@ -155,14 +162,14 @@ def _maven_copy(work: Path, version: str) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         output = (result.stdout + result.stderr).strip()
-        connector = f"{CONNECTOR_GROUP}:{CONNECTOR_ARTIFACT}:jar:{version}"
+        connector = f"{group}:{artifact}:jar:{version}"
         if (
             f"Could not find artifact {connector}" in output
             or f"{connector} was not found" in output
         ):
             raise _NotPublishedError(version)
         raise ConnectorUnavailableError(
-            f"Maven could not fetch {connector_coordinates(version)}:\n{output[-2000:]}"
+            f"Maven could not fetch {group}:{artifact}:{version}:\n{output[-2000:]}"
         )
     return layout
 
@@ -201,7 +208,7 @@ def _release(version: str) -> tuple[int, int, int] | None:
     return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
-def _install(layout: Path, dest: Path) -> str:
+def _install(layout: Path, dest: Path, artifact_name: str = CONNECTOR_ARTIFACT) -> str:
     """Copy the jars pyspark does not ship from a repository layout into ``dest``."""
     shipped = _pyspark_jar_names()
     tmp = dest.with_name(f"{dest.name}.tmp.{os.getpid()}")
@@ -210,13 +217,13 @@ def _install(layout: Path, dest: Path) -> str:
     resolved = ""
     for jar in layout.rglob("*.jar"):
         artifact = jar.parent.parent.name  # <group path>/<artifact>/<version>/<file>.jar
-        if artifact == CONNECTOR_ARTIFACT:
+        if artifact == artifact_name:
             resolved = jar.parent.name
         if any(re.match(rf"{re.escape(artifact)}-\d", name) for name in shipped):
             continue
         shutil.copy2(jar, tmp / jar.name)
     if not resolved:
-        raise ConnectorUnavailableError(f"Maven did not deliver {CONNECTOR_ARTIFACT}")
+        raise ConnectorUnavailableError(f"Maven did not deliver {artifact_name}")
     (tmp / _MARKER).write_text(resolved + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -232,10 +239,71 @@ def _pyspark_jar_names() -> list[str]:
     return [f.name for f in files if f.parent.name == "jars" and f.name.endswith(".jar")]
 
 
+DELTA_GROUP = "io.delta"
+
+
+def delta_version() -> str:
+    """The installed ``delta-spark`` package's version."""
+    try:
+        return importlib.metadata.version("delta-spark")
+    except importlib.metadata.PackageNotFoundError:
+        raise ConnectorUnavailableError(
+            "delta-spark is not installed: pip install 'outboxkit[spark]'"
+        ) from None
+
+
+def delta_artifact(spark: str | None = None) -> str:
+    """``delta-spark_<major.minor>_2.13`` for ``spark`` (default: the installed pyspark)."""
+    major_minor = ".".join((spark or spark_version()).split(".")[:2])
+    return f"delta-spark_{major_minor}_{SCALA_BINARY_VERSION}"
+
+
+def delta_coordinates() -> str:
+    """``group:artifact:version`` of Delta Lake for the installed pyspark and delta-spark."""
+    return f"{DELTA_GROUP}:{delta_artifact()}:{delta_version()}"
+
+
+def fetch_delta(dest: Path | None = None) -> Path:
+    """Fetch Delta Lake's jars (for the installed pyspark and delta-spark) once."""
+    version, artifact = delta_version(), delta_artifact()
+    dest = dest or Path.home() / ".cache" / "outboxkit" / f"delta-{version}-{artifact}"
+    if connector_version_in(dest):
+        return dest
+    if shutil.which("mvn") is None:
+        raise ConnectorUnavailableError(
+            "Maven is missing (apt-get install maven): it fetches Delta"
+        )
+    with tempfile.TemporaryDirectory(prefix="outboxkit-delta-") as work:
+        try:
+            layout = _maven_copy(Path(work), version, DELTA_GROUP, artifact)
+        except _NotPublishedError:
+            raise ConnectorUnavailableError(
+                f"Maven Central has no {DELTA_GROUP}:{artifact}:{version}; install a delta-spark "
+                "whose jars exist for this Spark (docs/versions.md)"
+            ) from None
+        _install(layout, dest, artifact)
+    return dest
+
+
+def pipeline_jars(
+    jars_dir: str | None = None, *, connector_version: str | None = None
+) -> list[Path]:
+    """Every jar a local run needs: ``jars_dir`` as given (all of them, filled by you), or
+    the fetched connector and Delta Lake, each artifact once."""
+    if jars_dir:
+        return sorted(Path(jars_dir).glob("*.jar"))
+    jars: dict[str, Path] = {}
+    for directory in (fetch_connector(version=connector_version), fetch_delta()):
+        for jar in connector_jars(directory):
+            jars.setdefault(re.sub(r"-\d[^/]*\.jar$", "", jar.name), jar)
+    return sorted(jars.values())
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         print(fetch_connector(version=os.environ.get("OUTBOXKIT_SPARK_CONNECTOR_VERSION")))
+        print(fetch_delta())
     except ConnectorUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

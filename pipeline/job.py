@@ -1,0 +1,300 @@
+"""The pipeline: one streaming query, one pass per micro-batch.
+
+::
+
+    Kafka ─► decode (JVM; registry for the rest) ─► watermark ─► dropDuplicatesWithinWatermark
+          ─► foreachBatch: persist ─┬─ quarantine rows ─► quarantine sink (Delta)
+                                    └─ valid events ─► each Output's transform ─► its sinks
+                                       unpersist
+
+Everything is read from Kafka and decoded once per micro-batch; the batch is persisted while
+its sinks read it. Each sink makes a re-run of the same batch id a no-op (:mod:`.sinks`), so
+after a crash Spark's re-run of the last batch changes nothing that was already written.
+
+Building blocks, usable in your own jobs: :func:`read_kafka`, :func:`decode`,
+:func:`deduplicated`, :func:`valid_events`, :func:`quarantined`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+from pyspark.sql.streaming.query import StreamingQuery
+
+from outboxkit.pipeline.decoder import decode
+from outboxkit.pipeline.exceptions import PipelineError
+from outboxkit.pipeline.fallback import model_columns
+from outboxkit.pipeline.payload import why_not_jvm_decodable
+from outboxkit.pipeline.session import build_session, configure_session
+from outboxkit.pipeline.settings import PipelineSettings, spark_duration
+from outboxkit.pipeline.sinks import BatchInfo, DeltaSink, Sink
+from outboxkit.schemas import EventRegistry
+
+logger = structlog.get_logger("outboxkit.pipeline")
+
+#: The local property Spark sets on the thread that runs a streaming query's micro-batches.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One result of the pipeline: ``transform`` turns a micro-batch's valid, deduplicated
+    events into rows (e.g. aggregates), which every sink in ``sinks`` receives."""
+
+    name: str
+    transform: Callable[[DataFrame], DataFrame]
+    sinks: Sequence[Sink]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Your events (``registry``) and what to make of them (``outputs``).
+
+    Records that do not decode go to ``quarantine`` (by default a Delta table
+    ``<output>/quarantine``)."""
+
+    registry: EventRegistry
+    outputs: Sequence[Output]
+    quarantine: Sink | None = field(default_factory=lambda: DeltaSink("quarantine"))
+
+    @property
+    def topics(self) -> list[str]:
+        """The registered models' default topics (``OUTBOXKIT_TOPICS`` overrides them)."""
+        return sorted({m.event_topic for m in self.registry if m.event_topic})
+
+
+def read_kafka(spark: SparkSession, settings: PipelineSettings, topics: Sequence[str]) -> DataFrame:
+    """The topics as a stream of raw records (only committed transactions), headers included."""
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", ",".join(settings.kafka_bootstrap_servers))
+        .option("subscribe", ",".join(topics))
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .option("startingOffsets", settings.pipeline_starting_offsets)
+    )
+    if settings.pipeline_max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", settings.pipeline_max_offsets_per_trigger)
+    return reader.load()
+
+
+def deduplicated(decoded: DataFrame, settings: PipelineSettings) -> DataFrame:
+    """Each event id once within the watermark on ``occurred_at``.
+
+    Quarantine rows have no event time and no event id: they are keyed by their Kafka position,
+    are never late, and their state is dropped at the next watermark."""
+    key = F.coalesce(
+        F.col("event_id"),
+        F.concat_ws(":", F.lit("kafka"), "topic", "partition", "offset"),
+    )
+    return (
+        decoded.withColumn("dedupe_key", key)
+        .withWatermark("occurred_at", spark_duration(settings.pipeline_watermark))
+        .dropDuplicatesWithinWatermark(["dedupe_key"])
+        .drop("dedupe_key")
+    )
+
+
+_QUARANTINE_ONLY = frozenset(
+    {"key", "value", "headers", "timestamp", "error_reason", "error_message", "error_type"}
+)
+
+
+def valid_events(decoded: DataFrame) -> DataFrame:
+    """The rows that decoded: envelope, one struct column per model, and the source position."""
+    keep = [c for c in decoded.columns if c not in _QUARANTINE_ONLY]
+    return decoded.where(F.col("error_reason").isNull()).select(*keep)
+
+
+def quarantined(decoded: DataFrame, pipeline: str) -> DataFrame:
+    """The rows that did not decode: raw bytes and headers, where they came from, and why."""
+    return decoded.where(F.col("error_reason").isNotNull()).select(
+        "key",
+        "value",
+        "headers",
+        F.col("topic").alias("source_topic"),
+        F.col("partition").alias("source_partition"),
+        F.col("offset").alias("source_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        "error_reason",
+        "error_message",
+        "error_type",
+        F.lit(pipeline).alias("pipeline"),
+        F.current_timestamp().alias("quarantined_at"),
+    )
+
+
+class BatchWriter:
+    """The ``foreachBatch`` function: one micro-batch to every sink."""
+
+    def __init__(self, pipeline: Pipeline, settings: PipelineSettings) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        query_id = spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+        if not query_id:
+            raise PipelineError("BatchWriter must run as a foreachBatch function")
+        info = BatchInfo(
+            query_id=query_id,
+            query_name=self.settings.pipeline_name,
+            batch_id=batch_id,
+            settings_output=self.settings.pipeline_output,
+            database_url=self.settings.database_url,
+        )
+        decoded = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            quarantine = self.pipeline.quarantine
+            if quarantine is not None:
+                quarantine.write(quarantined(decoded, self.settings.pipeline_name), info)
+            events = valid_events(decoded)
+            for output in self.pipeline.outputs:
+                rows = output.transform(events)
+                several = len(output.sinks) > 1
+                if several:
+                    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+                try:
+                    for sink in output.sinks:
+                        started = time.perf_counter()
+                        sink.write(rows, info)
+                        logger.debug(
+                            "sink done",
+                            sink=sink.name,
+                            batch_id=batch_id,
+                            seconds=round(time.perf_counter() - started, 3),
+                        )
+                finally:
+                    if several:
+                        rows.unpersist()
+        finally:
+            decoded.unpersist()
+
+
+def start(spark: SparkSession, pipeline: Pipeline, settings: PipelineSettings) -> StreamingQuery:
+    """Prepare the sinks and start the pipeline's query (already running when returned)."""
+    for model in pipeline.registry:
+        why = why_not_jvm_decodable(model)
+        if why:
+            logger.warning("model decoded in Python", model=model.event_type, reason=why)
+    model_columns(pipeline.registry)  # fails early on clashing column names
+    sinks = [s for o in pipeline.outputs for s in o.sinks]
+    if pipeline.quarantine is not None:
+        sinks.append(pipeline.quarantine)
+    for sink in sinks:
+        sink.prepare(spark, settings.pipeline_output, settings.database_url)
+    topics = settings.topics or pipeline.topics
+    if not topics:
+        raise PipelineError("no topics: set OUTBOXKIT_TOPICS or give the models a topic")
+    stream = deduplicated(decode(read_kafka(spark, settings, topics), pipeline.registry), settings)
+    writer = (
+        stream.writeStream.queryName(settings.pipeline_name)
+        .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/{settings.pipeline_name}")
+        .outputMode("append")
+        .foreachBatch(BatchWriter(pipeline, settings))
+    )
+    trigger = settings.pipeline_trigger
+    if isinstance(trigger, str):
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=spark_duration(trigger))
+    return writer.start()
+
+
+@dataclass(frozen=True)
+class QueryReport:
+    """What the query did in this run (from its retained progress updates)."""
+
+    name: str
+    batches: int
+    input_rows: int
+    late_rows: int
+    """Rows dropped because their event time was behind the watermark (see docs/spark.md)."""
+
+
+def report(query: StreamingQuery) -> QueryReport:
+    progress = [p for p in query.recentProgress if p.numInputRows is not None]
+    return QueryReport(
+        name=query.name or str(query.id),
+        batches=len(progress),
+        input_rows=sum(p.numInputRows for p in progress),
+        late_rows=sum(
+            op.numRowsDroppedByWatermark or 0 for p in progress for op in p.stateOperators
+        ),
+    )
+
+
+class ProgressLog(StreamingQueryListener):
+    """Logs every micro-batch, and warns about rows behind the watermark."""
+
+    def onQueryStarted(self, event: Any) -> None:
+        logger.info("query started", query=event.name, id=str(event.id))
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        late = sum(op.numRowsDroppedByWatermark or 0 for op in progress.stateOperators)
+        log = logger.warning if late else logger.info
+        log(
+            "batch done",
+            query=progress.name,
+            batch_id=progress.batchId,
+            input_rows=progress.numInputRows,
+            late_rows_dropped=late,
+            duration_ms=dict(progress.durationMs or {}),
+            state_rows=sum(op.numRowsTotal or 0 for op in progress.stateOperators),
+        )
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            logger.error("query failed", id=str(event.id), error=event.exception)
+
+
+def await_query(query: StreamingQuery, *, stop: threading.Event | None = None) -> QueryReport:
+    """Wait until the query ends (available-now) or ``stop`` is set (then stop it).
+
+    A failed query raises :class:`PipelineError`."""
+    stop = stop or threading.Event()
+    try:
+        while query.isActive and not stop.wait(0.5):
+            pass
+    finally:
+        if query.isActive:
+            query.stop()
+    error = query.exception()
+    if error is not None:
+        raise PipelineError(f"query {query.name} failed: {error}")
+    result = report(query)
+    logger.info("query finished", **result.__dict__)
+    return result
+
+
+def run(
+    pipeline: Pipeline,
+    settings: PipelineSettings,
+    *,
+    spark: SparkSession | None = None,
+    stop: threading.Event | None = None,
+) -> QueryReport:
+    """Run ``pipeline`` until the backlog is done (available-now) or ``stop`` is set."""
+    if spark is None:
+        spark = build_session(settings)
+    else:
+        configure_session(spark, shuffle_partitions=settings.spark_shuffle_partitions)
+    listener = ProgressLog()
+    spark.streams.addListener(listener)
+    try:
+        return await_query(start(spark, pipeline, settings), stop=stop)
+    finally:
+        spark.streams.removeListener(listener)

@@ -1,0 +1,69 @@
+"""The SparkSession: local (master and jars from the settings) or spark-submit's own."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from outboxkit.pipeline.jars import pipeline_jars
+from outboxkit.pipeline.settings import PipelineSettings
+
+#: Local runs use few shuffle (= state store) partitions: 200 would mean 200 tiny state stores.
+LOCAL_SHUFFLE_PARTITIONS = 4
+
+#: Delta Lake's SQL extension and catalog (MERGE, and the Delta sink's idempotent writes).
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def local_delta_conf(partitions: int) -> dict[str, str]:
+    """Delta settings for a local session: its transaction log is read with as many tasks as
+    the shuffle (Delta's default, 50, costs seconds per commit on two cores)."""
+    return {"spark.databricks.delta.snapshotPartitions": str(partitions)}
+
+
+def under_spark_submit() -> bool:
+    """Whether this Python process was started by ``spark-submit`` (its JVM is already up)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(settings: PipelineSettings) -> SparkSession:
+    """The session: local (master and jars from the settings) unless under ``spark-submit``,
+    which brings its own master, ``--packages`` and ``--conf`` (see docs/spark.md)."""
+    builder = SparkSession.builder.appName(f"outboxkit-{settings.pipeline_name}")
+    partitions = settings.spark_shuffle_partitions
+    if not under_spark_submit():
+        jars = pipeline_jars(
+            settings.spark_jars, connector_version=settings.spark_connector_version
+        )
+        builder = (
+            builder.master(settings.spark_master)
+            .config("spark.jars", ",".join(map(str, jars)))
+            .config("spark.ui.showConsoleProgress", "false")
+        )
+        partitions = partitions or LOCAL_SHUFFLE_PARTITIONS
+        for key, value in {**DELTA_CONF, **local_delta_conf(partitions)}.items():
+            builder = builder.config(key, value)
+        use_this_python_for_workers()
+    spark = builder.getOrCreate()
+    configure_session(spark, shuffle_partitions=partitions)
+    return spark
+
+
+def use_this_python_for_workers() -> None:
+    """Local Python workers run this interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+    PySpark reads only that variable (``spark.pyspark.python`` is spark-submit's), and its
+    default, ``python3`` from ``PATH``, lacks outboxkit outside an activated virtualenv: the
+    decoder's Python pass would fail on the first batch."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def configure_session(spark: SparkSession, *, shuffle_partitions: int | None = None) -> None:
+    """Runtime settings the pipeline relies on: event times and windows in UTC."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    if shuffle_partitions is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -1,0 +1,323 @@
+"""The pipeline's decoder (JVM first, the registry for the rest) against the Python decoder.
+
+One corpus of good and garbage records goes through both: ``outboxkit.pipeline.decode`` in
+Spark, and ``EventRegistry.decode`` (the inbox's decoder) record by record. Every record must
+get the same outcome — the same typed event, or quarantine with the same reason — and every
+canonical record of a supported model must be decided on the JVM (no Python per event).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field, field_validator
+
+from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
+from outboxkit.demo.events import registry as shop
+from outboxkit.schemas import Event, EventDecodeError, EventRegistry, encode
+
+pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [spark] extra")
+pa = pytest.importorskip("pyarrow")
+
+from outboxkit.pipeline import decode, jvm_decodable  # noqa: E402
+from outboxkit.pipeline.fallback import PythonDecoder, decode_rows  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+WHEN = datetime(2026, 3, 1, 10, 30, 15, 250000, tzinfo=UTC)
+SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+Headers = list[tuple[str, bytes | None]]
+Record = tuple[bytes | None, bytes | None, Headers]
+
+
+class Tags(BaseModel):
+    labels: list[str] = Field(min_length=1)
+    weight: float = Field(ge=0)
+    rank: int | None = None
+
+
+class Shipped(Event, type="test.shipped", version=2, topic="t", key_field="order_id"):
+    order_id: str = Field(min_length=2, max_length=8)
+    tags: Tags
+    shipped_on: datetime
+    parcel: int = Field(gt=0, le=1000)
+    price: Decimal = Field(max_digits=5, decimal_places=2)
+
+
+class Validated(Event, type="test.validated", topic="t", key_field="name"):
+    """A user validator: Spark SQL cannot run it, so this model is decoded in Python."""
+
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _no_x(cls, value: str) -> str:
+        if "x" in value:
+            raise ValueError("no x")
+        return value
+
+
+def registry() -> EventRegistry:
+    local = EventRegistry()
+    for model in (*shop, Shipped, Validated):
+        local.register(model)
+    return local
+
+
+def order(**changes: Any) -> OrderPlaced:
+    fields: dict[str, Any] = {
+        "order_id": "o-1",
+        "customer_id": "c-1",
+        "currency": Currency.EUR,
+        "lines": [OrderLine(sku="s", quantity=2, unit_price=Decimal("4.50"))],
+        "amount": Decimal("9.00"),
+        "occurred_at": WHEN,
+        "topic": "t",
+    }
+    return OrderPlaced(**(fields | changes))
+
+
+def wire(event: Event) -> Record:
+    encoded = encode(event, source="urn:test")
+    return encoded.key, encoded.value, list(encoded.headers)
+
+
+def swap(record: Record, name: str, value: bytes | None) -> Record:
+    key, payload, headers = record
+    return key, payload, [(k, value if k == name else v) for k, v in headers]
+
+
+def replace(record: Record, old: bytes, new: bytes) -> Record:
+    key, payload, headers = record
+    assert payload is not None
+    assert old in payload, (old, payload)
+    return key, payload.replace(old, new), headers
+
+
+def corpus() -> list[tuple[str, Record]]:
+    """(label, record): good records, written canonically or not, and garbage."""
+    good = wire(order())
+    shipped = wire(
+        Shipped(
+            order_id="o-7",
+            tags=Tags(labels=["fragile", 'é "quoted" \\ /'], weight=1.5),
+            shipped_on=datetime(2026, 2, 28, 23, 0, tzinfo=UTC),
+            parcel=3,
+            price=Decimal("123.40"),
+            occurred_at=WHEN,
+            headers={"trace": "abc", "tenant": "ünï"},
+        )
+    )
+    key, value, headers = good
+    assert value is not None
+    cases: list[tuple[str, Record]] = [
+        # Canonical (what encode writes): decided on the JVM.
+        ("good", good),
+        (
+            "good, note",
+            wire(order(note='gift ✓ "x" \\n', occurred_at=datetime(2026, 1, 1, tzinfo=UTC))),
+        ),
+        (
+            "good, many lines",
+            wire(
+                order(
+                    lines=[
+                        OrderLine(sku=f"s{i}", quantity=i + 1, unit_price=Decimal(i))
+                        for i in range(5)
+                    ]
+                )
+            ),
+        ),
+        ("good, zero amount", wire(order(amount=Decimal("0"), currency=Currency.USD))),
+        (
+            "good, payment",
+            wire(
+                PaymentCaptured(
+                    payment_id="p",
+                    order_id="o",
+                    customer_id="c",
+                    currency=Currency.EUR,
+                    amount=Decimal("1.5"),
+                    occurred_at=WHEN,
+                    topic="t",
+                )
+            ),
+        ),
+        ("good, nested model and user headers", shipped),
+        ("good, validated model", wire(Validated(name="abc", occurred_at=WHEN))),
+        # Valid, but not canonical: the Python pass decides (and accepts).
+        ("amount as a number", replace(good, b'"amount":"9.00"', b'"amount":9.00')),
+        ("amount 9.000 (normalises to 2 places)", replace(good, b'"9.00"', b'"9.000"')),
+        ("quantity as a string", replace(good, b'"quantity":2', b'"quantity":"2"')),
+        ("spaces in the JSON", replace(good, b'","', b'", "')),
+        ("note missing", replace(good, b',"note":null', b"")),
+        (
+            "nested extra key (ignored by OrderLine)",
+            replace(good, b'"sku":"s"', b'"sku":"s","x":1'),
+        ),
+        ("ce_time with an offset", swap(good, "ce_time", b"2026-03-01T12:30:15.25+02:00")),
+        ("upper-case ce_id", swap(good, "ce_id", headers[1][1].upper())),  # type: ignore[union-attr]
+        (
+            "content-type with charset",
+            swap(good, "content-type", b"application/json; charset=utf-8"),
+        ),
+        ("headers in another order", (key, value, list(reversed(headers)))),
+        ("an unknown ce_ extension", (key, value, [*headers, ("ce_traceparent", b"00-x")])),
+        (
+            "validated model rejects",
+            replace(wire(Validated(name="abc", occurred_at=WHEN)), b'"abc"', b'"axc"'),
+        ),
+        # Garbage decided on the JVM (well-formed envelope).
+        ("unknown type", swap(good, "ce_type", b"shop.order_refunded")),
+        ("unsupported version", swap(good, "ce_schemaversion", b"7")),
+        ("no key", (None, value, headers)),
+        ("empty key", (b"", value, headers)),
+        ("key not UTF-8 (surrogate)", (b"\xed\xa0\x80", value, headers)),
+        ("key not UTF-8 (overlong)", (b"\xc0\xaf", value, headers)),
+        ("tombstone", (key, None, headers)),
+        ("value not UTF-8", (key, b"\xff\xfe", headers)),
+        # Garbage the Python pass decides.
+        ("not JSON", (key, b"not json", headers)),
+        ("JSON array", (key, b"[1, 2]", headers)),
+        ("empty value", (key, b"", headers)),
+        ("no headers", (key, value, [])),
+        ("a header twice", (key, value, [*headers, ("ce_id", headers[1][1])])),
+        ("a user header twice", (key, value, [*headers, ("h", b"1"), ("h", b"2")])),
+        ("a header value not UTF-8", (key, value, [*headers, ("h", b"\xff")])),
+        ("a null header value", (key, value, [*headers, ("h", None)])),
+        ("missing ce_source", (key, value, [h for h in headers if h[0] != "ce_source"])),
+        ("ce_specversion 0.3", swap(good, "ce_specversion", b"0.3")),
+        ("content-type text/plain", swap(good, "content-type", b"text/plain")),
+        ("ce_id not a UUID", swap(good, "ce_id", b"123")),
+        ("ce_time 30 February", swap(good, "ce_time", b"2026-02-30T10:00:00.000000Z")),
+        ("ce_time year 0", swap(good, "ce_time", b"0000-01-01T00:00:00.000000Z")),
+        ("ce_schemaversion 01", swap(good, "ce_schemaversion", b"01")),
+        ("empty ce_type", swap(good, "ce_type", b"")),
+        ("negative amount", replace(good, b'"9.00"', b'"-9.00"')),
+        ("three decimal places", replace(good, b'"9.00"', b'"9.001"')),
+        ("quantity 0", replace(good, b'"quantity":2', b'"quantity":0')),
+        ("quantity not a number", replace(good, b'"quantity":2', b'"quantity":"x"')),
+        ("unknown currency", replace(good, b'"EUR"', b'"GBP"')),
+        ("extra top-level field", replace(good, b'"note":null', b'"note":null,"x":1')),
+        ("envelope field in the payload", replace(good, b'"note":null', b'"note":null,"id":"x"')),
+        ("order_id missing", replace(good, b'"order_id":"o-1",', b"")),
+        (
+            "lines null",
+            replace(
+                good, b'"lines":[{"sku":"s","quantity":2,"unit_price":"4.50"}]', b'"lines":null'
+            ),
+        ),
+        ("order_id a number", replace(good, b'"order_id":"o-1"', b'"order_id":1')),
+        ("nested: weight negative", replace(shipped, b'"weight":1.5', b'"weight":-1.5')),
+        ("nested: no labels", replace(shipped, b'"labels":["fragile",', b'"labels":[],"x":[')),
+        ("too many digits", replace(shipped, b'"123.40"', b'"1234.40"')),
+        ("parcel above its bound", replace(shipped, b'"parcel":3', b'"parcel":1001')),
+        ("order_id too short", replace(shipped, b'"order_id":"o-7"', b'"order_id":"o"')),
+        ("shipped_on naive", replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-02-28T23:00:00"')),
+        (
+            "shipped_on 31 April",
+            replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-04-31T23:00:00Z"'),
+        ),
+        # Oversize for its column: valid for Pydantic, not representable in Spark.
+        (
+            "amount too large for decimal(38,2)",
+            replace(good, b'"9.00"', b'"' + b"9" * 37 + b'.00"'),
+        ),
+        (
+            "quantity beyond a long",
+            replace(good, b'"quantity":2', b'"quantity":' + str(2**70).encode()),
+        ),
+    ]
+    return cases
+
+
+def python_outcomes(reg: EventRegistry, records: list[Record]) -> list[dict[str, Any]]:
+    """The Python decoder's verdict per record, as rows of the decoded schema."""
+    decoder = PythonDecoder(reg)
+    keys, values, headers = zip(*records, strict=True)
+    result = decode_rows(
+        decoder,
+        pa.array([True] * len(records)),
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array(
+            [[{"key": k, "value": v} for k, v in h] for h in headers],
+            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+        ),
+        pa.array(["t"] * len(records)),
+    )
+    rows: list[dict[str, Any]] = result.to_pylist()
+    return rows
+
+
+def reason_of(reg: EventRegistry, record: Record) -> str | None:
+    key, value, headers = record
+    try:
+        reg.decode(topic="t", key=key, value=value, headers=headers)  # type: ignore[arg-type]
+    except EventDecodeError as exc:
+        return str(exc.reason)
+    return None
+
+
+def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
+    reg = registry()
+    assert [m for m in reg if not jvm_decodable(m)] == [Validated]
+    labelled = corpus()
+    records = [record for _, record in labelled]
+    rows = [
+        (key, value, "t", 0, offset, WHEN, 0, headers)
+        for offset, (key, value, headers) in enumerate(records)
+    ]
+    source = spark.createDataFrame(rows, SOURCE_SCHEMA)
+    decoded = decode(source, reg).orderBy("offset").toArrow().to_pylist()
+    expected = python_outcomes(reg, records)
+
+    mismatches = []
+    for (label, record), got, want in zip(labelled, decoded, expected, strict=True):
+        reason = reason_of(reg, record)
+        assert want["error_reason"] == reason or want["error_reason"] == "unrepresentable", label
+        got_outcome = {k: got[k] for k in want if k not in {"error_message", "error_type"}}
+        want_outcome = {k: v for k, v in want.items() if k not in {"error_message", "error_type"}}
+        if got_outcome != want_outcome:
+            mismatches.append((label, got_outcome, want_outcome))
+        if want["error_reason"] is not None:
+            assert got["error_message"], label
+            assert got["value"] == record[1], label
+    assert mismatches == []
+
+    by = {label: row["decoded_by"] for (label, _), row in zip(labelled, decoded, strict=True)}
+    jvm = {label for label, path in by.items() if path == "jvm"}
+    assert {label for label in by if label.startswith("good")} - {"good, validated model"} <= jvm
+    assert {
+        "unknown type",
+        "unsupported version",
+        "no key",
+        "empty key",
+        "tombstone",
+        "value not UTF-8",
+        "key not UTF-8 (surrogate)",
+    } <= jvm
+    assert by["good, validated model"] == "python"
+    outcomes = [row["error_reason"] for row in expected]
+    assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
+    assert "unrepresentable" in outcomes
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_the_writers_traceparent_stays_available_on_a_decoded_row(spark: Any) -> None:
+    """Trace propagation (docs/tracing.md): the pipeline keeps the record's traceparent in the
+    event's headers column, so a job can attach its work to the writer's trace."""
+    key, value, headers = wire(order())
+    record = (key, value, "t", 0, 0, WHEN, 0, [*headers, ("traceparent", TRACEPARENT.encode())])
+    (row,) = decode(spark.createDataFrame([record], SOURCE_SCHEMA), shop).toArrow().to_pylist()
+    assert row["error_reason"] is None
+    assert row["decoded_by"] == "jvm"
+    assert dict(row["shop_order_placed_v1"]["headers"])["traceparent"] == TRACEPARENT
