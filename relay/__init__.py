@@ -4,7 +4,7 @@ Service side: :class:`PostgresOutbox` adds events inside the caller's transactio
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
-from outboxkit.relay.engine import Relay, RelayHealth
+from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     NotInTransactionError,
     OwnershipLostError,
@@ -26,6 +26,7 @@ __all__ = [
     "OutboxStorage",
     "OwnershipLostError",
     "PartitionBacklog",
+    "PartitionStatus",
     "PostgresOutbox",
     "PostgresOutboxStorage",
     "RecordInfo",

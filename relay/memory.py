@@ -8,7 +8,7 @@ survives the process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -81,27 +81,44 @@ class InMemoryOutboxStorage:
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         self._topics.update(partitions)
 
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
+        self._settle(published, keep=keep)
+        wanted = set(tps)
         blocked = {
-            row.record.key
+            (_tp(row.record), row.record.key)
             for row in self._rows.values()
-            if row.state == "failed" and _tp(row.record) == tp
+            if row.state == "failed" and _tp(row.record) in wanted
         }
-        found = [
-            row.record
-            for row in sorted(self._rows.values(), key=lambda r: r.seq)
-            if row.state == "pending" and _tp(row.record) == tp and row.record.key not in blocked
-        ]
-        return found[:limit]
+        taken: dict[TopicPartition, int] = dict.fromkeys(wanted, 0)
+        found = []
+        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+            tp = _tp(row.record)
+            if (
+                row.state == "pending"
+                and tp in wanted
+                and (tp, row.record.key) not in blocked
+                and taken[tp] < limit
+            ):
+                taken[tp] += 1
+                found.append(row.record)
+        return found
 
-    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+    def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)
         for record in records:
             row = self._rows.get(record.id)
             if row is None:
                 continue
             if keep:
-                row.state, row.published_at = "published", now
+                if row.state == "pending":
+                    row.state, row.published_at = "published", now
             else:
                 del self._rows[record.id]
 
@@ -114,13 +131,13 @@ class InMemoryOutboxStorage:
         if give_up:
             row.state = "failed"
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
         if waiting:
-            self._waiting.add(tp)
+            self._waiting.update(tps)
         else:
-            self._waiting.discard(tp)
+            self._waiting.difference_update(tps)
 
-    async def writers_settled(self, tp: TopicPartition) -> bool:
+    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
         return True  # writes are atomic here: nothing is ever half-committed
 
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
