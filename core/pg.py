@@ -17,13 +17,21 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 
 def make_pool(
-    url: str, *, size: int, connect_timeout: float, name: str, statement_timeout: float = 30.0
+    url: str,
+    *,
+    size: int,
+    connect_timeout: float,
+    name: str,
+    statement_timeout: float = 30.0,
+    application_name: str | None = None,
 ) -> Pool:
     """A closed pool of autocommit connections, each checked before use (a server restart
     leaves broken connections behind). Open it with ``await pool.open(wait=False)``.
 
     ``statement_timeout`` bounds every statement: one that runs away (a bad plan, a lock held
-    by someone else) fails and is retried instead of freezing its caller without a word."""
+    by someone else) fails and is retried instead of freezing its caller without a word.
+    ``application_name`` (``name``, dots as dashes, unless given) tells the connections apart in
+    ``pg_stat_activity`` (``outboxkit-relay``, ``outboxkit-inbox``, …)."""
     return AsyncConnectionPool(
         url,
         min_size=1,
@@ -33,6 +41,7 @@ def make_pool(
             "autocommit": True,
             "connect_timeout": max(1, round(connect_timeout)),
             "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
+            "application_name": application_name or name.replace(".", "-"),
         },
         check=AsyncConnectionPool.check_connection,
         timeout=connect_timeout,
@@ -58,8 +67,22 @@ class PooledStore:
 
     unavailable: type[OutboxkitError]
 
-    def __init__(self, url: str, *, pool_size: int, connect_timeout: float, name: str) -> None:
-        self._pool = make_pool(url, size=pool_size, connect_timeout=connect_timeout, name=name)
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int,
+        connect_timeout: float,
+        name: str,
+        application_name: str | None = None,
+    ) -> None:
+        self._pool = make_pool(
+            url,
+            size=pool_size,
+            connect_timeout=connect_timeout,
+            name=name,
+            application_name=application_name,
+        )
 
     async def __aenter__(self) -> Self:
         await self._pool.open(wait=False)

@@ -17,10 +17,13 @@ from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
 from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
 
 __all__ = [
+    "GroupStatus",
     "InMemoryOutboxStorage",
+    "MemberStatus",
     "NotInTransactionError",
     "OutboxRecord",
     "OutboxStorage",
@@ -39,4 +42,5 @@ __all__ = [
     "TopicPartition",
     "UnknownTopicError",
     "WakeupSource",
+    "group_status",
 ]

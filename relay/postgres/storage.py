@@ -50,14 +50,20 @@ class PostgresOutboxStorage(PooledStore):
         pool_size: int = 4,
         connect_timeout: float = 10.0,
         listen_check_interval: float = 5.0,
+        application_name: str = "outboxkit-relay",
     ) -> None:
         self._url = url
         self._connect_timeout = connect_timeout
         self._listen_check_interval = listen_check_interval
         #: Per partition, the transaction-id horizon of the relay's last idle declaration.
         self._horizons: dict[TopicPartition, str] = {}
+        self._application_name = application_name
         super().__init__(
-            url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
+            url,
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            name="outboxkit-relay",
+            application_name=application_name,
         )
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
@@ -156,6 +162,7 @@ class PostgresOutboxStorage(PooledStore):
                     self._url,
                     autocommit=True,
                     connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name=f"{self._application_name}-listener",
                 )
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)

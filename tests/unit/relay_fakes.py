@@ -168,9 +168,7 @@ class FakePublisher:
         broker = self.broker
         tps = frozenset(TopicPartition(r.topic, r.partition) for r in records)
         broker.calls.append(
-            PublishCall(
-                self.block, [cast(int, r.id) for r in records], self, time.monotonic(), tps
-            )
+            PublishCall(self.block, [cast(int, r.id) for r in records], self, time.monotonic(), tps)
         )
         if not self.started or self.closed:
             state = "closed" if self.closed else "never started"
