@@ -59,12 +59,18 @@ FENCED_ERRORS: tuple[type[KafkaError], ...] = (
 
 @dataclass
 class StageTimes:
-    """Seconds one publish spent in each stage (for the per-stage breakdown and slow logs)."""
+    """Seconds one publish spent in each stage (for the per-stage breakdown and slow logs),
+    and the stage it is in now (for the relay's watch on stages that run long)."""
 
     #: begin, AddPartitionsToTxn and Produce, until every record is acknowledged.
     send: float = 0.0
     #: EndTxn (the broker then writes the commit markers).
     commit: float = 0.0
+    current: str = "send"
+    since: float = field(default_factory=time.monotonic)
+
+    def enter(self, stage: str) -> None:
+        self.current, self.since = stage, time.monotonic()
 
 
 class Publisher(Protocol):
@@ -236,6 +242,7 @@ class KafkaPublisher:
                 raise _BatchFailedError(failures)
             acked = time.perf_counter()
             times.send = acked - began
+            times.enter("commit")
             await self._producer.commit_transaction()
             times.commit = time.perf_counter() - acked
         except _BatchFailedError as batch:

@@ -46,8 +46,9 @@ logger = structlog.get_logger("outboxkit.relay")
 #: transaction open at its declaration has ended, then looks once more (see _await_writers).
 WRITERS_WAIT_MAX = 1.0
 
-#: An idle (waiting) block turns busy after this many cycles in a row that found more work
-#: waiting when they ended; a busy block turns idle after this many empty cycles in a row.
+#: An idle (waiting) block turns busy after this many cycles in a row that found records (it
+#: is never left waiting: writers need not notify it); a busy block turns idle after this many
+#: empty cycles in a row.
 BUSY_AFTER = 8
 IDLE_AFTER = 3
 
@@ -131,9 +132,6 @@ class BlockWorker:
     task: asyncio.Task[None] | None = None
     publisher: Publisher | None = None
     fenced: bool = False
-    #: The stage running now and since when (monotonic), for the slow-stage watch.
-    stage: str | None = None
-    stage_since: float = 0.0
     #: Per partition, when a record of it was last acknowledged by Kafka (epoch seconds).
     last_publish: dict[TopicPartition, float] = field(default_factory=dict)
     last_success: float | None = None
@@ -148,6 +146,9 @@ class BlockWorker:
     _backlog: bool = False
     _woken_at: float | None = None
     _cycle_started: float = 0.0
+    _stage_name: str | None = None
+    _stage_since: float = 0.0
+    _publishing: StageTimes | None = None
 
     def __post_init__(self) -> None:
         self._dirty = set(self.tps)  # look at everything first
@@ -162,6 +163,20 @@ class BlockWorker:
     @property
     def waiting(self) -> bool:
         return self._waiting
+
+    @property
+    def stage(self) -> str | None:
+        """The stage running now (for the relay's watch on stages that run long)."""
+        if self._publishing is not None:
+            return self._publishing.current
+        return self._stage_name
+
+    @property
+    def stage_since(self) -> float:
+        """When :attr:`stage` began (monotonic)."""
+        if self._publishing is not None:
+            return self._publishing.since
+        return self._stage_since
 
     def wake(self, tp: TopicPartition | None) -> None:
         """A writer committed rows of ``tp`` (``None``: maybe any partition)."""
@@ -296,10 +311,10 @@ class BlockWorker:
                 return "notify"
         return "sweep"
 
-    async def _after_cycle(self, found: bool, more: bool) -> None:
+    async def _after_cycle(self, found: bool) -> None:
         """Switch between idle (declared, woken by writers) and busy (reading every cycle)."""
         if self._waiting:
-            self._streak = self._streak + 1 if more else 0
+            self._streak = self._streak + 1 if found else 0
             if self._streak >= BUSY_AFTER:
                 try:
                     await self.ctx.wakeups.set_waiting(self.tps, False)
@@ -355,7 +370,7 @@ class BlockWorker:
         self._dirty |= full
         if batch:
             await self._publish(batch, log)
-        await self._after_cycle(bool(batch), more=self._wake.is_set() or bool(full))
+        await self._after_cycle(bool(batch))
 
     async def _publish(
         self, batch: list[OutboxRecord], log: structlog.typing.FilteringBoundLogger
@@ -368,7 +383,7 @@ class BlockWorker:
         batch = batch[:granted]  # the rest waits for the next cycle
         publisher = self.publisher
         assert publisher is not None
-        times = StageTimes()
+        times = self._publishing = StageTimes()
         try:
             try:
                 async with asyncio.timeout(ctx.settings.publish_timeout):
@@ -380,9 +395,12 @@ class BlockWorker:
                 await self._drop_publisher()
                 raise
             finally:
+                self._publishing = None
+                if times.current == "send":  # failed or timed out while sending
+                    times.send = time.monotonic() - times.since
                 self._record_stage("send", times.send)
-                if times.commit:
-                    self._record_stage("commit", times.commit)
+                if times.current == "commit":
+                    self._record_stage("commit", times.commit or time.monotonic() - times.since)
         finally:
             await ctx.budget.give(granted)
         # Kafka has them: the next cycle's statement settles them, then their keys move on.
@@ -425,12 +443,12 @@ class BlockWorker:
 
     @contextlib.contextmanager
     def _stage(self, name: str) -> Iterator[None]:
-        self.stage, self.stage_since = name, time.monotonic()
+        self._stage_name, self._stage_since = name, time.monotonic()
         try:
             yield
         finally:
-            took = time.monotonic() - self.stage_since
-            self.stage = None
+            took = time.monotonic() - self._stage_since
+            self._stage_name = None
             self._record_stage(name, took)
 
     def _record_stage(self, name: str, seconds: float) -> None:

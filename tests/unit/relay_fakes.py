@@ -291,6 +291,7 @@ class Fetch:
     tp: TopicPartition
     found: int
     while_waiting: bool
+    at: float = field(default_factory=time.monotonic)
 
 
 class SpyStorage(InMemoryOutboxStorage):

@@ -258,19 +258,24 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
+@pytest.mark.parametrize("per_transaction", [1, 32], ids=["partition", "block"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios())
-def test_per_key_order_holds_under_any_failures_and_rejections(scenario: Scenario) -> None:
-    asyncio.run(_check_scenario(scenario))
+@given(scenario=scenarios())
+def test_per_key_order_holds_under_any_failures_and_rejections(
+    per_transaction: int, scenario: Scenario
+) -> None:
+    """Both partitions in one transaction per batch (a block) or one each."""
+    asyncio.run(_check_scenario(scenario, per_transaction))
 
 
-async def _check_scenario(s: Scenario) -> None:
+async def _check_scenario(s: Scenario, per_transaction: int) -> None:
     h = await Harness(
         batch_size=3,
         max_in_flight=4,
         max_attempts=MAX_ATTEMPTS,
         retry_backoff_max=0.001,
         sweep_interval=0.05,
+        partitions_per_transaction=per_transaction,
     ).open()
     h.broker.script.extend(s.failures)
     records: list[OutboxRecord] = []

@@ -1,0 +1,54 @@
+"""The relay's producer: aiokafka's, with one retry shortened, and only for the relay.
+
+relay/publisher.py used to set aiokafka's module-global ``sender.BACKOFF_OVERRIDE`` at import,
+changing every producer of the process. Now a subclass swaps in a sender whose
+AddPartitionsToTxn handler retries sooner after CONCURRENT_TRANSACTIONS. If an aiokafka upgrade
+moves the internals it relies on, these tests fail instead of bringing back 20 ms per
+transaction without a word.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ConcurrentTransactions, CoordinatorLoadInProgressError
+from aiokafka.producer import sender
+
+from outboxkit.relay import publisher
+from outboxkit.relay.publisher import CONCURRENT_TRANSACTIONS_BACKOFF, RelayProducer
+
+
+def _response(code: int) -> SimpleNamespace:
+    return SimpleNamespace(errors=[("orders", [(0, code)])])
+
+
+async def test_only_the_relays_producers_retry_concurrent_transactions_sooner() -> None:
+    assert sender.BACKOFF_OVERRIDE == 0.02  # aiokafka's own value: no global patch
+    ours = RelayProducer(bootstrap_servers="localhost:1", transactional_id="t", acks="all")
+    plain = AIOKafkaProducer(bootstrap_servers="localhost:1", transactional_id="t2", acks="all")
+    try:
+        assert isinstance(ours._sender, publisher._Sender)
+        assert type(plain._sender) is sender.Sender
+        # The swapped sender carries what aiokafka built.
+        assert ours._sender._txn_manager.transactional_id == "t"
+        assert ours._sender._acks == -1
+
+        handler = publisher._AddPartitionsHandler(ours._sender, [])
+        concurrent = _response(ConcurrentTransactions.errno)
+        assert handler.handle_response(concurrent) == CONCURRENT_TRANSACTIONS_BACKOFF
+        stock = sender.AddPartitionsToTxnHandler(plain._sender, [])
+        assert stock.handle_response(concurrent) == sender.BACKOFF_OVERRIDE
+    finally:
+        await ours.stop()
+        await plain.stop()
+
+
+async def test_other_answers_keep_aiokafkas_handling() -> None:
+    ours = RelayProducer(bootstrap_servers="localhost:1", transactional_id="t", acks="all")
+    try:
+        handler = publisher._AddPartitionsHandler(ours._sender, [])
+        loading = _response(CoordinatorLoadInProgressError.errno)
+        assert handler.handle_response(loading) == ours._sender._retry_backoff
+    finally:
+        await ours.stop()
