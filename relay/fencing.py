@@ -69,19 +69,23 @@ class KafkaFencer:
         delay = 0.005
         timeout_ms = int(self._settings.transaction_timeout * 1000)
         while True:
-            node_id = await self._client.coordinator_lookup(
-                CoordinationType.TRANSACTION, transactional_id
-            )
-            response = await self._client.send(
-                node_id,
-                InitProducerIdRequest(transactional_id, timeout_ms),
-                group=ConnectionGroup.COORDINATION,
-            )
-            error = for_code(response.error_code)
-            if error.errno == 0:
-                return
-            if not issubclass(error, _AGAIN):
-                raise error(transactional_id)
+            try:
+                node_id = await self._client.coordinator_lookup(
+                    CoordinationType.TRANSACTION, transactional_id
+                )
+            except _AGAIN:  # the transaction log is still being created or moved
+                error: type[KafkaError] = CoordinatorNotAvailableError
+            else:
+                response = await self._client.send(
+                    node_id,
+                    InitProducerIdRequest(transactional_id, timeout_ms),
+                    group=ConnectionGroup.COORDINATION,
+                )
+                error = for_code(response.error_code)
+                if error.errno == 0:
+                    return
+                if not issubclass(error, _AGAIN):
+                    raise error(transactional_id)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
