@@ -480,12 +480,21 @@ class BlockWorker:
                 self.block.transactional_id(settings.group_id)
             }
             with self._stage("fence"):
-                await ctx.fencer.fence(others)
+                async with asyncio.timeout(settings.publish_timeout):
+                    await ctx.fencer.fence(others)
         publisher = ctx.publisher_factory(self.block)
         try:
             with self._stage("init"):
                 async with asyncio.timeout(settings.publish_timeout):
                     await publisher.start()  # fences earlier users of the block's own id
+            if settings.transactional:
+                # Once more, now that the producer exists: a rebalance that gave a partition to
+                # another relay between the first confirmation and this init would let both
+                # publish. Confirmed now, the group is still at this generation, so whoever gets
+                # these partitions next initialises after this producer and fences it.
+                with self._stage("confirm"):
+                    if not await ctx.confirm(own):
+                        raise NotConfirmedError(f"{self.block}: membership not confirmed")
         except BaseException:
             with contextlib.suppress(Exception):
                 await publisher.close()

@@ -135,6 +135,23 @@ async def test_no_producer_starts_until_the_group_confirms_the_membership(
     assert h.ownership.confirmations[-1] == frozenset({tp(0), tp(1)})
 
 
+async def test_a_producer_started_as_the_group_moved_on_is_never_used(
+    make: MakeHarness,
+) -> None:
+    """Confirmed before the producer starts, not after (a rebalance completed in between):
+    another relay may already publish these partitions, so this producer must not."""
+    h = await make(partitions=2, partitions_per_transaction=32, retry_backoff_max=0.02)
+    answers = iter([True, False])
+    h.ownership.confirms = lambda _: next(answers, False)
+    h.add(0)
+    await h.start()
+    await until(lambda: len(h.ownership.confirmations) >= 3, "asked again")
+    [publisher] = h.broker.publishers
+    assert publisher.started
+    assert publisher.closed
+    assert h.broker.calls == []
+
+
 async def test_a_fenced_block_restarts_once_the_group_confirms_it_is_still_ours(
     make: MakeHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
