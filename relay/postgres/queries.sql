@@ -32,6 +32,13 @@ WHERE t.topic = %(topic)s
 -- batch cannot take are not shipped. No locks and no marks: only the partition's owner (its
 -- Kafka assignment) reads here, and Kafka fences a stale owner. Keys with a failed record are
 -- skipped, so nothing overtakes a parked record of its key.
+-- The partition is bounded by a row comparison on (partition, id), not `partition = …`: with
+-- an equality the planner treats the partition as a constant, so the primary key's id order
+-- also satisfies ORDER BY (topic, partition, id), and once autoanalyze sees one partition hold
+-- most of the rows it scans outbox_pkey from the lowest id, filtering every other partition's
+-- rows and every deleted row not yet vacuumed out (seen in the plans of the drain benchmark;
+-- test_relay_claim_plan.py). Only outbox_pending_idx gives (partition, id) order, whatever the
+-- statistics say. Row ids start at 1, so [(p, 0), (p + 1, 0)) is exactly partition p.
 WITH settled AS (
     DELETE FROM outboxkit.outbox WHERE id = ANY(%(published)s::bigint[])
 )
@@ -46,7 +53,9 @@ CROSS JOIN LATERAL (
             SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
                    o.header_values, o.event_id, o.attempts, o.created_at
             FROM outboxkit.outbox o
-            WHERE o.topic = p.topic AND o.partition = p.partition AND o.state = 'pending'
+            WHERE o.topic = p.topic AND o.state = 'pending'
+              AND (o.partition, o.id) >= (p.partition, 0)
+              AND (o.partition, o.id) < (p.partition + 1, 0)
               AND o.id <> ALL(%(published)s::bigint[])
               AND NOT EXISTS (
                   SELECT 1 FROM outboxkit.outbox f
@@ -79,7 +88,9 @@ CROSS JOIN LATERAL (
             SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
                    o.header_values, o.event_id, o.attempts, o.created_at
             FROM outboxkit.outbox o
-            WHERE o.topic = p.topic AND o.partition = p.partition AND o.state = 'pending'
+            WHERE o.topic = p.topic AND o.state = 'pending'
+              AND (o.partition, o.id) >= (p.partition, 0)
+              AND (o.partition, o.id) < (p.partition + 1, 0)
               AND o.id <> ALL(%(published)s::bigint[])
               AND NOT EXISTS (
                   SELECT 1 FROM outboxkit.outbox f
