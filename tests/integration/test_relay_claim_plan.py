@@ -13,7 +13,7 @@ generic alike).
 from __future__ import annotations
 
 import random
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -28,7 +28,7 @@ PARTITIONS = 6
 
 def _sql(text: str) -> LiteralString:
     """Statements built here from the package's own queries and constants."""
-    return cast(LiteralString, text)
+    return text
 
 
 async def _plans(conn: psycopg.AsyncConnection[Any], name: str) -> dict[str, str]:
