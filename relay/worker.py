@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from outboxkit.relay.blocks import Block, fence_ids
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.fencing import Fencer
-from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.metrics import STAGES, RelayMetrics
 from outboxkit.relay.publisher import Publisher, PublisherFactory, StageTimes
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 from outboxkit.relay.settings import RelaySettings
@@ -152,6 +152,12 @@ class BlockWorker:
 
     def __post_init__(self) -> None:
         self._dirty = set(self.tps)  # look at everything first
+        # The hot path's metric children, looked up once (labels() takes a lock each time).
+        metrics, topic = self.ctx.metrics, self.block.topic
+        self._stages = {name: metrics.stage.labels(name) for name in STAGES}
+        self._batches = metrics.batches.labels(topic)
+        self._published = metrics.published.labels(topic)
+        self._latency = metrics.latency.labels(topic)
 
     def __str__(self) -> str:
         return str(self.block)
@@ -343,7 +349,7 @@ class BlockWorker:
         await self._pace()
         self._cycle_started = time.perf_counter()
         if self._woken_at is not None:
-            ctx.metrics.stage.labels("wakeup").observe(self._cycle_started - self._woken_at)
+            self._stages["wakeup"].observe(self._cycle_started - self._woken_at)
             self._woken_at = None
         look = self._dirty if self._waiting else set(self.tps)
         finished = self._finished
@@ -427,12 +433,11 @@ class BlockWorker:
 
     def _observe(self, published: Sequence[OutboxRecord]) -> None:
         """Acknowledged by Kafka: count them and their insert → acknowledgement latency."""
-        metrics = self.ctx.metrics
         now = time.time()
         self.last_success = time.monotonic()
-        metrics.batches.labels(self.block.topic).inc()
-        metrics.published.labels(self.block.topic).inc(len(published))
-        latency = metrics.latency.labels(self.block.topic)
+        self._batches.inc()
+        self._published.inc(len(published))
+        latency = self._latency
         for record in published:
             self.last_publish[TopicPartition(record.topic, record.partition)] = now
             if record.created_at is not None:
@@ -452,7 +457,7 @@ class BlockWorker:
             self._record_stage(name, took)
 
     def _record_stage(self, name: str, seconds: float) -> None:
-        self.ctx.metrics.stage.labels(name).observe(seconds)
+        self._stages[name].observe(seconds)
         if seconds >= self.ctx.settings.slow_after and name != "pace":
             logger.warning(
                 "slow relay stage",
