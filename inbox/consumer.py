@@ -17,6 +17,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Generic
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -32,7 +33,7 @@ from tenacity import (
 from outboxkit.core.kafka import leave_group
 from outboxkit.inbox.deadletter import dead_letter_headers
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
-from outboxkit.inbox.handlers import Handler, Inbox
+from outboxkit.inbox.handlers import TX, Handler, Inbox
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import Delivery, InboxStore
@@ -67,14 +68,15 @@ class InboxHealth:
         return self.running and self.database_available
 
 
-class InboxWorker:
-    """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`."""
+class InboxWorker(Generic[TX]):
+    """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`, recording effects in
+    ``store`` (whose transactions are the ones ``inbox``'s handlers expect)."""
 
     def __init__(
         self,
-        inbox: Inbox,
+        inbox: Inbox[TX],
         settings: InboxSettings,
-        store: InboxStore,
+        store: InboxStore[TX],
         *,
         metrics: InboxMetrics | None = None,
     ) -> None:
@@ -183,7 +185,7 @@ class InboxWorker:
     ) -> None:
         """Handle ``records`` in order, several per database transaction. A record's offset is
         marked done only once its transaction committed (or it was absorbed or dead-lettered)."""
-        batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery]] = []
+        batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery[TX]]] = []
         self.metrics.consumed.labels(self.inbox.name, tp.topic).inc(len(records))
         try:
             for record in records:
@@ -210,7 +212,7 @@ class InboxWorker:
             return
 
     async def _flush(
-        self, tp: TopicPartition, batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery]]
+        self, tp: TopicPartition, batch: list[tuple[ConsumerRecord[bytes, bytes], Delivery[TX]]]
     ) -> None:
         """Commit ``batch`` in one transaction; a record whose handler raises goes through the
         one-record path (retries with backoff, then the dead-letter topic). Empties ``batch``."""
@@ -299,7 +301,7 @@ class InboxWorker:
     async def _handle(
         self,
         event: Event,
-        handler: Handler,
+        handler: Handler[TX],
         record: ConsumerRecord[bytes, bytes],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
@@ -399,11 +401,11 @@ def _maybe_crash() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+class _CommitOnRevoke(ConsumerRebalanceListener, Generic[TX]):  # type: ignore[misc]
     """On revocation wait for the poll in progress, then commit what it finished. Never raises
     (aiokafka would swallow it): a failure only means redeliveries, which dedupe absorbs."""
 
-    def __init__(self, worker: InboxWorker) -> None:
+    def __init__(self, worker: InboxWorker[TX]) -> None:
         self._worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:

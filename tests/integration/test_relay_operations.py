@@ -25,6 +25,7 @@ from tests.integration.relay_harness import (
     RelayProcess,
     Writers,
     check_guarantees,
+    pending,
     read_topic,
     register_topic,
     relay_env,
@@ -104,14 +105,9 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
     assert slowest <= session + 5, f"partitions published again only after {taken_over}"
 
 
-async def _drained(pg_url: str, writers: Writers, bootstrap: str, topic: str) -> str:
+async def _drained(url: str, writers: Writers, bootstrap: str, topic: str) -> str:
     async def empty() -> bool:
-        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-            cur = await conn.execute(
-                "SELECT count(*) FROM outboxkit.outbox WHERE state = 'pending'"
-            )
-            row = await cur.fetchone()
-            return row is not None and row[0] == 0
+        return await pending(url) == 0
 
     await wait_for(empty, within=60, what="the outbox to drain")
     return check_guarantees(writers, await read_topic(bootstrap, topic, 6))
