@@ -105,6 +105,33 @@ async def test_repeated_keys_at_the_head_do_not_starve_other_keys(relay: Relay) 
     assert (B, 0) in seqs(head), "a key behind a long run of another must still be read"
 
 
+async def test_one_call_settles_the_last_batch_and_reads_its_keys_next_records(
+    relay: Relay,
+) -> None:
+    """next_batch: what Kafka accepted is settled (durably) before the heads are read, so the
+    same call returns each settled key's next record and never a settled one."""
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
+    first = first_per_key(await storage.next_batch([TP0], 10))
+    assert seqs(first) == [(A, 0), (B, 0)]
+    second = await storage.next_batch([TP0], 10, published=first)
+    assert seqs(second) == [(A, 1)]
+    assert await storage.next_batch([TP0], 10, published=second) == []
+    assert await storage.backlog() == []
+
+
+async def test_several_partitions_are_read_at_once_limit_per_partition(relay: Relay) -> None:
+    storage, _, tx = relay
+    [d] = keys_on(1, 1)
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=C, seq=0))
+    await write(tx, Step(entity=d, seq=0))
+    both = [TP0, TopicPartition(TOPIC, 1)]
+    heads = first_per_key(await storage.next_batch(both, 2))
+    assert sorted(seqs(heads)) == sorted([(A, 0), (B, 0), (d, 0)])
+    assert await storage.next_batch([], 2, published=heads) == []  # settle only
+    assert seqs(await storage.next_batch(both, 2)) == [(C, 0)]
+
+
 async def test_a_rolled_back_transaction_leaves_nothing(relay: Relay) -> None:
     storage, _, tx = relay
     with contextlib.suppress(RuntimeError):
