@@ -59,7 +59,11 @@ class PostgresStepWriter:
                         "CREATE TABLE IF NOT EXISTS steps (event_id uuid PRIMARY KEY)"
                     )
                     await self._conn.commit()
-                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                except (
+                    psycopg.errors.UniqueViolation,
+                    psycopg.errors.DuplicateTable,
+                    psycopg.errors.DuplicateObject,  # the table's row type, same race
+                ):
                     await self._conn.rollback()  # another writer created it at the same time
             async with self._conn.transaction():
                 await self._conn.execute("INSERT INTO steps VALUES (%s)", (event.id,))

@@ -9,10 +9,17 @@ transaction without a word.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from types import SimpleNamespace
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import ConcurrentTransactions, CoordinatorLoadInProgressError
+from aiokafka.errors import (
+    ConcurrentTransactions,
+    CoordinatorLoadInProgressError,
+    ProducerFenced,
+)
 from aiokafka.producer import sender
 
 from outboxkit.relay import publisher
@@ -52,3 +59,21 @@ async def test_other_answers_keep_aiokafkas_handling() -> None:
         assert handler.handle_response(loading) == ours._sender._retry_backoff
     finally:
         await ours.stop()
+
+
+async def test_a_fenced_producer_leaves_no_unretrieved_error_behind() -> None:
+    """A fence is reported once by the relay; aiokafka's stored copy of the error must not
+    surface later as "Future exception was never retrieved" with a traceback."""
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    producer = RelayProducer(bootstrap_servers="localhost:1", transactional_id="t", acks="all")
+    # What the transaction manager keeps once the sender reported a fence (fatal_error).
+    waiter = loop.create_future()
+    waiter.set_exception(ProducerFenced())
+    producer._txn_manager._transaction_waiter = waiter
+    del waiter
+    await producer.stop()
+    del producer
+    gc.collect()
+    assert [c["message"] for c in reported] == []
