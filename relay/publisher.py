@@ -124,7 +124,28 @@ class _AddPartitionsHandler(AddPartitionsToTxnHandler):  # type: ignore[misc]
         return backoff
 
 
+def _consume_failures(sender: Any) -> None:
+    """A fenced producer fails its pending batches and its transaction: aiokafka stores the
+    error (ProducerFenced) in futures that only a waiting call would read (each batch's drain
+    waiter, the transaction waiter). The relay reports the fence itself, once; mark those read,
+    or asyncio logs "Future exception was never retrieved" with a traceback for each."""
+    accumulator = getattr(sender, "_message_accumulator", None)
+    batches = [
+        *(b for queue in getattr(accumulator, "_batches", {}).values() for b in queue),
+        *getattr(accumulator, "_pending_batches", ()),
+    ]
+    waiters = [getattr(b, "_drain_waiter", None) for b in batches]
+    waiters.append(getattr(getattr(sender, "_txn_manager", None), "_transaction_waiter", None))
+    for waiter in waiters:
+        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
+            waiter.exception()
+
+
 class _Sender(Sender):  # type: ignore[misc]
+    def _fail_all(self, task: Any) -> None:
+        super()._fail_all(task)
+        _consume_failures(self)
+
     async def _do_add_partitions_to_txn(self, tps: Any) -> Any:
         node_id = await self._find_coordinator(
             CoordinationType.TRANSACTION, self._txn_manager.transactional_id
@@ -135,9 +156,9 @@ class _Sender(Sender):  # type: ignore[misc]
 class RelayProducer(AIOKafkaProducer):  # type: ignore[misc]
     """aiokafka's producer with :data:`CONCURRENT_TRANSACTIONS_BACKOFF`, and quiet about a fence
     it has already reported. It swaps the sender that ``AIOKafkaProducer.__init__`` built (same
-    arguments) for one whose AddPartitionsToTxn handler retries sooner, and on stop marks the
-    transaction manager's stored error as read; tests/unit/test_relay_publisher.py fails if an
-    aiokafka upgrade moves these internals."""
+    arguments) for one whose AddPartitionsToTxn handler retries sooner and which marks the
+    errors a fence leaves in aiokafka's futures as read (:func:`_consume_failures`);
+    tests/unit/test_relay_publisher.py fails if an aiokafka upgrade moves these internals."""
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
@@ -155,17 +176,7 @@ class RelayProducer(AIOKafkaProducer):  # type: ignore[misc]
         try:
             await super().stop()
         finally:
-            self._retrieve_transaction_error()
-
-    def _retrieve_transaction_error(self) -> None:
-        """A fenced producer's transaction manager keeps the error (ProducerFenced) in a future
-        that only a waiting call would read; the relay has reported the fence already (one
-        warning), so mark it read: otherwise asyncio logs "Future exception was never retrieved"
-        with a traceback when the producer is collected."""
-        manager = self.__dict__.get("_txn_manager")
-        waiter = getattr(manager, "_transaction_waiter", None)
-        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
-            waiter.exception()
+            _consume_failures(self.__dict__["_sender"])
 
 
 # -- the publisher ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import (
     ConcurrentTransactions,
     CoordinatorLoadInProgressError,
@@ -62,18 +63,26 @@ async def test_other_answers_keep_aiokafkas_handling() -> None:
 
 
 async def test_a_fenced_producer_leaves_no_unretrieved_error_behind() -> None:
-    """A fence is reported once by the relay; aiokafka's stored copy of the error must not
-    surface later as "Future exception was never retrieved" with a traceback."""
+    """A fence is reported once by the relay; aiokafka's stored copies of the error (each
+    pending batch's drain waiter, the transaction waiter) must not surface later as "Future
+    exception was never retrieved" with a traceback."""
     reported: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(lambda _, context: reported.append(context))
-    producer = RelayProducer(bootstrap_servers="localhost:1", transactional_id="t", acks="all")
-    # What the transaction manager keeps once the sender reported a fence (fatal_error).
-    waiter = loop.create_future()
-    waiter.set_exception(ProducerFenced())
-    producer._txn_manager._transaction_waiter = waiter
-    del waiter
-    await producer.stop()
-    del producer
+    producer = RelayProducer(bootstrap_servers="localhost:1", acks="all", linger_ms=10_000)
+    for partition in (0, 1):  # a block's batches, waiting to be sent
+        sent = await producer._message_accumulator.add_message(
+            KafkaTP("orders", partition), b"k", b"v", timeout=1, timestamp_ms=0
+        )
+        sent.add_done_callback(publisher._retrieve)  # as KafkaPublisher does with every send
+    transactional = RelayProducer(bootstrap_servers="localhost:1", transactional_id="t")
+    # A transaction is open: the fence (fatal_error) stores the error in its waiter.
+    transactional._txn_manager._transaction_waiter = loop.create_future()
+    failed_sender = loop.create_future()
+    failed_sender.set_exception(ProducerFenced())
+    for each in (producer, transactional):
+        each._sender._fail_all(failed_sender)  # the sender routine ended, fenced
+        await each.stop()
+    del producer, transactional, each, sent
     gc.collect()
     assert [c["message"] for c in reported] == []
