@@ -117,8 +117,8 @@ def latency_figures(values: Sequence[float]) -> str:
 # -- CPU accounting (where do the two cores go?) -----------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid → (parent pid, CPU seconds used so far)."""
+def _proc_table() -> dict[int, tuple[int, float, float]]:
+    """pid → (parent pid, CPU seconds used so far, of which in user mode)."""
     ticks = os.sysconf("SC_CLK_TCK")
     table: dict[int, tuple[int, float]] = {}
     for entry in os.scandir("/proc"):
@@ -130,7 +130,8 @@ def _proc_table() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         rest = data[data.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / ticks)
+        user, system = int(rest[11]) / ticks, int(rest[12]) / ticks
+        table[int(entry.name)] = (int(rest[1]), user + system, user)
     return table
 
 
@@ -147,9 +148,14 @@ class CpuSnapshot:
     at: float
     groups: dict[str, float]
     machine: float
+    #: Of ``groups``, the CPU seconds in user mode (the rest is the kernel's: system calls).
+    user: dict[str, float] = field(default_factory=dict)
 
     def seconds(self, later: CpuSnapshot, group: str) -> float:
         return later.groups.get(group, 0.0) - self.groups.get(group, 0.0)
+
+    def user_seconds(self, later: CpuSnapshot, group: str) -> float:
+        return later.user.get(group, 0.0) - self.user.get(group, 0.0)
 
 
 class CpuMeter:
@@ -161,21 +167,23 @@ class CpuMeter:
     def snapshot(self, extra: dict[str, list[int]] | None = None) -> CpuSnapshot:
         table = _proc_table()
         children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in table.items():
+        for pid, (ppid, _, _) in table.items():
             children.setdefault(ppid, []).append(pid)
         all_groups = {**self.roots, **(extra or {})}
         group_roots = {pid for roots in all_groups.values() for pid in roots}
         groups: dict[str, float] = {}
+        user: dict[str, float] = {}
         for name, roots in all_groups.items():
             # A tree stops where another group's tree starts (relays started by this process).
-            total, todo = 0.0, list(roots)
+            total, in_user, todo = 0.0, 0.0, list(roots)
             while todo:
                 pid = todo.pop()
                 if pid in table:
                     total += table[pid][1]
+                    in_user += table[pid][2]
                     todo.extend(c for c in children.get(pid, []) if c not in group_roots)
-            groups[name] = total
-        return CpuSnapshot(time.monotonic(), groups, _machine_busy())
+            groups[name], user[name] = total, in_user
+        return CpuSnapshot(time.monotonic(), groups, _machine_busy(), user)
 
     @staticmethod
     def describe(before: CpuSnapshot, after: CpuSnapshot) -> str:
@@ -193,7 +201,12 @@ class CpuMeter:
 def relay_cpu_per_event(before: CpuSnapshot, after: CpuSnapshot, events: float) -> str:
     """Relay-process CPU per event: the figure the relay's own efficiency is judged by."""
     seconds = before.seconds(after, "relays")
-    return f"relay CPU {seconds * 1000 / max(events, 1):.3f} ms/event"
+    user = before.user_seconds(after, "relays")
+    per = 1000 / max(events, 1)
+    return (
+        f"relay CPU {seconds * per:.3f} ms/event ({user * per:.3f} user, "
+        f"{(seconds - user) * per:.3f} system)"
+    )
 
 
 # -- context -----------------------------------------------------------------------------------
