@@ -120,7 +120,7 @@ def latency_figures(values: Sequence[float]) -> str:
 def _proc_table() -> dict[int, tuple[int, float, float]]:
     """pid → (parent pid, CPU seconds used so far, of which in user mode)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    table: dict[int, tuple[int, float]] = {}
+    table: dict[int, tuple[int, float, float]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
