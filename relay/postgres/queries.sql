@@ -39,12 +39,25 @@ WHERE t.topic = %(topic)s
 -- rows and every deleted row not yet vacuumed out (seen in the plans of the drain benchmark;
 -- test_relay_claim_plan.py). Only outbox_pending_idx gives (partition, id) order, whatever the
 -- statistics say. Row ids start at 1, so [(p, 0), (p + 1, 0)) is exactly partition p.
+-- The keys a failed record blocks are read once per partition (outbox_failed_idx, few rows) into
+-- an array, not as a NOT EXISTS per row: a plan made while the outbox was empty — a generic plan
+-- that psycopg's prepared statement caches while idle relays poll an empty table — ran that
+-- anti-join as a nested loop with a sequential scan of the whole outbox for every pending row,
+-- and kept running it on the first read after a backlog arrived (no ANALYZE had invalidated it
+-- yet): 16,000 rows x 100,000 rows, a partition stuck for 50 s to minutes on CPU (the drain
+-- benchmark's intermittent stall; test_relay_claim_plan.py). Whatever the plan, the read is now
+-- linear in the rows it looks at.
 WITH settled AS (
     DELETE FROM outboxkit.outbox WHERE id = ANY(%(published)s::bigint[])
 )
 SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_values,
        h.event_id, h.attempts, h.created_at
 FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS p(topic, partition)
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(f.key), '{}') AS keys
+    FROM outboxkit.outbox f
+    WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
+) blocked
 CROSS JOIN LATERAL (
     SELECT firsts.*
     FROM (
@@ -57,11 +70,7 @@ CROSS JOIN LATERAL (
               AND (o.partition, o.id) >= (p.partition, 0)
               AND (o.partition, o.id) < (p.partition + 1, 0)
               AND o.id <> ALL(%(published)s::bigint[])
-              AND NOT EXISTS (
-                  SELECT 1 FROM outboxkit.outbox f
-                  WHERE f.state = 'failed' AND f.topic = o.topic
-                    AND f.partition = o.partition AND f.key = o.key
-              )
+              AND o.key <> ALL(blocked.keys)
             ORDER BY o.topic, o.partition, o.id
             LIMIT %(scan)s
         ) head
@@ -81,6 +90,11 @@ SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_valu
        h.event_id, h.attempts, h.created_at
 FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS p(topic, partition)
 CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(f.key), '{}') AS keys
+    FROM outboxkit.outbox f
+    WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
+) blocked
+CROSS JOIN LATERAL (
     SELECT firsts.*
     FROM (
         SELECT DISTINCT ON (head.key) head.*
@@ -92,11 +106,7 @@ CROSS JOIN LATERAL (
               AND (o.partition, o.id) >= (p.partition, 0)
               AND (o.partition, o.id) < (p.partition + 1, 0)
               AND o.id <> ALL(%(published)s::bigint[])
-              AND NOT EXISTS (
-                  SELECT 1 FROM outboxkit.outbox f
-                  WHERE f.state = 'failed' AND f.topic = o.topic
-                    AND f.partition = o.partition AND f.key = o.key
-              )
+              AND o.key <> ALL(blocked.keys)
             ORDER BY o.topic, o.partition, o.id
             LIMIT %(scan)s
         ) head

@@ -64,6 +64,9 @@ class PostgresOutboxStorage(PooledStore):
             connect_timeout=connect_timeout,
             name="outboxkit-relay",
             application_name=application_name,
+            # The claim's best plan depends on how full the outbox is; a generic plan cached
+            # while it was empty ran for minutes on the first backlog (queries.sql, next_batch).
+            custom_plans=True,
         )
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:

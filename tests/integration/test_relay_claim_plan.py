@@ -1,18 +1,22 @@
-"""The relay's claim statement reads every partition through outbox_pending_idx, whatever the
-table's statistics say.
+"""The relay's claim statement stays cheap whatever the table's statistics and plan cache say.
 
-The drain benchmark once saw a partition stop for ~50 s inside the claim (issue #17). One cause
-the plans show: with ``partition = …`` the planner treats the partition as a constant, so the
-primary key's id order also satisfies the claim's ORDER BY; once ANALYZE sees one partition hold
-most of the remaining rows, it scans ``outbox_pkey`` from the lowest id, filtering every other
-partition's rows and every deleted row not yet vacuumed out — a cost that grows with the table's
-history instead of the batch. The claim before this test existed chose that plan here (custom and
-generic alike).
+The drain benchmark saw a partition stop for ~50 s inside the claim, intermittently (issue #17).
+Reproduced by looping the drain (3 stalls in 60 drains) and a gdb backtrace and perf profile of
+the stuck backend: a nested-loop anti-join running a sequential scan of the whole outbox for
+every pending row of the partition (16,000 x 100,000 tuples, on CPU). Its plan was a generic plan
+that psycopg's prepared statement had cached while idle relays polled an *empty* outbox; the
+backlog then arrived in one commit, no ANALYZE had run yet to invalidate the plan, and the first
+read after it ran that plan. The tests below build exactly that situation, and the one where
+ANALYZE sees one partition hold most of the rows (the primary key's order then satisfied the
+claim's ORDER BY and the planner scanned ``outbox_pkey`` from the lowest id). The claim before
+these tests existed fails both: minutes in the first, ``outbox_pkey`` in the second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from typing import Any, LiteralString
 
 import psycopg
@@ -89,3 +93,71 @@ async def test_the_claim_reads_partitions_through_the_pending_index_whatever_the
         heads = await storage.next_batch([TopicPartition("orders", p) for p in range(6)], 50)
     assert {r.partition for r in heads} == {0}
     assert len({r.key for r in heads}) == len(heads) == 50
+
+
+async def _load_backlog(url: str, rows: int = 30_000) -> None:
+    """A backlog in one commit, as the benchmark loads it; no ANALYZE after."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO outboxkit.outbox (topic, partition, key, value, event_id, event_type) "
+            "SELECT 'orders', i %% 6, ('k' || (i %% 1000))::bytea, '{}', gen_random_uuid(), 't' "
+            "FROM generate_series(1, %s) i",
+            (rows,),
+        )
+
+
+async def test_the_first_read_after_a_backlog_arrives_is_fast_though_relays_polled_it_empty(
+    pg_url: str,
+) -> None:
+    """The relay's sessions plan every claim for the table as it is now."""
+    await register_topic(pg_url, "orders", PARTITIONS)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        # PostgreSQL's choice once a statement is prepared and ran 5 times, made certain here.
+        dbname = conn.info.dbname
+        await conn.execute(
+            _sql(f'ALTER DATABASE "{dbname}" SET plan_cache_mode = force_generic_plan')
+        )
+        # The benchmark empties and vacuums the outbox between runs: statistics say "empty".
+        await conn.execute("VACUUM ANALYZE outboxkit.outbox")
+    tps = [TopicPartition("orders", p) for p in range(PARTITIONS)]
+    async with PostgresOutboxStorage(pg_url, pool_size=1) as storage:
+        for _ in range(12):  # idle relays poll an empty outbox (psycopg prepares after 5)
+            assert await storage.next_batch(tps, 500) == []
+        await _load_backlog(pg_url)
+        began = time.monotonic()
+        heads = await asyncio.wait_for(storage.next_batch(tps, 500), 25)
+        took = time.monotonic() - began
+    assert len(heads) == PARTITIONS * 500
+    assert took < 3.0, f"the first read after the backlog took {took:.1f} s"
+
+
+@pytest.mark.parametrize("name", ["next_batch_delete", "next_batch_keep"])
+async def test_even_a_plan_made_for_an_empty_outbox_reads_a_backlog_in_linear_time(
+    pg_url: str, name: str
+) -> None:
+    """The statement itself, whatever plan it gets: the blocked keys are read once per
+    partition, never one scan of the outbox per pending row."""
+    await register_topic(pg_url, "orders", PARTITIONS)
+    generic = (
+        QUERIES[name]
+        .replace("%(published)s", "$1")
+        .replace("%(topics)s", "$2")
+        .replace("%(partitions)s", "$3")
+        .replace("%(limit)s", "$4")
+        .replace("%(scan)s", "$5")
+    )
+    partitions = ",".join(str(p) for p in range(PARTITIONS))
+    topics = ",".join(["orders"] * PARTITIONS)
+    run = _sql(f"EXECUTE claim('{{}}', '{{{topics}}}', '{{{partitions}}}', 500, 2000)")
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("VACUUM ANALYZE outboxkit.outbox")
+        types = "bigint[], text[], integer[], integer, integer"
+        await conn.execute(_sql(f"PREPARE claim({types}) AS {generic}"))
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(run)  # the generic plan, made for an empty table, is now cached
+        await _load_backlog(pg_url)
+        await conn.execute("SET statement_timeout = '25s'")
+        began = time.monotonic()
+        await conn.execute(run)
+        took = time.monotonic() - began
+    assert took < 3.0, f"the stale plan's first read took {took:.1f} s"
