@@ -17,13 +17,25 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 
 def make_pool(
-    url: str, *, size: int, connect_timeout: float, name: str, statement_timeout: float = 30.0
+    url: str,
+    *,
+    size: int,
+    connect_timeout: float,
+    name: str,
+    statement_timeout: float = 30.0,
+    application_name: str | None = None,
+    custom_plans: bool = False,
 ) -> Pool:
     """A closed pool of autocommit connections, each checked before use (a server restart
     leaves broken connections behind). Open it with ``await pool.open(wait=False)``.
 
     ``statement_timeout`` bounds every statement: one that runs away (a bad plan, a lock held
-    by someone else) fails and is retried instead of freezing its caller without a word."""
+    by someone else) fails and is retried instead of freezing its caller without a word.
+    ``application_name`` (``name``, dots as dashes, unless given) tells the connections apart in
+    ``pg_stat_activity`` (``outboxkit-relay``, ``outboxkit-inbox``, …). ``custom_plans`` plans
+    every execution of a prepared statement for its parameters and the tables as they are now
+    (``plan_cache_mode=force_custom_plan``): for statements whose best plan depends on how full a
+    table is, a generic plan cached while it was empty can be ruinous once it is not."""
     return AsyncConnectionPool(
         url,
         min_size=1,
@@ -32,7 +44,9 @@ def make_pool(
         kwargs={
             "autocommit": True,
             "connect_timeout": max(1, round(connect_timeout)),
-            "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
+            "options": f"-c statement_timeout={int(statement_timeout * 1000)}"
+            + (" -c plan_cache_mode=force_custom_plan" if custom_plans else ""),
+            "application_name": application_name or name.replace(".", "-"),
         },
         check=AsyncConnectionPool.check_connection,
         timeout=connect_timeout,
@@ -58,8 +72,24 @@ class PooledStore:
 
     unavailable: type[OutboxkitError]
 
-    def __init__(self, url: str, *, pool_size: int, connect_timeout: float, name: str) -> None:
-        self._pool = make_pool(url, size=pool_size, connect_timeout=connect_timeout, name=name)
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int,
+        connect_timeout: float,
+        name: str,
+        application_name: str | None = None,
+        custom_plans: bool = False,
+    ) -> None:
+        self._pool = make_pool(
+            url,
+            size=pool_size,
+            connect_timeout=connect_timeout,
+            name=name,
+            application_name=application_name,
+            custom_plans=custom_plans,
+        )
 
     async def __aenter__(self) -> Self:
         await self._pool.open(wait=False)

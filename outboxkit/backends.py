@@ -142,7 +142,7 @@ class PostgresBackend:
     @contextlib.asynccontextmanager
     async def outbox_storage(self, settings: ConnectionSettings) -> AsyncIterator[OutboxStorage]:
         async with PostgresOutboxStorage(
-            self.url, connect_timeout=settings.connect_timeout
+            self.url, connect_timeout=settings.connect_timeout, application_name="outboxkit-cli"
         ) as storage:
             yield storage
 
@@ -168,7 +168,10 @@ class PostgresBackend:
 
     async def migrate(self, connect_timeout: float) -> list[str]:
         async with await psycopg.AsyncConnection.connect(
-            self.url, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+            self.url,
+            autocommit=True,
+            connect_timeout=max(1, round(connect_timeout)),
+            application_name="outboxkit-migrate",
         ) as conn:
             return [m.label for m in await migrate_postgresql(conn)]
 

@@ -88,6 +88,7 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
             settings.database_url,
             autocommit=True,
             connect_timeout=max(1, round(settings.connect_timeout)),
+            application_name="outboxkit-check",
         )
     except psycopg.Error as exc:
         return [CheckResult("database", False, *explain_database_error(exc, where))]

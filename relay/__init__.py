@@ -5,7 +5,7 @@ transaction.
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
-from outboxkit.relay.engine import Relay, RelayHealth
+from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     NotInTransactionError,
     OwnershipLostError,
@@ -25,11 +25,14 @@ from outboxkit.relay.records import (
     TopicPartition,
 )
 from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
 from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
 __all__ = [
+    "GroupStatus",
     "InMemoryOutbox",
     "InMemoryOutboxStorage",
+    "MemberStatus",
     "MongoOutbox",
     "MongoOutboxStorage",
     "MongoWakeups",
@@ -39,6 +42,7 @@ __all__ = [
     "OutboxWriter",
     "OwnershipLostError",
     "PartitionBacklog",
+    "PartitionStatus",
     "PostgresOutbox",
     "PostgresOutboxStorage",
     "RecordInfo",
@@ -52,4 +56,5 @@ __all__ = [
     "TopicPartition",
     "UnknownTopicError",
     "WakeupSource",
+    "group_status",
 ]

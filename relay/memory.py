@@ -8,7 +8,7 @@ survives the process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -85,29 +85,41 @@ class InMemoryOutboxStorage:
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         self._topics.update(partitions)
 
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
+        self._settle(published, keep=keep)
+        wanted = set(tps)
         blocked = {
-            row.record.key
+            (_tp(row.record), row.record.key)
             for row in self._rows.values()
-            if row.state == "failed" and _tp(row.record) == tp
+            if row.state == "failed" and _tp(row.record) in wanted
         }
-        head: dict[bytes, OutboxRecord] = {}
+        # The oldest record of each key, at most ``limit`` keys per partition (like PostgreSQL).
+        heads: dict[TopicPartition, dict[bytes, OutboxRecord]] = {tp: {} for tp in wanted}
         for row in sorted(self._rows.values(), key=lambda r: r.seq):
-            key = row.record.key
-            if row.state == "pending" and _tp(row.record) == tp and key not in blocked:
-                head.setdefault(key, row.record)
-                if len(head) == limit:
-                    break
-        return list(head.values())
+            tp = _tp(row.record)
+            if row.state != "pending" or tp not in wanted or (tp, row.record.key) in blocked:
+                continue
+            head = heads[tp]
+            if len(head) < limit:
+                head.setdefault(row.record.key, row.record)
+        return [record for head in heads.values() for record in head.values()]
 
-    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+    def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)
         for record in records:
             row = self._rows.get(record.id)
             if row is None:
                 continue
             if keep:
-                row.state, row.published_at = "published", now
+                if row.state == "pending":
+                    row.state, row.published_at = "published", now
             else:
                 del self._rows[record.id]
 
@@ -120,13 +132,13 @@ class InMemoryOutboxStorage:
         if give_up:
             row.state = "failed"
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
         if waiting:
-            self._waiting.add(tp)
+            self._waiting.update(tps)
         else:
-            self._waiting.discard(tp)
+            self._waiting.difference_update(tps)
 
-    async def writers_settled(self, tp: TopicPartition) -> bool:
+    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
         return True  # writes are atomic here: nothing is ever half-committed
 
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:

@@ -8,6 +8,19 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from outboxkit.relay.records import PartitionBacklog
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
+
+#: The stages of a relay cycle (``outboxkit_relay_stage_seconds{stage}``).
+STAGES = {
+    "wakeup": "from a writer's wake-up reaching the relay to the cycle that reads it",
+    "pace": "waiting for batch_interval since the last cycle started (batching by time)",
+    "claim": "the storage call: settle the last batch, read the partitions' heads",
+    "send": "begin, AddPartitionsToTxn and Produce until every record is acknowledged",
+    "commit": "EndTxn (the broker then writes the commit markers)",
+    "confirm": "proving membership before a producer starts",
+    "fence": "initialising the transactional ids of earlier owners",
+    "init": "starting the block's producer (InitProducerId)",
+}
 
 
 class RelayMetrics:
@@ -54,9 +67,16 @@ class RelayMetrics:
         )
         self.latency = Histogram(
             "outboxkit_relay_commit_to_ack_seconds",
-            "From the outbox row's insert to Kafka's acknowledgement",
+            "From the outbox row's insert to Kafka's acknowledgement (the transaction's commit)",
             ["topic"],
             buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.stage = Histogram(
+            "outboxkit_relay_stage_seconds",
+            "Time per stage of a relay cycle: " + "; ".join(f"{k}: {v}" for k, v in STAGES.items()),
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
             registry=reg,
         )
         self.backlog = Gauge(

@@ -2,24 +2,38 @@
 
 The relay's consumer subscribes to the topics it publishes to and pauses every partition it is
 assigned, so it never fetches data; it only keeps polling to stay in the group. Kafka's
-rebalance protocol then spreads the partitions over the relay instances and moves them when an
-instance joins, leaves or dies.
+rebalance protocol then spreads the partitions over the relay instances (contiguous ranges,
+:mod:`outboxkit.relay.assignor`) and moves them when an instance joins, leaves or dies.
+
+Kafka's consumer rebalances eagerly: every member gives up all its partitions before it rejoins.
+With transactions the relay does not stop publishing then (*lazy revocation*): it keeps its
+partitions until the new assignment arrives and stops only those that moved. That is safe
+because the new owner of a partition fences every producer that could carry it before it reads
+the partition (:mod:`outboxkit.relay.blocks`): whatever the old owner commits before that fence
+is in Kafka before the new owner reads, and nothing it sends after can commit. So a rebalance,
+however long (a dead member is waited for until its session times out), pauses only the
+partitions that change hands. Without transactions nothing would fence the old owner, so there
+every partition is revoked and drained before the rebalance continues, as Kafka intends.
 
 aiokafka awaits the rebalance callbacks but logs and swallows what they raise, so they never
-raise: a failure to drain is logged, and correctness rests on fencing (the new owner's
-transactional producer), not on the callback.
+raise: a failure to drain is logged, and correctness rests on fencing, not on the callback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
 
 from outboxkit.core.kafka import missing_topics
+from outboxkit.relay.assignor import BlockAssignor
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
 
@@ -27,9 +41,13 @@ logger = structlog.get_logger("outboxkit.relay")
 
 PartitionsCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
 
+#: A refused join (another relay version holds the group) is logged at most this often.
+_REFUSED_LOG_EVERY = 30.0
+
 
 class KafkaOwnership:
-    """Joins group ``outboxkit.relay.<name>``; calls back on assignment and revocation."""
+    """Joins group ``outboxkit.relay.<name>``; calls back with the partitions this member gains
+    (``on_assigned``, after every rebalance, possibly with none) and loses (``on_revoked``)."""
 
     def __init__(
         self,
@@ -41,9 +59,12 @@ class KafkaOwnership:
         self._settings = settings
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
+        self._lazy = settings.transactional
+        who = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             group_id=settings.group_id,
+            group_instance_id=settings.instance_id,
             enable_auto_commit=False,
             auto_offset_reset="latest",
             session_timeout_ms=int(settings.session_timeout * 1000),
@@ -51,10 +72,21 @@ class KafkaOwnership:
             # The revocation callback drains in-flight records: give it time before the group
             # gives up on this member.
             rebalance_timeout_ms=int((settings.revoke_timeout + settings.session_timeout) * 1000),
-            client_id=f"{settings.group_id}-ownership",
+            partition_assignment_strategy=(BlockAssignor,),
+            client_id=f"{settings.group_id}-{who}",
         )
         self.owned: frozenset[TopicPartition] = frozenset()
         self.rebalances = 0
+        #: Monotonic time of the last completed assignment.
+        self.assigned_at: float | None = None
+        self._refused_logged = 0.0
+
+    @property
+    def member_id(self) -> str | None:
+        """This member's id in the group (for operators), once joined."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        member_id = getattr(coordinator, "member_id", None)
+        return member_id if isinstance(member_id, str) and member_id else None
 
     async def start(self) -> dict[str, int]:
         """Join the group; return each topic's partition count from Kafka's metadata."""
@@ -85,24 +117,72 @@ class KafkaOwnership:
     async def run(self) -> None:
         """Stay in the group: poll (nothing comes back, every partition is paused)."""
         while True:
-            await self._consumer.getmany(timeout_ms=500)
+            try:
+                await self._consumer.getmany(timeout_ms=500)
+            except InconsistentGroupProtocolError:
+                self._refused()
+                await asyncio.sleep(1.0)
+                continue
             # Kafka forgets pauses on rebalance; re-pause whatever is assigned now.
             assigned = self._consumer.assignment()
             if assigned - self._consumer.paused():
                 self._consumer.pause(*assigned)
 
+    def _refused(self) -> None:
+        now = time.monotonic()
+        if now - self._refused_logged >= _REFUSED_LOG_EVERY:
+            self._refused_logged = now
+            logger.warning(
+                "Kafka refused this relay's join: the group's members run another outboxkit "
+                "version (assignor). Waiting until they have stopped",
+                group=self._settings.group_id,
+            )
+
+    async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
+        """Whether this member is, right now, in the group's current generation and assigned
+        every one of ``partitions``: they are in the consumer's current assignment, and an
+        offset commit (a partition's current position, which changes nothing) is accepted,
+        which the coordinator does only for a member of the current generation. A relay that
+        lost its membership without noticing yet (frozen, cut off) gets False and must not
+        initialise a producer: that could fence the rightful owner's block, or run beside it
+        under another block's id."""
+        assigned = self._consumer.assignment()
+        mine = {KafkaTP(tp.topic, tp.partition) for tp in partitions}
+        if not mine or not mine <= assigned:
+            return False
+        tp = min(mine)
+        try:
+            async with asyncio.timeout(self._settings.session_timeout):
+                position = await self._consumer.position(tp)
+                await self._consumer.commit({tp: position})
+        except (KafkaError, TimeoutError) as exc:
+            logger.info("membership not confirmed", error=repr(exc))
+            return False
+        return True
+
     async def stop(self) -> None:
-        """Leave the group (revocation drains first)."""
+        """Leave the group (revocation drains first). A static member (``instance_id``) does
+        not leave: Kafka keeps its partitions for it until the session timeout."""
         await self._consumer.stop()
 
     async def _assigned(self, assigned: set[KafkaTP]) -> None:
         self._consumer.pause(*assigned)
-        self.owned = frozenset(TopicPartition(tp.topic, tp.partition) for tp in assigned)
+        new = frozenset(TopicPartition(tp.topic, tp.partition) for tp in assigned)
+        old, self.owned = self.owned, new
         self.rebalances += 1
-        logger.info("partitions assigned", partitions=sorted(map(str, self.owned)))
-        await self._on_assigned(self.owned)
+        self.assigned_at = time.monotonic()
+        gained, lost = new - old, old - new
+        if lost:
+            logger.info("partitions revoked", partitions=sorted(map(str, lost)))
+            await self._on_revoked(lost)
+        logger.info(
+            "partitions assigned", partitions=sorted(map(str, new)), gained=sorted(map(str, gained))
+        )
+        await self._on_assigned(gained)
 
     async def _revoked(self, revoked: set[KafkaTP]) -> None:
+        if self._lazy:
+            return  # keep publishing until the new assignment says what moved
         gone = frozenset(TopicPartition(tp.topic, tp.partition) for tp in revoked)
         self.owned = self.owned - gone
         if gone:

@@ -1,20 +1,25 @@
-"""Publishing one partition's batch to Kafka.
+"""Publishing one block's batch to Kafka.
 
 With transactions (the default) each batch is one Kafka transaction of a producer whose
-``transactional.id`` belongs to the partition: starting it fences every earlier producer of that
-partition (a zombie relay's open transaction is aborted, its later sends fail), so only the
-current owner's records ever become visible to ``read_committed`` consumers.
+``transactional.id`` belongs to the block (:mod:`outboxkit.relay.blocks`): a new owner of any of
+the block's partitions initialises that id (and every other id that could carry the partition),
+which aborts a zombie's open transaction and refuses its later sends, so only the current
+owner's records ever become visible to ``read_committed`` consumers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.client import CoordinationType
 from aiokafka.errors import (
+    ConcurrentTransactions,
     CorruptRecordException,
     InvalidProducerEpoch,
     InvalidTopicError,
@@ -25,21 +30,14 @@ from aiokafka.errors import (
     RecordTooLargeError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
+    for_code,
 )
-from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.sender import AddPartitionsToTxnHandler, Sender
 
+from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
-from outboxkit.relay.records import OutboxRecord, PublishOutcome, TopicPartition
+from outboxkit.relay.records import OutboxRecord, PublishOutcome
 from outboxkit.relay.settings import RelaySettings
-
-# aiokafka retries AddPartitionsToTxn every 20 ms while the broker still writes the previous
-# transaction's markers (CONCURRENT_TRANSACTIONS, KAFKA-5477). On a healthy broker that takes a
-# few ms, so back-to-back transactions mostly wait for nothing: 2 ms cut the time to send a
-# 10-record transaction from 34 to 12 ms (p50, Kafka 4.4, this machine). It only changes how
-# soon that one retriable error is retried. A private constant: tests/unit checks it exists.
-_CONCURRENT_TRANSACTIONS_BACKOFF = 0.002
-if hasattr(aiokafka_sender, "BACKOFF_OVERRIDE"):
-    aiokafka_sender.BACKOFF_OVERRIDE = _CONCURRENT_TRANSACTIONS_BACKOFF
 
 #: Errors that say the broker will never accept this record as it is.
 RECORD_ERRORS: tuple[type[KafkaError], ...] = (
@@ -51,7 +49,7 @@ RECORD_ERRORS: tuple[type[KafkaError], ...] = (
     TopicAuthorizationFailedError,
 )
 
-#: Errors that say another producer took this partition's transactional.id.
+#: Errors that say another producer took this block's transactional.id.
 FENCED_ERRORS: tuple[type[KafkaError], ...] = (
     ProducerFenced,
     InvalidProducerEpoch,
@@ -59,72 +57,181 @@ FENCED_ERRORS: tuple[type[KafkaError], ...] = (
 )
 
 
+@dataclass
+class StageTimes:
+    """Seconds one publish spent in each stage (for the per-stage breakdown and slow logs),
+    and the stage it is in now (for the relay's watch on stages that run long)."""
+
+    #: begin, AddPartitionsToTxn and Produce, until every record is acknowledged.
+    send: float = 0.0
+    #: EndTxn (the broker then writes the commit markers).
+    commit: float = 0.0
+    current: str = "send"
+    since: float = field(default_factory=time.monotonic)
+
+    def enter(self, stage: str) -> None:
+        self.current, self.since = stage, time.monotonic()
+
+
 class Publisher(Protocol):
-    """Publishes batches of one partition; one instance per ownership of that partition."""
+    """Publishes batches of one block; one instance per ownership of that block."""
 
     async def start(self) -> None:
-        """Connect; with transactions this fences earlier owners of the partition."""
+        """Connect; with transactions this fences earlier users of the block's id."""
 
-    async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
-        """Publish ``records`` (at most one per key). Raises :class:`OwnershipLostError` if
-        fenced, or a retriable error for the whole batch."""
+    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
+        """Publish ``records`` (at most one per key, all in the block's partitions), filling
+        ``times`` as the stages pass. Raises :class:`OwnershipLostError` if fenced, or a
+        retriable error for the whole batch."""
 
     async def close(self) -> None: ...
 
 
-PublisherFactory = Callable[[TopicPartition], Publisher]
+PublisherFactory = Callable[[Block], Publisher]
 
 
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A send's failure is reported through the batch; never as "exception never retrieved"."""
+    if not future.cancelled():
+        future.exception()
+
+
+# -- aiokafka, scoped ---------------------------------------------------------------------------
+
+#: Seconds before the first AddPartitionsToTxn of a transaction is retried after
+#: CONCURRENT_TRANSACTIONS (the broker still writes the previous transaction's markers,
+#: KAFKA-5477). aiokafka waits 20 ms (``sender.BACKOFF_OVERRIDE``); on a healthy broker the
+#: markers take a few ms, so back-to-back transactions mostly wait for nothing: 2 ms cut the time
+#: to send a 10-record transaction from 34 to 12 ms (p50, Kafka 4.4, a 2-core machine). Only
+#: this retry changes, and only for the relay's producers.
+CONCURRENT_TRANSACTIONS_BACKOFF = 0.002
+
+
+class _AddPartitionsHandler(AddPartitionsToTxnHandler):  # type: ignore[misc]
+    def handle_response(self, resp: Any) -> float | None:
+        backoff: float | None = super().handle_response(resp)
+        concurrent = any(
+            for_code(code) is ConcurrentTransactions
+            for _topic, partitions in resp.errors
+            for _partition, code in partitions
+        )
+        if backoff is not None and concurrent and not self._sender._txn_manager.txn_partitions:
+            return CONCURRENT_TRANSACTIONS_BACKOFF
+        return backoff
+
+
+def _consume_failures(sender: Any) -> None:
+    """A fenced producer fails its pending batches and its transaction: aiokafka stores the
+    error (ProducerFenced) in futures that only a waiting call would read (each batch's drain
+    waiter, the transaction waiter). The relay reports the fence itself, once; mark those read,
+    or asyncio logs "Future exception was never retrieved" with a traceback for each."""
+    accumulator = getattr(sender, "_message_accumulator", None)
+    batches = [
+        *(b for queue in getattr(accumulator, "_batches", {}).values() for b in queue),
+        *getattr(accumulator, "_pending_batches", ()),
+    ]
+    waiters = [getattr(b, "_drain_waiter", None) for b in batches]
+    waiters.append(getattr(getattr(sender, "_txn_manager", None), "_transaction_waiter", None))
+    for waiter in waiters:
+        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
+            waiter.exception()
+
+
+class _Sender(Sender):  # type: ignore[misc]
+    def _fail_all(self, task: Any) -> None:
+        super()._fail_all(task)
+        _consume_failures(self)
+
+    async def _do_add_partitions_to_txn(self, tps: Any) -> Any:
+        node_id = await self._find_coordinator(
+            CoordinationType.TRANSACTION, self._txn_manager.transactional_id
+        )
+        return await _AddPartitionsHandler(self, tps).do(node_id)
+
+
+class RelayProducer(AIOKafkaProducer):  # type: ignore[misc]
+    """aiokafka's producer with :data:`CONCURRENT_TRANSACTIONS_BACKOFF`, and quiet about a fence
+    it has already reported. It swaps the sender that ``AIOKafkaProducer.__init__`` built (same
+    arguments) for one whose AddPartitionsToTxn handler retries sooner and which marks the
+    errors a fence leaves in aiokafka's futures as read (:func:`_consume_failures`);
+    tests/unit/test_relay_publisher.py fails if an aiokafka upgrade moves these internals."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        built: Any = self.__dict__["_sender"]
+        self._sender = _Sender(
+            built.client,
+            acks=built._acks,
+            txn_manager=built._txn_manager,
+            message_accumulator=built._message_accumulator,
+            retry_backoff_ms=built._retry_backoff * 1000,
+            request_timeout_ms=built._request_timeout_ms,
+        )
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            _consume_failures(self.__dict__["_sender"])
+
+
+# -- the publisher ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Sent:
+    records: list[tuple[OutboxRecord, asyncio.Future[Any]]] = field(default_factory=list)
+
+
 class KafkaPublisher:
-    def __init__(self, tp: TopicPartition, settings: RelaySettings) -> None:
-        self.tp = tp
+    def __init__(self, block: Block, settings: RelaySettings) -> None:
+        self.block = block
         self._transactional = settings.transactional
-        self._producer = AIOKafkaProducer(
+        self._producer = RelayProducer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             acks="all",
             enable_idempotence=settings.transactional,
             transactional_id=(
-                settings.transactional_id(tp.topic, tp.partition)
-                if settings.transactional
-                else None
+                block.transactional_id(settings.group_id) if settings.transactional else None
             ),
             transaction_timeout_ms=int(settings.transaction_timeout * 1000),
             request_timeout_ms=int(max(settings.transaction_timeout, 10) * 1000),
             linger_ms=0,
-            client_id=f"{settings.group_id}-{tp}",
+            # One batch per partition per transaction: up to batch_size records of ~1 KB.
+            max_batch_size=1024 * 1024,
+            client_id=f"{settings.group_id}-{block}",
         )
 
     async def start(self) -> None:
         try:
             await self._producer.start()
         except FENCED_ERRORS as exc:
-            raise OwnershipLostError(f"{self.tp}: {describe(exc)}") from exc
+            await self.close()
+            raise OwnershipLostError(f"{self.block}: {describe(exc)}") from exc
 
     async def close(self) -> None:
         # A fenced producer may fail to stop cleanly; it is discarded either way.
-        with contextlib.suppress(KafkaError, AssertionError):
+        with contextlib.suppress(KafkaError, AssertionError, OSError):
             await self._producer.stop()
 
-    async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
+    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
         try:
             if self._transactional:
-                return await self._publish_transaction(records)
-            return await self._publish_plain(records)
+                return await self._publish_transaction(records, times)
+            return await self._publish_plain(records, times)
         except FENCED_ERRORS as exc:
-            raise OwnershipLostError(f"{self.tp}: {describe(exc)}") from exc
+            raise OwnershipLostError(f"{self.block}: {describe(exc)}") from exc
         except AssertionError as exc:
             # aiokafka's transaction manager asserts once fenced (FATAL_ERROR state): the
-            # producer is unusable and the partition is someone else's.
-            raise OwnershipLostError(f"{self.tp}: producer in a fatal state ({exc})") from exc
+            # producer is unusable and the block is someone else's.
+            raise OwnershipLostError(f"{self.block}: producer in a fatal state ({exc})") from exc
 
-    async def _send_all(
-        self, records: Sequence[OutboxRecord], outcome: PublishOutcome
-    ) -> list[tuple[OutboxRecord, asyncio.Future[object]]]:
-        sent = []
+    async def _send_all(self, records: Sequence[OutboxRecord], outcome: PublishOutcome) -> _Sent:
+        sent = _Sent()
         for record in records:
             try:
                 future = await self._producer.send(
@@ -137,23 +244,35 @@ class KafkaPublisher:
             except RECORD_ERRORS as exc:
                 outcome.rejected.append((record, describe(exc)))
                 continue
-            sent.append((record, future))
+            except BaseException:
+                for _, earlier in sent.records:
+                    earlier.add_done_callback(_retrieve)
+                raise
+            future.add_done_callback(_retrieve)
+            sent.records.append((record, future))
         return sent
 
-    async def _publish_transaction(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
+    async def _publish_transaction(
+        self, records: Sequence[OutboxRecord], times: StageTimes
+    ) -> PublishOutcome:
         outcome = PublishOutcome()
+        began = time.perf_counter()
         await self._producer.begin_transaction()
         try:
             sent = await self._send_all(records, outcome)
-            results = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+            results = await asyncio.gather(*(f for _, f in sent.records), return_exceptions=True)
             failures = [
                 (r, e)
-                for (r, _), e in zip(sent, results, strict=True)
+                for (r, _), e in zip(sent.records, results, strict=True)
                 if isinstance(e, BaseException)
             ]
             if failures:
                 raise _BatchFailedError(failures)
+            acked = time.perf_counter()
+            times.send = acked - began
+            times.enter("commit")
             await self._producer.commit_transaction()
+            times.commit = time.perf_counter() - acked
         except _BatchFailedError as batch:
             await self._producer.abort_transaction()
             # Nothing of this transaction is visible; only errors of a record itself count
@@ -168,15 +287,19 @@ class KafkaPublisher:
         except BaseException:
             await _abort_quietly(self._producer)
             raise
-        outcome.published = [record for record, _ in sent]
+        outcome.published = [record for record, _ in sent.records]
         return outcome
 
-    async def _publish_plain(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
+    async def _publish_plain(
+        self, records: Sequence[OutboxRecord], times: StageTimes
+    ) -> PublishOutcome:
         outcome = PublishOutcome()
+        began = time.perf_counter()
         sent = await self._send_all(records, outcome)
-        results = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)
+        results = await asyncio.gather(*(f for _, f in sent.records), return_exceptions=True)
+        times.send = time.perf_counter() - began
         first_error: BaseException | None = None
-        for (record, _), result in zip(sent, results, strict=True):
+        for (record, _), result in zip(sent.records, results, strict=True):
             if not isinstance(result, BaseException):
                 outcome.published.append(record)
             elif isinstance(result, RECORD_ERRORS):

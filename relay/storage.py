@@ -9,7 +9,7 @@ fast engine tests) implement both.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol, TypeVar
 from uuid import UUID
@@ -41,12 +41,27 @@ class OutboxStorage(Protocol):
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         """Record each topic's partition count; writers fix a row's partition with it."""
 
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        """The oldest pending records of ``tp`` in id order, at most ``limit``, skipping keys
-        that a failed record blocks. Reads only: ownership is the caller's Kafka assignment."""
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
+        """Settle ``published``, then read the heads of ``tps``. One call per relay cycle.
 
-    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
-        """Delete the published records, or with ``keep`` mark them published (for replay)."""
+        1. ``published`` are records Kafka has accepted: delete them, or with ``keep`` mark them
+           published (for replay). This is durable before the call returns: the relay then
+           publishes their keys' next records, and a crash must not bring an older record
+           back after a newer one (G2).
+        2. For each partition in ``tps``, return its oldest pending records in commit order, at
+           most ``limit`` per partition, skipping keys that a failed record blocks, and never a
+           record of ``published``. Records of one key may repeat (the engine keeps the oldest
+           of each key); returning only the oldest of each key saves a transfer.
+
+        Reads only: ownership is the caller's Kafka assignment. ``tps`` may be empty (settle
+        only)."""
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
         """Count a failed attempt; with ``give_up`` park the record as failed (blocks its key)."""
@@ -78,14 +93,14 @@ class WakeupSource(Protocol):
     relays cost writers nothing; a change stream costs writers nothing anyway, so there
     :meth:`set_waiting` does nothing and :meth:`writers_settled` is always true."""
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
-        """Declare that a relay waits for new rows of ``tp`` (writers then wake it) or not."""
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+        """Declare that a relay waits for new rows of ``tps`` (writers then wake it) or not."""
 
-    async def writers_settled(self, tp: TopicPartition) -> bool:
-        """Whether every writer transaction that was open when ``tp``'s relay last declared
+    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
+        """Whether every writer transaction that was open when ``tps``' relay last declared
         itself waiting has ended. Such a writer may have added its row before the declaration
         was visible to it, and then sent no wake-up; every later writer sees the declaration.
-        So once this is true, one more read of ``tp`` misses nothing."""
+        So once this is true, one more read of ``tps`` misses nothing."""
 
     def wakeups(self) -> AsyncIterator[TopicPartition | None]:
         """Partitions that got new rows while their relay waited. ``None`` means "may have

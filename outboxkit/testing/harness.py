@@ -191,7 +191,7 @@ class OutboxkitHarness:
         pending = [record for record, state in outbox.rows if state == "pending"]
         for record in pending:
             self._memory_log.append(_published(record))
-        await outbox.mark_published(pending, keep=False)
+        await outbox.next_batch((), 0, published=pending, keep=False)
 
     # -- reading back --------------------------------------------------------------------------
 

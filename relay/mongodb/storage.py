@@ -17,7 +17,8 @@ acknowledged, each a single statement. A relay SIGKILLed mid-batch leaves nothin
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -124,7 +125,22 @@ class MongoOutboxStorage:
             )
         )
 
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
+        # Settled first (the write is acknowledged before the reads start), so the reads find
+        # the settled keys' next records and never the settled ones.
+        await self.mark_published(published, keep=keep)
+        heads = await asyncio.gather(*(self.fetch_pending(tp, limit) for tp in tps))
+        return [record for head in heads for record in head]
+
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+        """The head of one partition (``next_batch`` reads each of its partitions so)."""
         pipeline = self.head_pipeline(tp, await self._blocked_keys(tp), limit)
         cursor = await _guard(self.outbox.aggregate(pipeline, hint="outbox_pending_idx"))
         return [_record(doc) for doc in await _guard(cursor.to_list())]
@@ -156,6 +172,7 @@ class MongoOutboxStorage:
         ]
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+        """Delete ``records``, or with ``keep`` mark them published (``next_batch`` settles)."""
         if not records:
             return
         ids = [r.id for r in records]

@@ -17,7 +17,7 @@ its periodic sweep, and this logs why.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import structlog
 from pymongo.errors import PyMongoError
@@ -55,10 +55,10 @@ class MongoWakeups:
     def __init__(self, outbox: Collection) -> None:
         self._outbox = outbox
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+    async def set_waiting(self, tps: Iterable[TopicPartition], waiting: bool) -> None:
         """Nothing to declare: the change stream reports every insert anyway."""
 
-    async def writers_settled(self, tp: TopicPartition) -> bool:
+    async def writers_settled(self, tps: Iterable[TopicPartition]) -> bool:
         """Always: an insert committed after the stream opened is on the stream."""
         return True
 

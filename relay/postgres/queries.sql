@@ -20,44 +20,101 @@ SELECT t.topic, (%(key_hash)s::integer & 2147483647) %% t.partitions, %(key)s, %
 FROM outboxkit.topics t
 WHERE t.topic = %(topic)s
 
--- fetch_pending --
--- The head of one partition, oldest first, one record per key (the per-key barrier): the first
--- %(scan)s pending rows are read in id order from the partial index outbox_pending_idx, and only
--- the oldest row of each key in them is returned, so rows a batch cannot take are not shipped.
--- ORDER BY (topic, partition, id) rather than id alone: only outbox_pending_idx gives that order,
--- so the planner cannot switch to a primary-key scan through dead rows (seen after an
--- autoanalyze during a large drain: one partition stalled for 50 s).
--- No locks and no marks: only the partition's owner (its Kafka assignment) reads here, and
--- Kafka fences a stale owner. Keys with a failed record are skipped, so nothing overtakes a
--- parked record of its key.
-SELECT id, topic, partition, key, value, header_names, header_values, event_id, attempts,
-       created_at
-FROM (
-    SELECT DISTINCT ON (head.key) head.*
+-- next_batch_delete --
+-- One statement per relay cycle: delete what Kafka has accepted (%(published)s), then read the
+-- head of every partition in (%(topics)s, %(partitions)s), oldest first, one record per key
+-- (the per-key barrier). The DELETE commits with the statement, before the relay publishes
+-- the next record of any key: a crash never puts an older record after a newer one (G2).
+-- Both parts see one snapshot, so the SELECT excludes the rows being deleted by id and finds
+-- their keys' next records.
+-- Per partition, the first %(scan)s pending rows are read in id order from the partial index
+-- outbox_pending_idx, and only the oldest row of each key among them is returned, so rows a
+-- batch cannot take are not shipped. No locks and no marks: only the partition's owner (its
+-- Kafka assignment) reads here, and Kafka fences a stale owner. Keys with a failed record are
+-- skipped, so nothing overtakes a parked record of its key.
+-- The partition is bounded by a row comparison on (partition, id), not `partition = …`: with
+-- an equality the planner treats the partition as a constant, so the primary key's id order
+-- also satisfies ORDER BY (topic, partition, id), and once autoanalyze sees one partition hold
+-- most of the rows it scans outbox_pkey from the lowest id, filtering every other partition's
+-- rows and every deleted row not yet vacuumed out (seen in the plans of the drain benchmark;
+-- test_relay_claim_plan.py). Only outbox_pending_idx gives (partition, id) order, whatever the
+-- statistics say. Row ids start at 1, so [(p, 0), (p + 1, 0)) is exactly partition p.
+-- The keys a failed record blocks are read once per partition (outbox_failed_idx, few rows) into
+-- an array, not as a NOT EXISTS per row: a plan made while the outbox was empty — a generic plan
+-- that psycopg's prepared statement caches while idle relays poll an empty table — ran that
+-- anti-join as a nested loop with a sequential scan of the whole outbox for every pending row,
+-- and kept running it on the first read after a backlog arrived (no ANALYZE had invalidated it
+-- yet): 16,000 rows x 100,000 rows, a partition stuck for 50 s to minutes on CPU (the drain
+-- benchmark's intermittent stall; test_relay_claim_plan.py). Whatever the plan, the read is now
+-- linear in the rows it looks at.
+WITH settled AS (
+    DELETE FROM outboxkit.outbox WHERE id = ANY(%(published)s::bigint[])
+)
+SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_values,
+       h.event_id, h.attempts, h.created_at
+FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS p(topic, partition)
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(f.key), '{}') AS keys
+    FROM outboxkit.outbox f
+    WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
+) blocked
+CROSS JOIN LATERAL (
+    SELECT firsts.*
     FROM (
-        SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names, o.header_values,
-               o.event_id, o.attempts, o.created_at
-        FROM outboxkit.outbox o
-        WHERE o.topic = %(topic)s AND o.partition = %(partition)s AND o.state = 'pending'
-          AND NOT EXISTS (
-              SELECT 1 FROM outboxkit.outbox f
-              WHERE f.state = 'failed' AND f.topic = o.topic AND f.partition = o.partition
-                AND f.key = o.key
-          )
-        ORDER BY o.topic, o.partition, o.id
-        LIMIT %(scan)s
-    ) head
-    ORDER BY head.key, head.id
-) firsts
-ORDER BY id
-LIMIT %(limit)s
+        SELECT DISTINCT ON (head.key) head.*
+        FROM (
+            SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
+                   o.header_values, o.event_id, o.attempts, o.created_at
+            FROM outboxkit.outbox o
+            WHERE o.topic = p.topic AND o.state = 'pending'
+              AND (o.partition, o.id) >= (p.partition, 0)
+              AND (o.partition, o.id) < (p.partition + 1, 0)
+              AND o.id <> ALL(%(published)s::bigint[])
+              AND o.key <> ALL(blocked.keys)
+            ORDER BY o.topic, o.partition, o.id
+            LIMIT %(scan)s
+        ) head
+        ORDER BY head.key, head.id
+    ) firsts
+    ORDER BY firsts.id
+    LIMIT %(limit)s
+) h
 
--- delete_published --
-DELETE FROM outboxkit.outbox WHERE id = ANY(%(ids)s)
-
--- keep_published --
-UPDATE outboxkit.outbox SET state = 'published', published_at = now()
-WHERE id = ANY(%(ids)s) AND state = 'pending'
+-- next_batch_keep --
+-- next_batch_delete with a retention: published rows are kept (state 'published') for replay.
+WITH settled AS (
+    UPDATE outboxkit.outbox SET state = 'published', published_at = now()
+    WHERE id = ANY(%(published)s::bigint[]) AND state = 'pending'
+)
+SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_values,
+       h.event_id, h.attempts, h.created_at
+FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS p(topic, partition)
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(f.key), '{}') AS keys
+    FROM outboxkit.outbox f
+    WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
+) blocked
+CROSS JOIN LATERAL (
+    SELECT firsts.*
+    FROM (
+        SELECT DISTINCT ON (head.key) head.*
+        FROM (
+            SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
+                   o.header_values, o.event_id, o.attempts, o.created_at
+            FROM outboxkit.outbox o
+            WHERE o.topic = p.topic AND o.state = 'pending'
+              AND (o.partition, o.id) >= (p.partition, 0)
+              AND (o.partition, o.id) < (p.partition + 1, 0)
+              AND o.id <> ALL(%(published)s::bigint[])
+              AND o.key <> ALL(blocked.keys)
+            ORDER BY o.topic, o.partition, o.id
+            LIMIT %(scan)s
+        ) head
+        ORDER BY head.key, head.id
+    ) firsts
+    ORDER BY firsts.id
+    LIMIT %(limit)s
+) h
 
 -- record_failure --
 UPDATE outboxkit.outbox
@@ -67,7 +124,8 @@ SET attempts = attempts + 1,
 WHERE id = %(id)s AND state = 'pending'
 
 -- set_waiting --
-INSERT INTO outboxkit.relay_waiting (topic, partition) VALUES (%(topic)s, %(partition)s)
+INSERT INTO outboxkit.relay_waiting (topic, partition)
+SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::integer[])
 ON CONFLICT DO NOTHING
 
 -- writers_horizon --
@@ -82,7 +140,10 @@ SELECT pg_snapshot_xmax(pg_current_snapshot())::text
 SELECT pg_snapshot_xmin(pg_current_snapshot()) >= %(horizon)s::xid8
 
 -- clear_waiting --
-DELETE FROM outboxkit.relay_waiting WHERE topic = %(topic)s AND partition = %(partition)s
+DELETE FROM outboxkit.relay_waiting
+WHERE (topic, partition) IN (
+    SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::integer[])
+)
 
 -- purge_published --
 -- Small batches, oldest first, via outbox_published_idx: retention never holds long locks.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 CHANNEL = "outboxkit_outbox"
 
-#: fetch_pending reads this many rows per record it may return: with repeated keys near the
+#: next_batch reads this many rows per record it may return: with repeated keys near the
 #: head, a wider window still fills the batch with distinct keys.
 _SCAN_FACTOR = 4
 
@@ -50,14 +50,23 @@ class PostgresOutboxStorage(PooledStore):
         pool_size: int = 4,
         connect_timeout: float = 10.0,
         listen_check_interval: float = 5.0,
+        application_name: str = "outboxkit-relay",
     ) -> None:
         self._url = url
         self._connect_timeout = connect_timeout
         self._listen_check_interval = listen_check_interval
         #: Per partition, the transaction-id horizon of the relay's last idle declaration.
         self._horizons: dict[TopicPartition, str] = {}
+        self._application_name = application_name
         super().__init__(
-            url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-relay"
+            url,
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            name="outboxkit-relay",
+            application_name=application_name,
+            # The claim's best plan depends on how full the outbox is; a generic plan cached
+            # while it was empty ran for minutes on the first backlog (queries.sql, next_batch).
+            custom_plans=True,
         )
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
@@ -79,22 +88,31 @@ class PostgresOutboxStorage(PooledStore):
                 [{"topic": t, "partitions": n} for t, n in sorted(partitions.items())],
             )
 
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
+        ordered = sorted(tps, key=lambda tp: (tp.topic, tp.partition))
         params = {
-            "topic": tp.topic,
-            "partition": tp.partition,
+            "published": [r.id for r in published],
+            "topics": [tp.topic for tp in ordered],
+            "partitions": [tp.partition for tp in ordered],
             "limit": limit,
             "scan": limit * _SCAN_FACTOR,
         }
-        rows = await self._fetch("fetch_pending", params)
+        rows = await self._fetch("next_batch_keep" if keep else "next_batch_delete", params)
         return [
             OutboxRecord(
                 id=rid,
                 topic=topic,
                 partition=partition,
-                key=bytes(key),
-                value=None if value is None else bytes(value),
-                headers=tuple(zip(names, (bytes(v) for v in values), strict=True)),
+                key=key,
+                value=value,
+                headers=tuple(zip(names, values, strict=True)),
                 event_id=event_id,
                 attempts=attempts,
                 created_at=created_at,
@@ -113,27 +131,27 @@ class PostgresOutboxStorage(PooledStore):
             ) in rows
         ]
 
-    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
-        if records:
-            ids = [r.id for r in records]
-            await self._execute("keep_published" if keep else "delete_published", {"ids": ids})
-
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
         await self._execute(
             "record_failure", {"id": record.id, "error": error[:4000], "give_up": give_up}
         )
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
-        params = {"topic": tp.topic, "partition": tp.partition}
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+        if not tps:
+            return
+        params = {"topics": [tp.topic for tp in tps], "partitions": [tp.partition for tp in tps]}
         await self._execute("set_waiting" if waiting else "clear_waiting", params)
         if waiting:  # a separate statement: its snapshot is taken after the declaration commit
             [(horizon,)] = await self._fetch("writers_horizon", {})
-            self._horizons[tp] = str(horizon)
+            for tp in tps:
+                self._horizons[tp] = str(horizon)
 
-    async def writers_settled(self, tp: TopicPartition) -> bool:
-        horizon = self._horizons.get(tp)
-        if horizon is None:
+    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
+        horizons = {self._horizons[tp] for tp in tps if tp in self._horizons}
+        if not horizons:
             return True
+        # Horizons only grow: the latest one covers the others.
+        horizon = max(horizons, key=int)
         [(settled,)] = await self._fetch("writers_settled", {"horizon": horizon})
         return bool(settled)
 
@@ -147,6 +165,7 @@ class PostgresOutboxStorage(PooledStore):
                     self._url,
                     autocommit=True,
                     connect_timeout=max(1, round(self._connect_timeout)),
+                    application_name=f"{self._application_name}-listener",
                 )
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)

@@ -90,19 +90,46 @@ async def test_the_head_is_oldest_first_with_each_keys_oldest_record(relay: Rela
     storage, _, tx = relay
     await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
     await write(tx, Step(entity=C, seq=0), Step(entity=B, seq=1))
-    head = first_per_key(await storage.fetch_pending(TP0, 10))
+    head = first_per_key(await storage.next_batch([TP0], 10))
     assert seqs(head) == [(A, 0), (B, 0), (C, 0)]
-    assert seqs(first_per_key(await storage.fetch_pending(TP0, 2))) == [(A, 0), (B, 0)]
-    assert await storage.fetch_pending(TopicPartition(TOPIC, 1), 10) == []
+    assert seqs(first_per_key(await storage.next_batch([TP0], 2))) == [(A, 0), (B, 0)]
+    assert await storage.next_batch([TopicPartition(TOPIC, 1)], 10) == []
 
 
 async def test_repeated_keys_at_the_head_do_not_starve_other_keys(relay: Relay) -> None:
     storage, _, tx = relay
     await write(tx, *(Step(entity=A, seq=i) for i in range(30)))
     await write(tx, Step(entity=B, seq=0))
-    head = first_per_key(await storage.fetch_pending(TP0, 10))
+    head = first_per_key(await storage.next_batch([TP0], 10))
     assert seqs(head)[0] == (A, 0)
     assert (B, 0) in seqs(head), "a key behind a long run of another must still be read"
+
+
+async def test_one_call_settles_the_last_batch_and_reads_its_keys_next_records(
+    relay: Relay,
+) -> None:
+    """next_batch: what Kafka accepted is settled (durably) before the heads are read, so the
+    same call returns each settled key's next record and never a settled one."""
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
+    first = first_per_key(await storage.next_batch([TP0], 10))
+    assert seqs(first) == [(A, 0), (B, 0)]
+    second = await storage.next_batch([TP0], 10, published=first)
+    assert seqs(second) == [(A, 1)]
+    assert await storage.next_batch([TP0], 10, published=second) == []
+    assert await storage.backlog() == []
+
+
+async def test_several_partitions_are_read_at_once_limit_per_partition(relay: Relay) -> None:
+    storage, _, tx = relay
+    [d] = keys_on(1, 1)
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=C, seq=0))
+    await write(tx, Step(entity=d, seq=0))
+    both = [TP0, TopicPartition(TOPIC, 1)]
+    heads = first_per_key(await storage.next_batch(both, 2))
+    assert sorted(seqs(heads)) == sorted([(A, 0), (B, 0), (d, 0)])
+    assert await storage.next_batch([], 2, published=heads) == []  # settle only
+    assert seqs(await storage.next_batch(both, 2)) == [(C, 0)]
 
 
 async def test_a_rolled_back_transaction_leaves_nothing(relay: Relay) -> None:
@@ -111,7 +138,7 @@ async def test_a_rolled_back_transaction_leaves_nothing(relay: Relay) -> None:
         async with tx.transaction() as t:
             await tx.outbox.add(t, Step(entity=A, seq=0))
             raise RuntimeError("roll back")
-    assert await storage.fetch_pending(TP0, 10) == []
+    assert await storage.next_batch([TP0], 10) == []
 
 
 async def test_a_late_commit_is_read_from_the_head_g3(relay: Relay) -> None:
@@ -120,10 +147,10 @@ async def test_a_late_commit_is_read_from_the_head_g3(relay: Relay) -> None:
     async with tx.transaction() as late:
         await tx.outbox.add(late, Step(entity=A, seq=0))
         await write(tx, Step(entity=B, seq=0))
-        assert seqs(await storage.fetch_pending(TP0, 10)) == [(B, 0)]
-        [published] = await storage.fetch_pending(TP0, 10)
-        await storage.mark_published([published], keep=False)
-    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 0)]
+        assert seqs(await storage.next_batch([TP0], 10)) == [(B, 0)]
+        [published] = await storage.next_batch([TP0], 10)
+        await storage.next_batch([], 1, published=[published], keep=False)
+    assert seqs(await storage.next_batch([TP0], 10)) == [(A, 0)]
 
 
 async def test_a_keys_records_follow_commit_order(relay: Relay) -> None:
@@ -132,10 +159,10 @@ async def test_a_keys_records_follow_commit_order(relay: Relay) -> None:
     async with tx.transaction() as first_begun:
         await write(tx, Step(entity=A, seq=0))  # begun second, committed first
         await tx.outbox.add(first_begun, Step(entity=A, seq=1))
-    records = await storage.fetch_pending(TP0, 10)
+    records = await storage.next_batch([TP0], 10)
     assert seqs(records[:1]) == [(A, 0)]
-    await storage.mark_published(records[:1], keep=False)
-    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 1)]
+    await storage.next_batch([], 1, published=records[:1], keep=False)
+    assert seqs(await storage.next_batch([TP0], 10)) == [(A, 1)]
 
 
 async def test_concurrent_transactions_on_one_key_serialise_in_commit_order(
@@ -163,32 +190,32 @@ async def test_concurrent_transactions_on_one_key_serialise_in_commit_order(
     assert not contender.done(), "a second writer of the key committed before the first"
     release.set()
     await asyncio.gather(holder, contender)
-    records = await storage.fetch_pending(TP0, 10)
+    records = await storage.next_batch([TP0], 10)
     assert seqs(records[:1]) == [(A, 0)]
-    await storage.mark_published(records[:1], keep=False)
-    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 1)]
+    await storage.next_batch([], 1, published=records[:1], keep=False)
+    assert seqs(await storage.next_batch([TP0], 10)) == [(A, 1)]
 
 
 async def test_a_failed_record_blocks_its_key_until_retried_or_skipped(relay: Relay) -> None:
     storage, _, tx = relay
     await write(tx, Step(entity=A, seq=0), Step(entity=A, seq=1), Step(entity=B, seq=0))
-    a0, _b0 = await storage.fetch_pending(TP0, 10)
+    a0, _b0 = await storage.next_batch([TP0], 10)
     await storage.record_failure(a0, "too large", give_up=False)
-    [again, _] = await storage.fetch_pending(TP0, 10)
+    [again, _] = await storage.next_batch([TP0], 10)
     assert again.attempts == 1
     assert seqs([again]) == [(A, 0)]
     await storage.record_failure(again, "too large", give_up=True)
-    assert seqs(await storage.fetch_pending(TP0, 10)) == [(B, 0)]
+    assert seqs(await storage.next_batch([TP0], 10)) == [(B, 0)]
     [failed] = await storage.list_records("failed", 10)
     assert failed.event_id == a0.event_id
     assert failed.last_error == "too large"
     assert failed.attempts == 2
     assert await storage.retry_failed([a0.event_id]) == 1
-    assert seqs(first_per_key(await storage.fetch_pending(TP0, 10))) == [(A, 0), (B, 0)]
-    [retried, _] = await storage.fetch_pending(TP0, 10)
+    assert seqs(first_per_key(await storage.next_batch([TP0], 10))) == [(A, 0), (B, 0)]
+    [retried, _] = await storage.next_batch([TP0], 10)
     await storage.record_failure(retried, "still too large", give_up=True)
     assert await storage.skip_failed([a0.event_id]) == 1
-    assert seqs(first_per_key(await storage.fetch_pending(TP0, 10))) == [(A, 1), (B, 0)]
+    assert seqs(first_per_key(await storage.next_batch([TP0], 10))) == [(A, 1), (B, 0)]
     assert await storage.list_records("failed", 10) == []
 
 
@@ -197,19 +224,19 @@ async def test_published_records_are_deleted_or_kept_then_replayed_after_pending
 ) -> None:
     storage, _, tx = relay
     await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0))
-    a0, b0 = await storage.fetch_pending(TP0, 10)
-    await storage.mark_published([a0], keep=True)
-    await storage.mark_published([b0], keep=False)
-    assert await storage.fetch_pending(TP0, 10) == []
+    a0, b0 = await storage.next_batch([TP0], 10)
+    await storage.next_batch([], 1, published=[a0], keep=True)
+    await storage.next_batch([], 1, published=[b0], keep=False)
+    assert await storage.next_batch([TP0], 10) == []
     [kept] = await storage.list_records("published", 10)
     assert kept.event_id == a0.event_id
     assert kept.published_at is not None
     await write(tx, Step(entity=A, seq=1))
     assert await storage.replay([a0.event_id, b0.event_id]) == 1
-    pending = await storage.fetch_pending(TP0, 10)
+    pending = await storage.next_batch([TP0], 10)
     assert seqs(pending[:1]) == [(A, 1)], "a replay never overtakes a newer pending event"
-    await storage.mark_published(pending[:1], keep=False)
-    [replayed] = await storage.fetch_pending(TP0, 10)
+    await storage.next_batch([], 1, published=pending[:1], keep=False)
+    [replayed] = await storage.next_batch([TP0], 10)
     assert replayed.event_id == a0.event_id
     assert seqs([replayed]) == [(A, 0)]
 
@@ -217,7 +244,7 @@ async def test_published_records_are_deleted_or_kept_then_replayed_after_pending
 async def test_retention_cleanup_deletes_kept_records_in_batches(relay: Relay) -> None:
     storage, _, tx = relay
     await write(tx, *(Step(entity=k, seq=0) for k in keys_on(0, 5)))
-    await storage.mark_published(await storage.fetch_pending(TP0, 10), keep=True)
+    await storage.next_batch([], 1, published=await storage.next_batch([TP0], 10), keep=True)
     assert await storage.purge_published(timedelta(seconds=0), 3) == 3
     assert await storage.purge_published(timedelta(seconds=0), 3) == 2
     assert await storage.list_records("published", 10) == []
@@ -226,7 +253,7 @@ async def test_retention_cleanup_deletes_kept_records_in_batches(relay: Relay) -
 async def test_backlog_counts_pending_and_failed_per_partition(relay: Relay) -> None:
     storage, _, tx = relay
     await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=B, seq=1))
-    [first, _] = await storage.fetch_pending(TP0, 10)
+    [first, _] = await storage.next_batch([TP0], 10)
     await storage.record_failure(first, "refused", give_up=True)
     [backlog] = await storage.backlog()
     assert (backlog.topic, backlog.partition) == (TOPIC, 0)
@@ -271,8 +298,8 @@ async def test_a_commit_wakes_a_waiting_partition_g5(relay: Relay) -> None:
 
     listener = asyncio.create_task(listen())
     try:
-        await wakeups.set_waiting(TP0, True)
-        assert await wakeups.writers_settled(TP0)
+        await wakeups.set_waiting([TP0], True)
+        assert await wakeups.writers_settled([TP0])
         # A backend with a connection says "look everywhere" first, once connected.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(1):
@@ -286,4 +313,4 @@ async def test_a_commit_wakes_a_waiting_partition_g5(relay: Relay) -> None:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener
-        await wakeups.set_waiting(TP0, False)
+        await wakeups.set_waiting([TP0], False)

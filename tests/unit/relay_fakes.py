@@ -1,8 +1,10 @@
 """Fakes that drive the relay engine without Kafka or a database.
 
-- :class:`FakeBroker` hands out :class:`FakePublisher` s (``publisher_factory=broker.factory``),
-  keeps what reached each partition, and injects failures: retriable errors (before or after the
-  records became visible), rejected records, fencing, a gate that holds publishes in flight.
+- :class:`FakeBroker` hands out :class:`FakePublisher` s (``publisher_factory=broker.factory``,
+  one per block of partitions), keeps what reached each partition, records the transactional ids
+  fenced (``fencer_factory=broker.fencer``), and injects failures: retriable errors (before or
+  after the records became visible), rejected records, fencing, a gate that holds publishes in
+  flight. Failures and lookups are by partition: they apply to the block that holds it.
 - :class:`ManualOwnership` is the ``ownership_factory``: the test assigns and revokes.
 - :class:`SpyStorage` is the in-memory outbox with a record of the engine's calls and a few
   injectable storage failures.
@@ -13,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal, cast
 from uuid import UUID
 
 from aiokafka.errors import KafkaConnectionError
 
+from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
 from outboxkit.relay.memory import InMemoryOutboxStorage
 from outboxkit.relay.ownership import PartitionsCallback
+from outboxkit.relay.publisher import StageTimes
 from outboxkit.relay.records import OutboxRecord, PublishOutcome, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 
@@ -40,10 +44,11 @@ REJECTION = "MessageSizeTooLargeError: the message is larger than the broker acc
 
 @dataclass(frozen=True)
 class PublishCall:
-    tp: TopicPartition
+    block: Block
     ids: list[int]
     publisher: FakePublisher
     at: float
+    tps: frozenset[TopicPartition] = field(default_factory=frozenset)
 
 
 class FakeBroker:
@@ -70,11 +75,16 @@ class FakeBroker:
         self.max_in_flight = 0
         #: Misuses of the Publisher protocol by the engine (should stay empty).
         self.violations: list[str] = []
+        #: Transactional ids initialised by the relay's fencer, in order.
+        self.fenced_ids: list[str] = []
 
-    def factory(self, tp: TopicPartition) -> FakePublisher:
-        publisher = FakePublisher(self, tp)
+    def factory(self, block: Block) -> FakePublisher:
+        publisher = FakePublisher(self, block)
         self.publishers.append(publisher)
         return publisher
+
+    def fencer(self, settings: RelaySettings) -> FakeFencer:
+        return FakeFencer(self)
 
     def block(self) -> None:
         self.gate.clear()
@@ -95,14 +105,17 @@ class FakeBroker:
         return dict(by_key)
 
     def calls_to(self, tp: TopicPartition) -> list[PublishCall]:
-        return [c for c in self.calls if c.tp == tp]
+        """Publish calls through a block that holds ``tp``."""
+        return [c for c in self.calls if _holds(c.block, tp)]
 
     def publishers_of(self, tp: TopicPartition) -> list[FakePublisher]:
-        return [p for p in self.publishers if p.tp == tp]
+        """Publishers of blocks that hold ``tp``."""
+        return [p for p in self.publishers if _holds(p.block, tp)]
 
-    def _failure(self, tp: TopicPartition) -> Failure | None:
-        if tp in self.always:
-            return self.always[tp]
+    def _failure(self, block: Block) -> Failure | None:
+        for tp, failure in self.always.items():
+            if _holds(block, tp):
+                return failure
         return self.script.popleft() if self.script else None
 
     def _rejects(self, record: OutboxRecord) -> bool:
@@ -118,43 +131,59 @@ class FakeBroker:
         self.rejections[record.event_id].append(time.monotonic())
 
 
-class FakePublisher:
-    """A :class:`~outboxkit.relay.publisher.Publisher` of one partition, scripted by the broker."""
+def _holds(block: Block, tp: TopicPartition) -> bool:
+    return block.topic == tp.topic and block.start <= tp.partition < block.start + block.size
 
-    def __init__(self, broker: FakeBroker, tp: TopicPartition) -> None:
+
+class FakeFencer:
+    def __init__(self, broker: FakeBroker) -> None:
         self.broker = broker
-        self.tp = tp
+
+    async def fence(self, transactional_ids: Collection[str]) -> None:
+        self.broker.fenced_ids.extend(sorted(transactional_ids))
+
+    async def close(self) -> None:
+        pass
+
+
+class FakePublisher:
+    """A :class:`~outboxkit.relay.publisher.Publisher` of one block, scripted by the broker."""
+
+    def __init__(self, broker: FakeBroker, block: Block) -> None:
+        self.broker = broker
+        self.block = block
         self.started = False
         self.closed = False
 
     async def start(self) -> None:
-        failures = self.broker.start_failures[self.tp]
-        if failures:
-            raise failures.popleft()
+        for tp, failures in self.broker.start_failures.items():
+            if _holds(self.block, tp) and failures:
+                raise failures.popleft()
         self.started = True
 
     async def close(self) -> None:
         self.closed = True
 
-    async def publish(self, records: Sequence[OutboxRecord]) -> PublishOutcome:
+    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
         broker = self.broker
+        tps = frozenset(TopicPartition(r.topic, r.partition) for r in records)
         broker.calls.append(
-            PublishCall(self.tp, [cast(int, r.id) for r in records], self, time.monotonic())
+            PublishCall(self.block, [cast(int, r.id) for r in records], self, time.monotonic(), tps)
         )
         if not self.started or self.closed:
             state = "closed" if self.closed else "never started"
-            broker.violations.append(f"publish on a publisher of {self.tp} that is {state}")
+            broker.violations.append(f"publish on a publisher of {self.block} that is {state}")
             raise KafkaConnectionError(f"producer is {state}")
-        keys = [r.key for r in records]
+        keys = [(r.partition, r.key) for r in records]
         if len(set(keys)) != len(keys):
             broker.violations.append(f"two records of one key in one batch: {keys}")
-        if any((r.topic, r.partition) != (self.tp.topic, self.tp.partition) for r in records):
-            broker.violations.append(f"record of another partition sent to {self.tp}")
+        if not all(_holds(self.block, tp) for tp in tps):
+            broker.violations.append(f"record of another partition sent to {self.block}")
         broker.in_flight += len(records)
         broker.max_in_flight = max(broker.max_in_flight, broker.in_flight)
         try:
             await broker.gate.wait()
-            failure = broker._failure(self.tp)
+            failure = broker._failure(self.block)
             if failure == "hang":
                 await asyncio.Event().wait()
             return self._outcome(records, failure)
@@ -164,7 +193,7 @@ class FakePublisher:
     def _outcome(self, records: Sequence[OutboxRecord], failure: Failure | None) -> PublishOutcome:
         broker = self.broker
         if failure == "fenced":
-            raise OwnershipLostError(f"{self.tp}: ProducerFenced (fake)")
+            raise OwnershipLostError(f"{self.block}: ProducerFenced (fake)")
         if failure == "crash":
             raise RuntimeError("a bug in the publisher (fake)")
         # A rejected record aborts a lost-ack batch: nothing of it can have reached the topic.
@@ -173,7 +202,8 @@ class FakePublisher:
         ):
             raise KafkaConnectionError("connection to the broker lost (fake)")
         if failure == "lost_ack":
-            broker.topic[self.tp].extend(records)
+            for record in records:
+                broker.topic[TopicPartition(record.topic, record.partition)].append(record)
             raise KafkaConnectionError("acknowledgement lost (fake)")
         outcome = PublishOutcome()
         for record in records:
@@ -182,7 +212,8 @@ class FakePublisher:
                 outcome.rejected.append((record, REJECTION))
             else:
                 outcome.published.append(record)
-        broker.topic[self.tp].extend(outcome.published)
+        for record in outcome.published:
+            broker.topic[TopicPartition(record.topic, record.partition)].append(record)
         return outcome
 
 
@@ -201,6 +232,9 @@ class ManualOwnership:
         self.started = False
         self.stopped = False
         self.hang_on_stop = False  # like a leave that the coordinator never answers
+        #: What confirm() answers: is this member current and owning these partitions?
+        self.confirms: Callable[[frozenset[TopicPartition]], bool] = lambda _: True
+        self.confirmations: list[frozenset[TopicPartition]] = []
         self.callback_errors: list[Exception] = []
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
@@ -228,6 +262,14 @@ class ManualOwnership:
     def partition_counts(self) -> dict[str, int]:
         return dict(self.partitions)
 
+    @property
+    def member_id(self) -> str | None:
+        return "manual-member" if self.started else None
+
+    async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
+        self.confirmations.append(partitions)
+        return self.confirms(partitions)
+
     async def run(self) -> None:
         await self._ended.wait()
         if self._error is not None:
@@ -249,6 +291,7 @@ class Fetch:
     tp: TopicPartition
     found: int
     while_waiting: bool
+    at: float = field(default_factory=time.monotonic)
 
 
 class SpyStorage(InMemoryOutboxStorage):
@@ -277,21 +320,31 @@ class SpyStorage(InMemoryOutboxStorage):
             raise error
         await super().register_topics(partitions)
 
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+    async def next_batch(
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        published: Sequence[OutboxRecord] = (),
+        keep: bool = False,
+    ) -> list[OutboxRecord]:
         if self.fetch_errors:
             raise self.fetch_errors.popleft()
-        found = await super().fetch_pending(tp, limit)
-        self.fetches.append(Fetch(tp, len(found), tp in self.declared))
+        found = await super().next_batch(tps, limit, published=published, keep=keep)
+        for tp in sorted(tps, key=lambda t: t.partition):
+            count = sum(1 for r in found if (r.topic, r.partition) == (tp.topic, tp.partition))
+            self.fetches.append(Fetch(tp, count, tp in self.declared))
         return found
 
-    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
-        self.waiting_calls.append((tp, waiting))
-        if waiting:
-            self.declared.add(tp)
-        else:
-            self.declared.discard(tp)
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+        for tp in sorted(tps, key=lambda t: t.partition):
+            self.waiting_calls.append((tp, waiting))
+            if waiting:
+                self.declared.add(tp)
+            else:
+                self.declared.discard(tp)
         if self.notify:
-            await super().set_waiting(tp, waiting)
+            await super().set_waiting(tps, waiting)
 
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         deleted = await super().purge_published(older_than, limit)

@@ -33,6 +33,7 @@ def test_the_operators_commands_exist() -> None:
         ("check",),
         ("migrate",),
         ("relay",),
+        ("relay", "status"),
         ("inbox", "run"),
         ("inbox", "dlq", "list"),
         ("inbox", "dlq", "replay"),

@@ -1,0 +1,243 @@
+"""The relay benchmark's command line: which phases, which servers, every size and knob."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import structlog
+from aiokafka.admin import AIOKafkaAdminClient
+
+from bench.relay_bench.consumer import consumer_child
+from bench.relay_bench.harness import CpuMeter, Ctx, Result, print_table, say
+from bench.relay_bench.outbox import BenchOutbox, PostgresBenchOutbox
+from bench.relay_bench.phase_ceiling import phase_ceiling
+from bench.relay_bench.phase_churn import phase_churn
+from bench.relay_bench.phase_claims import phase_claims
+from bench.relay_bench.phase_drain import phase_drain
+from bench.relay_bench.phase_idle import phase_idle
+from bench.relay_bench.phase_steady import phase_steady
+from bench.relay_bench.phase_writer import phase_writer
+from bench.relay_bench.relays import child_relay
+from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+
+PHASES: dict[str, Callable[[Ctx], Awaitable[None]]] = {
+    "ceiling": phase_ceiling,
+    "drain": phase_drain,
+    "steady": phase_steady,
+    "idle": phase_idle,
+    "churn": phase_churn,
+    "writer": phase_writer,
+    "claims": phase_claims,
+}
+#: Phases that need no outbox database.
+_KAFKA_ONLY = {"ceiling"}
+
+#: PostgreSQL as production runs it (these are also the defaults): every commit is on disk.
+PG_SETTINGS = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+    "shared_buffers": "256MB",
+    "max_wal_size": "2GB",
+    # Diagnostics only: the plan of any statement slower than 1 s goes to the server log.
+    "session_preload_libraries": "auto_explain",
+    "auto_explain.log_min_duration": "1s",
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Benchmark the outboxkit relay (see bench/README.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--only", default=",".join(PHASES), help="comma-separated phases to run")
+    p.add_argument("--list", action="store_true", help="list the phases and exit")
+    p.add_argument("--database", choices=("postgresql",), default="postgresql")
+    p.add_argument("--postgres", help="use this PostgreSQL (superuser URL) instead of starting one")
+    p.add_argument("--kafka", help="use this Kafka (bootstrap servers) instead of starting one")
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--keys", type=int, default=1000, help="distinct event keys")
+    p.add_argument("--ceiling-records", type=int, default=60_000)
+    p.add_argument("--ceiling-window", type=int, default=1000, help="sends per gather")
+    p.add_argument("--txn-batch", type=int, default=500, help="records per Kafka transaction")
+    p.add_argument("--rows", type=int, default=100_000, help="drain backlog")
+    p.add_argument("--relays", default="1,3", help="relay counts for the drain phase")
+    p.add_argument("--drain-repeat", type=int, default=1, help="runs of each drain case")
+    p.add_argument(
+        "--stall-report",
+        type=float,
+        default=5.0,
+        help="drain: report a partition that has not moved for this many seconds",
+    )
+    p.add_argument(
+        "--relay-mode",
+        choices=("subprocess", "inprocess"),
+        default="subprocess",
+        help="relays as `python -m outboxkit relay` processes or as Relay objects in here",
+    )
+    p.add_argument(
+        "--relay-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a RelaySettings field for every relay, e.g. batch_interval=0.01 (repeatable)",
+    )
+    p.add_argument("--drain-timeout", type=float, default=180)
+    p.add_argument("--rate", type=float, default=500, help="steady: events/s")
+    p.add_argument("--latency-seconds", type=float, default=15)
+    p.add_argument("--latency-writers", type=int, default=16, help="writer connections")
+    p.add_argument("--idle-events", type=int, default=20)
+    p.add_argument("--idle-gap", type=float, default=0.3, help="idle seconds before each event")
+    p.add_argument("--churn-modes", default="dynamic,static", help="membership cases")
+    p.add_argument("--churn-rate", type=float, default=300, help="churn: events/s")
+    p.add_argument("--churn-seconds", type=float, default=60)
+    p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills")
+    p.add_argument("--churn-session-timeout", type=float, default=10.0)
+    p.add_argument("--pgbench-clients", type=int, default=8)
+    p.add_argument("--pgbench-seconds", type=int, default=20)
+    p.add_argument("--pgbench-rounds", type=int, default=3)
+    p.add_argument("--claim-rows", type=int, default=100_000)
+    p.add_argument("--claim-batch", type=int, default=500)
+    p.add_argument("--claim-publish-ms", type=float, default=1.0, help="fake publish per batch")
+    p.add_argument(
+        "--claim-checkpoint",
+        action="store_true",
+        help="CHECKPOINT right before each claim run, so its WAL includes a full-page image of "
+        "every page it touches (default: before the fill, so the WAL holds no FPIs)",
+    )
+    p.add_argument("--profile-dir", type=Path, help="run subprocess relays under cProfile")
+    p.add_argument("--child-consumer", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.relays = [int(x) for x in str(args.relays).split(",") if x]
+    args.churn_modes = [x.strip() for x in str(args.churn_modes).split(",") if x.strip()]
+    args.phases = [x.strip() for x in str(args.only).split(",") if x.strip()]
+    unknown = set(args.phases) - set(PHASES)
+    if unknown:
+        p.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
+    return args
+
+
+async def run_phases(
+    args: argparse.Namespace, outbox: BenchOutbox, bootstrap: str, cpu: CpuMeter, workdir: Path
+) -> Ctx:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    ctx = Ctx(args, outbox, bootstrap, admin, workdir, cpu)
+    try:
+        if set(args.phases) - _KAFKA_ONLY:
+            await outbox.prepare()
+        for phase, run in PHASES.items():
+            if phase not in args.phases:
+                continue
+            say(f"\n== {phase} ==")
+            start = time.perf_counter()
+            try:
+                await run(ctx)
+            except Exception as exc:
+                # One broken phase should not cost the figures of the others.
+                traceback.print_exc()
+                ctx.keep_workdir = True
+                ctx.add(Result(phase, "ERROR", type(exc).__name__, note=str(exc)[:200]))
+            say(f"({phase}: {time.perf_counter() - start:.0f} s)")
+    finally:
+        await admin.close()
+    return ctx
+
+
+def report_slow_statements(log: Path, limit: int = 40) -> None:
+    """The relay's statements that auto_explain logged (slower than 1 s), with the first plan:
+    the claim statement must stay fast however the table's statistics look."""
+    lines = log.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if "duration:" in line and "plan:" in line]
+    relay = [i for i in starts if "outboxkit.outbox o" in "\n".join(lines[i : i + 4])]
+    say(
+        f"\nauto_explain: {len(starts)} statement(s) slower than 1 s, {len(relay)} of them the "
+        "relay's claim (next_batch)"
+    )
+    for i in relay[:1]:
+        say("  " + lines[i][:160])
+        for line in itertools.takewhile(
+            lambda text: text.startswith(("\t", " ")), lines[i + 1 : i + limit]
+        ):
+            say("  " + line.rstrip()[:160])
+
+
+def quiet_logs() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child-relay"]:
+        child_relay(argv[1:])
+        return
+    args = parse_args(argv)
+    if args.child_consumer:
+        bootstrap, topic, partitions, out = args.child_consumer
+        quiet_logs()
+        asyncio.run(consumer_child(bootstrap, topic, int(partitions), Path(out)))
+        return
+    if args.list:
+        for name, run in PHASES.items():
+            doc = (sys.modules[run.__module__].__doc__ or "").strip().splitlines()[0]
+            say(f"{name:8} {doc}")
+        return
+    quiet_logs()
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
+    cpu = CpuMeter()
+    began = time.perf_counter()
+    pg_log: Path | None = None
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            admin_url = args.postgres
+        else:
+            pg = stack.enter_context(EmbeddedPostgres(settings=PG_SETTINGS))
+            admin_url = pg.url()
+            pg_log = pg.log_path
+            assert pg.pid is not None
+            cpu.roots["postgres"] = [pg.pid]
+        if args.kafka:
+            bootstrap = args.kafka
+        else:
+            kafka = stack.enter_context(KafkaCluster(1))
+            bootstrap = kafka.bootstrap_servers
+            pid = kafka.nodes[0].pid
+            if pid is not None:
+                cpu.roots["kafka"] = [pid]
+        outbox = PostgresBenchOutbox(admin_url)
+        say(
+            f"outboxkit relay benchmark: {os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.1f}; PostgreSQL "
+            f"{'at ' + args.postgres if args.postgres else 'embedded'} "
+            f"({', '.join(f'{k}={v}' for k, v in PG_SETTINGS.items())}), Kafka "
+            f"{'at ' + args.kafka if args.kafka else '1 embedded node'}; phases "
+            f"{', '.join(args.phases)}; relays as {args.relay_mode}; relay settings "
+            f"{args.relay_setting or 'defaults'}; workdir {workdir}"
+        )
+        ctx = asyncio.run(run_phases(args, outbox, bootstrap, cpu, workdir))
+        if pg_log is not None:
+            report_slow_statements(pg_log)
+            if ctx.keep_workdir:
+                shutil.copy(pg_log, workdir / "postgres.log")
+    say(f"\n== summary ({time.perf_counter() - began:.0f} s in all) ==")
+    print_table(ctx.results)
+    if ctx.keep_workdir:
+        say(f"logs and diagnostics kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)

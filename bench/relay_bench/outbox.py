@@ -1,0 +1,258 @@
+"""The one seam between the relay benchmark and a database: :class:`BenchOutbox`.
+
+Every phase that needs an outbox (drain, latency, idle, churn) goes through it: create the
+schema, register a topic, write events the way a service does (the product's writer, one
+transaction each), keep a backlog aside and make it visible in one commit, count what is pending,
+and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one; a MongoDB
+one (``--database mongodb``) implements the same protocol. The ``writer`` and ``claims`` phases
+measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL class directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from typing import Any, LiteralString, Protocol
+from urllib.parse import urlsplit
+
+import psycopg
+
+from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE, make_event, say
+from outboxkit.core.sql import load_queries
+from outboxkit.migrations import migrate
+from outboxkit.relay import PostgresOutbox
+from outboxkit.schemas import Event
+
+QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
+OUTBOX_COLUMNS = "topic, partition, key, value, header_names, header_values, event_id, event_type"
+BENCH_DB = "outboxkit_bench"
+
+
+def q(text: str) -> LiteralString:
+    """A query built here from constants (table names); psycopg's types want a literal."""
+    return text
+
+
+class Writer(Protocol):
+    """A service's connection: one event per transaction, committed when ``write`` returns."""
+
+    async def write(self, event: Event) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BenchOutbox(Protocol):
+    #: What relays get as OUTBOXKIT_DATABASE_URL.
+    url: str
+
+    async def prepare(self) -> None:
+        """A fresh, migrated database."""
+
+    async def register_topic(self, topic: str, partitions: int) -> None: ...
+
+    async def seed(self, rows: int, keys: int, topic: str) -> float:
+        """Write ``rows`` events with the product's writer (batched), keep them aside for
+        :meth:`load_backlog`, leave the outbox empty; return the write rate (rows/s)."""
+
+    async def load_backlog(self, rows: int) -> None:
+        """Make ``rows`` of the seed pending at once (one commit wakes idle relays)."""
+
+    async def clear(self) -> None:
+        """No pending records, no relay declared waiting."""
+
+    async def pending(self) -> int: ...
+
+    async def pending_by_partition(self, topic: str) -> dict[int, int]: ...
+
+    async def relays_idle(self, topic: str, partitions: int) -> bool:
+        """Whether every partition's relay has declared itself waiting (idle, woken by writers)."""
+
+    async def writers(self, count: int) -> list[Writer]: ...
+
+    async def diagnostics(self, topic: str) -> str:
+        """What the database is doing now (when a partition stops moving)."""
+
+
+class _PgWriter:
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+        self._outbox = PostgresOutbox(source=SOURCE)
+
+    async def write(self, event: Event) -> None:
+        async with self._conn.transaction():
+            await self._outbox.add(self._conn, event)
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+class PostgresBenchOutbox:
+    def __init__(self, admin_url: str, dbname: str = BENCH_DB) -> None:
+        self.admin_url = admin_url
+        self.url = urlsplit(admin_url)._replace(path=f"/{dbname}").geturl()
+        self.dbname = dbname
+        self._seeded = 0
+
+    async def connect(self, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self.url, autocommit=autocommit, application_name="outboxkit-bench"
+        )
+
+    async def scalar(self, query: LiteralString, *args: Any) -> Any:
+        async with await self.connect() as conn:
+            return await scalar(conn, query, *args)
+
+    async def prepare(self) -> None:
+        await create_database(self.admin_url, self.dbname)
+
+    async def register_topic(self, topic: str, partitions: int) -> None:
+        async with await self.connect() as conn:
+            await conn.execute(
+                QUERIES["register_topic"], {"topic": topic, "partitions": partitions}
+            )
+
+    async def seed(self, rows: int, keys: int, topic: str = DRAIN_TOPIC) -> float:
+        if self._seeded >= rows:
+            return 0.0
+        rng = random.Random(11)
+        outbox = PostgresOutbox(source=SOURCE)
+        chunk, writers = 5000, 2
+        chunks = iter(range(0, rows, chunk))
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> None:
+            for done in chunks:
+                events = [make_event(rng, keys, topic) for _ in range(min(chunk, rows - done))]
+                async with conn.transaction():
+                    await outbox.add_many(conn, events)
+
+        async with await self.connect() as conn:
+            await conn.execute("DELETE FROM outboxkit.outbox")
+            conns = [await self.connect() for _ in range(writers)]
+            start = time.perf_counter()
+            try:
+                await asyncio.gather(*(write(c) for c in conns))
+            finally:
+                for c in conns:
+                    await c.close()
+            elapsed = time.perf_counter() - start
+            await conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
+            await conn.execute("DROP TABLE IF EXISTS bench.seed")
+            await conn.execute(
+                q(
+                    "CREATE UNLOGGED TABLE bench.seed AS SELECT id AS seq, "
+                    f"{OUTBOX_COLUMNS} FROM outboxkit.outbox ORDER BY id"
+                )
+            )
+            await conn.execute("DELETE FROM outboxkit.outbox")
+            distinct = await scalar(conn, "SELECT count(DISTINCT key) FROM bench.seed")
+        self._seeded = rows
+        say(
+            f"backlog: {rows:,} rows written by PostgresOutbox.add_many ({chunk}/transaction, "
+            f"{writers} connections) in {elapsed:.1f} s = {rows / elapsed:,.0f} rows/s; "
+            f"{distinct} distinct keys"
+        )
+        return rows / elapsed
+
+    async def load_backlog(self, rows: int, table: str = "outboxkit.outbox") -> None:
+        async with await self.connect() as conn, conn.transaction():
+            await load_backlog(conn, table, rows)
+
+    async def clear(self) -> None:
+        async with await self.connect() as conn:
+            await conn.execute("DELETE FROM outboxkit.outbox")
+            await conn.execute("DELETE FROM outboxkit.relay_waiting")
+            await conn.execute("VACUUM outboxkit.outbox")
+
+    async def pending(self) -> int:
+        return int(
+            await self.scalar("SELECT count(*) FROM outboxkit.outbox WHERE state = 'pending'")
+        )
+
+    async def pending_by_partition(self, topic: str) -> dict[int, int]:
+        async with await self.connect() as conn:
+            cur = await conn.execute(
+                "SELECT partition, count(*) FROM outboxkit.outbox "
+                "WHERE state = 'pending' AND topic = %s GROUP BY partition",
+                (topic,),
+            )
+            return {int(p): int(n) for p, n in await cur.fetchall()}
+
+    async def relays_idle(self, topic: str, partitions: int) -> bool:
+        waiting = await self.scalar(
+            "SELECT count(*) FROM outboxkit.relay_waiting WHERE topic = %s", topic
+        )
+        return int(waiting) == partitions
+
+    async def writers(self, count: int) -> list[Writer]:
+        return [_PgWriter(await self.connect(autocommit=False)) for _ in range(count)]
+
+    async def diagnostics(self, topic: str) -> str:
+        async with await self.connect() as conn:
+            return await db_diagnostics(conn, topic)
+
+
+async def scalar(conn: psycopg.AsyncConnection[Any], query: LiteralString, *args: Any) -> Any:
+    cur = await conn.execute(query, args or None)
+    row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def create_database(admin_url: str, name: str) -> None:
+    """A fresh, migrated database."""
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        await conn.execute(q(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        await conn.execute(q(f"CREATE DATABASE {name}"))
+    url = urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await migrate(conn)
+
+
+async def load_backlog(conn: psycopg.AsyncConnection[Any], table: str, rows: int) -> None:
+    await conn.execute(
+        q(
+            f"INSERT INTO {table} ({OUTBOX_COLUMNS}) SELECT {OUTBOX_COLUMNS} "
+            f"FROM bench.seed ORDER BY seq LIMIT {int(rows)}"
+        )
+    )
+
+
+def claim_query(table: str = "outboxkit.outbox") -> LiteralString:
+    return q(QUERIES["next_batch_delete"].replace("outboxkit.outbox", table))
+
+
+def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str, Any]:
+    return {
+        "published": [],
+        "topics": [topic] * len(partitions),
+        "partitions": list(partitions),
+        "limit": limit,
+        "scan": limit * 4,
+    }
+
+
+async def db_diagnostics(conn: psycopg.AsyncConnection[Any], topic: str) -> str:
+    """What the database is doing, and the claim query's plan, when a partition stops."""
+    lines = []
+    cur = await conn.execute(
+        "SELECT pid, application_name, state, wait_event_type, wait_event, "
+        "now() - query_start, left(query, 60) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'"
+    )
+    lines += [f"pg backend not idle: {row}" for row in await cur.fetchall()]
+    cur = await conn.execute(
+        "SELECT c.reltuples, c.relpages, s.n_live_tup, s.n_dead_tup, s.last_autovacuum, "
+        "s.last_autoanalyze, s.last_analyze FROM pg_class c JOIN pg_stat_user_tables s "
+        "ON s.relid = c.oid WHERE c.oid = 'outboxkit.outbox'::regclass"
+    )
+    lines.append(
+        f"outbox stats (reltuples, relpages, live, dead, autovacuum, autoanalyze, "
+        f"analyze): {await cur.fetchone()}"
+    )
+    cur = await conn.execute(QUERIES["backlog"])
+    stuck = [int(p) for t, p, _, _, _ in await cur.fetchall() if t == topic]
+    if stuck:
+        cur = await conn.execute(q("EXPLAIN " + claim_query()), claim_params(topic, stuck, 500))
+        lines += [f"claim plan ({stuck}): {row[0]}" for row in await cur.fetchall()]
+    return "\n".join(lines)

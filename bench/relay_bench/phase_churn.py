@@ -1,0 +1,143 @@
+"""Phase ``churn``: three relays, one of them SIGKILLed and restarted every few seconds.
+
+Writers commit ``--churn-rate`` events/s for ``--churn-seconds`` while, every ``--churn-every``
+seconds, the next relay (round robin) is killed with SIGKILL and started again at once. Then the
+killing stops and everything is read back. Figures: commit → consumer p50/p99/max, the longest a
+partition received nothing while events were being written (its outage), and events missing.
+Two cases: dynamic membership (the default: a killed relay's member stays in the group until its
+session times out) and static membership (``OUTBOXKIT_INSTANCE_ID``: the restarted relay takes
+its member's place, and its partitions, without a rebalance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import time
+from collections import defaultdict
+
+from bench.relay_bench.consumer import Arrival, Commits, LatencyConsumer, paced_writes, split
+from bench.relay_bench.harness import (
+    CHURN_TOPIC,
+    Ctx,
+    Result,
+    ensure_topic,
+    latency_figures,
+    say,
+)
+from bench.relay_bench.relays import SubprocessRelays, wait_ready
+
+RELAYS = 3
+
+
+async def phase_churn(ctx: Ctx) -> None:
+    args = ctx.args
+    await ensure_topic(ctx, CHURN_TOPIC, args.partitions)
+    await ctx.outbox.register_topic(CHURN_TOPIC, args.partitions)
+    for mode in args.churn_modes:
+        await _churn(ctx, mode)
+
+
+async def _churn(ctx: Ctx, mode: str) -> None:
+    args = ctx.args
+    await ctx.outbox.clear()
+    group = f"bench-churn-{mode}-{ctx.run_id}"
+    session = args.churn_session_timeout
+    relays = SubprocessRelays(
+        ctx,
+        RELAYS,
+        CHURN_TOPIC,
+        group,
+        instance_ids=mode == "static",
+        session_timeout=str(session),
+        heartbeat_interval=str(min(1.0, session / 3)),
+    )
+    commits = Commits()
+    kills = 0
+    async with LatencyConsumer(ctx, CHURN_TOPIC, f"churn-{mode}") as consumer:
+        await relays.start()
+        try:
+            await wait_ready(ctx, relays, RELAYS, CHURN_TOPIC, f"outboxkit.relay.{group}")
+            writers = await ctx.outbox.writers(8)
+            stop = asyncio.Event()
+
+            async def killer() -> None:
+                nonlocal kills
+                victim = 0
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), args.churn_every)
+                    if stop.is_set():
+                        return
+                    await relays.kill(victim)
+                    await relays.start_one(victim)
+                    kills += 1
+                    victim = (victim + 1) % RELAYS
+
+            began = time.time()
+            killing = asyncio.create_task(killer())
+            try:
+                await paced_writes(
+                    writers,
+                    commits,
+                    "churn",
+                    args.churn_rate,
+                    args.churn_seconds,
+                    rng=random.Random(9),
+                    keys=args.keys,
+                    topic=CHURN_TOPIC,
+                )
+            finally:
+                stop.set()
+                await killing
+                for w in writers:
+                    await w.close()
+            ended = time.time()
+            with contextlib.suppress(TimeoutError):
+                await consumer.wait_for(len(commits.at), 180)
+        finally:
+            await relays.stop()
+    arrivals = await consumer.arrivals()
+    latency, _, missing = split(commits, arrivals)
+    values = latency.get("churn", [])
+    outage, worst_partition = _longest_outage(arrivals, commits, began, ended)
+    say(
+        f"churn ({mode} membership, session timeout {session:g} s): {kills} kills in "
+        f"{args.churn_seconds:.0f} s, {len(values)} events; commit→consumer "
+        f"{latency_figures(values)}; longest partition outage {outage:.1f} s (partition "
+        f"{worst_partition}); missing {missing}"
+    )
+    ctx.add(
+        Result(
+            "churn",
+            f"{mode} membership, kill+restart every {args.churn_every:g} s",
+            latency_figures(values),
+            f"p99 {(_p99(values) / session):.1f}x session timeout",
+            f"session timeout {session:g} s; longest partition outage {outage:.1f} s; "
+            f"{kills} kills; missing {missing}",
+        )
+    )
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))] if ordered else float("nan")
+
+
+def _longest_outage(
+    arrivals: list[Arrival], commits: Commits, began: float, ended: float
+) -> tuple[float, int]:
+    """The longest time a partition received nothing while it had events committed and not yet
+    received (between the first write and the end of the writes)."""
+    per_partition: dict[int, list[float]] = defaultdict(list)
+    for arrival in arrivals:
+        if commits.labels.get(arrival.ce_id) == "churn":
+            per_partition[arrival.partition].append(arrival.at)
+    worst, where = 0.0, -1
+    for partition, received in per_partition.items():
+        for earlier, later in itertools.pairwise(sorted([began, *received])):
+            if earlier <= ended and later - earlier > worst:
+                worst, where = later - earlier, partition
+    return worst, where

@@ -1,0 +1,170 @@
+"""Phase ``drain``: a backlog of outbox rows drained by 1 and by 3 relays.
+
+``--rows`` rows written by the product's writer (``--keys`` distinct keys, 6 partitions) are
+kept aside; each run makes them pending with one commit while the relays are up and idle, so
+the commit wakes them, and times how long until nothing is pending. ``--drain-repeat N`` runs
+each case N times: the figures spread, and an intermittent stall (a partition that stops moving)
+shows up. Every run watches each partition's pending count and notes when it last went down
+(its last publish): a partition that stops for ``--stall-report`` seconds is reported while it
+happens, with the relays' health, every task's stack and the database's activity and claim plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+from bench.relay_bench.harness import (
+    DRAIN_TOPIC,
+    CpuMeter,
+    Ctx,
+    Result,
+    ensure_topic,
+    metric_sum,
+    relay_cpu_per_event,
+    say,
+    stage_breakdown,
+)
+from bench.relay_bench.relays import Relays, running_relays
+
+
+async def phase_drain(ctx: Ctx) -> None:
+    args = ctx.args
+    await ensure_topic(ctx, DRAIN_TOPIC, args.partitions)
+    await ctx.outbox.register_topic(DRAIN_TOPIC, args.partitions)
+    fill = await ctx.outbox.seed(max(args.rows, args.claim_rows), args.keys, DRAIN_TOPIC)
+    if fill:
+        ctx.add(Result("drain", "writer add_many, 5000/txn (fill)", f"{fill:,.0f} rows/s"))
+    for n in args.relays:
+        rates = []
+        for run in range(args.drain_repeat):
+            rate = await _drain_once(ctx, n, run)
+            if rate is not None:
+                rates.append(rate)
+        if len(rates) > 1:
+            say(
+                f"{n} relay(s), {len(rates)} runs: {min(rates):,.0f} / "
+                f"{statistics.median(rates):,.0f} / {max(rates):,.0f} events/s (min/median/max)"
+            )
+            ctx.add(
+                Result(
+                    "drain",
+                    f"{n} relay(s), {len(rates)} runs",
+                    f"median {statistics.median(rates):,.0f} ev/s",
+                    _ratios(ctx, statistics.median(rates)),
+                    f"min {min(rates):,.0f}, max {max(rates):,.0f}",
+                )
+            )
+
+
+def _ratios(ctx: Ctx, rate: float) -> str:
+    parts = []
+    if ctx.ceiling_plain:
+        parts.append(f"{rate / ctx.ceiling_plain:.2f}x plain")
+    if ctx.ceiling_txn:
+        parts.append(f"{rate / ctx.ceiling_txn:.2f}x txn")
+    return ", ".join(parts) or "(no ceiling run)"
+
+
+async def _drain_once(ctx: Ctx, n: int, run: int) -> float | None:
+    args = ctx.args
+    group = f"bench-drain{n}-{ctx.run_id}-{run}"
+    await ctx.outbox.clear()
+    t_start = time.perf_counter()
+    async with running_relays(ctx, n, DRAIN_TOPIC, group) as relays:
+        startup = time.perf_counter() - t_start
+        metrics0 = await relays.metrics_text()
+        snap = ctx.cpu.snapshot({"relays": relays.pids})
+        # One transaction makes the whole backlog visible at once: its commit wakes the idle
+        # relays (the trigger NOTIFYs every waiting partition).
+        await ctx.outbox.load_backlog(args.rows)
+        t0 = time.perf_counter()
+        stuck, worst = await _wait_drained(ctx, relays, group)
+        elapsed = time.perf_counter() - t0
+        after = ctx.cpu.snapshot({"relays": relays.pids})
+        metrics1 = await relays.metrics_text()
+    label = f"{n} relay(s) ({args.relay_mode})" + (
+        f", run {run + 1}" if args.drain_repeat > 1 else ""
+    )
+    if stuck:
+        say(f"{label}: NOT DRAINED after {elapsed:.0f} s: {stuck}")
+        ctx.keep_workdir = True
+        ctx.add(Result("drain", label, "did not drain", note=stuck))
+        return None
+    published = metric_sum(metrics1, "outboxkit_relay_published_total") - metric_sum(
+        metrics0, "outboxkit_relay_published_total"
+    )
+    batches = metric_sum(metrics1, "outboxkit_relay_batches_total") - metric_sum(
+        metrics0, "outboxkit_relay_batches_total"
+    )
+    rate = float(args.rows) / elapsed
+    per_batch = published / batches if batches else float("nan")
+    cpu = relay_cpu_per_event(snap, after, args.rows)
+    say(
+        f"{label}: {args.rows:,} rows in {elapsed:.2f} s = {rate:,.0f} events/s, "
+        f"{_ratios(ctx, rate)}; {batches:.0f} Kafka transactions, {per_batch:.0f} records each; "
+        f"longest a partition did not move: {worst:.1f} s; startup {startup:.1f} s; {cpu}; "
+        f"{CpuMeter.describe(snap, after)}"
+    )
+    say(f"  stages: {stage_breakdown(metrics0, metrics1)}")
+    ctx.add(
+        Result(
+            "drain",
+            f"{label}, {args.rows // 1000}K backlog",
+            f"{rate:,.0f} ev/s",
+            _ratios(ctx, rate),
+            f"{per_batch:.0f} rec/txn; {cpu}; max stall {worst:.1f} s; "
+            f"{CpuMeter.describe(snap, after)}",
+        )
+    )
+    return rate
+
+
+async def _wait_drained(ctx: Ctx, relays: Relays, group: str) -> tuple[str | None, float]:
+    """Until nothing is pending. Returns what is left if that takes more than
+    ``--drain-timeout``, and the longest time any partition went without a publish."""
+    args = ctx.args
+    start = time.perf_counter()
+    counts: dict[int, int] = {}
+    moved: dict[int, float] = {}
+    reported: set[int] = set()
+    worst = 0.0
+    while True:
+        relays.check_alive()
+        now = time.perf_counter()
+        pending = await ctx.outbox.pending_by_partition(DRAIN_TOPIC)
+        if not pending:
+            return None, worst
+        for part, count in pending.items():
+            if counts.get(part) != count:
+                counts[part], moved[part] = count, now
+                reported.discard(part)
+            still = now - moved[part]
+            worst = max(worst, still)
+            if still >= args.stall_report and part not in reported:
+                reported.add(part)
+                await _report_stall(ctx, relays, group, part=part, still=still, pending=pending)
+        for part in list(counts):
+            if part not in pending:  # drained: its last publish was the last move
+                del counts[part]
+        if now - start > args.drain_timeout:
+            left = ", ".join(f"{p}: {n}" for p, n in sorted(pending.items()))
+            return f"pending rows left after {now - start:.0f} s: {left}", worst
+        await asyncio.sleep(0.25)
+
+
+async def _report_stall(
+    ctx: Ctx, relays: Relays, group: str, *, part: int, still: float, pending: dict[int, int]
+) -> None:
+    ctx.keep_workdir = True
+    text = (
+        f"partition {part} has not moved for {still:.1f} s (pending per partition: "
+        f"{dict(sorted(pending.items()))})\n"
+        + await ctx.outbox.diagnostics(DRAIN_TOPIC)
+        + "\n"
+        + await relays.diagnose()
+    )
+    path = ctx.workdir / f"stall-{group}-p{part}.txt"
+    await asyncio.to_thread(path.write_text, text)
+    say(f"  STALL: partition {part} has not moved for {still:.1f} s; diagnostics in {path}")

@@ -1,0 +1,126 @@
+"""Phase ``steady``: commit → consumer latency at a steady rate, with the per-stage breakdown.
+
+``--latency-writers`` writers each commit one event per transaction (the product's writer),
+paced to ``--rate`` events/s in all (a late writer does not burst to catch up), for
+``--latency-seconds`` after a 2 s warm-up; one relay publishes; a ``read_committed`` consumer
+in a child process stamps each record's arrival. Latency = arrival - the writer's COMMIT return,
+matched by event id; commit → send uses the record's Kafka timestamp (set by the relay's send,
+ms resolution). The relay's own metrics give the time per stage of its cycles (wake-up, pacing,
+claim, send, commit) and its histogram of insert → Kafka commit; the relay process's CPU time is
+divided by the events of the steady window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+
+from bench.relay_bench.consumer import (
+    Commits,
+    LatencyConsumer,
+    paced_writes,
+    pickup_figures,
+    split,
+)
+from bench.relay_bench.harness import (
+    LATENCY_TOPIC,
+    CpuMeter,
+    Ctx,
+    Result,
+    bucket_quantile,
+    ensure_topic,
+    histogram_buckets,
+    latency_figures,
+    pct,
+    relay_cpu_per_event,
+    say,
+    stage_breakdown,
+)
+from bench.relay_bench.relays import running_relays
+
+HISTOGRAM = "outboxkit_relay_commit_to_ack_seconds"
+
+
+async def phase_steady(ctx: Ctx) -> None:
+    args = ctx.args
+    await ensure_topic(ctx, LATENCY_TOPIC, args.partitions)
+    await ctx.outbox.register_topic(LATENCY_TOPIC, args.partitions)
+    await ctx.outbox.clear()
+    commits = Commits()
+    rng = random.Random(3)
+    group = f"bench-steady-{ctx.run_id}"
+    async with (
+        LatencyConsumer(ctx, LATENCY_TOPIC, "steady") as consumer,
+        running_relays(ctx, 1, LATENCY_TOPIC, group) as relays,
+    ):
+        writers = await ctx.outbox.writers(args.latency_writers)
+        try:
+            await paced_writes(
+                writers,
+                commits,
+                "warmup",
+                args.rate,
+                2.0,
+                rng=rng,
+                keys=args.keys,
+                topic=LATENCY_TOPIC,
+            )
+            metrics0 = await relays.metrics_text()
+            groups = {"relays": relays.pids, "bench": [os.getpid()]}
+            snap = ctx.cpu.snapshot(groups)
+            achieved = await paced_writes(
+                writers,
+                commits,
+                "steady",
+                args.rate,
+                args.latency_seconds,
+                rng=rng,
+                keys=args.keys,
+                topic=LATENCY_TOPIC,
+            )
+            after = ctx.cpu.snapshot(groups)
+            with contextlib.suppress(TimeoutError):
+                await consumer.wait_for(len(commits.at), 30)
+            await asyncio.sleep(0.5)  # the last batch's settle (for the relay's counters)
+            metrics1 = await relays.metrics_text()
+        finally:
+            for w in writers:
+                await w.close()
+    latency, pickup, missing = split(commits, await consumer.arrivals())
+    steady = latency.get("steady", [])
+    sends = pickup.get("steady", [])
+    events = len([1 for label in commits.labels.values() if label == "steady"])
+    cpu = relay_cpu_per_event(snap, after, events)
+    late = 100 * len(commits.behind) / max(len(commits.at), 1)
+    stages = stage_breakdown(metrics0, metrics1)
+    hist0 = histogram_buckets(metrics0, HISTOGRAM)
+    hist1 = histogram_buckets(metrics1, HISTOGRAM)
+    hist = f"p50 {bucket_quantile(hist0, hist1, 0.5)}, p99 {bucket_quantile(hist0, hist1, 0.99)}"
+    send_to_consumer = [lat - pick for lat, pick in zip(steady, sends, strict=True)]
+    say(
+        f"steady: {args.rate:,.0f}/s asked, {achieved:,.0f}/s achieved by "
+        f"{args.latency_writers} writers for {args.latency_seconds:.0f} s ({len(steady)} events; "
+        f"{late:.0f}% of writes started late); missing at the consumer: {missing}; {cpu}; "
+        f"{CpuMeter.describe(snap, after)}"
+    )
+    say(f"  commit→consumer {latency_figures(steady)}")
+    say(
+        f"  breakdown: commit→relay send {pickup_figures(sends)}; send→consumer p50 "
+        f"{pct(send_to_consumer, 0.5) * 1000:.1f} ms; relay {stages}"
+    )
+    say(f"  relay histogram {HISTOGRAM} (row insert → Kafka commit): {hist}")
+    ctx.add(
+        Result(
+            "steady",
+            f"{achieved:,.0f}/s, commit→consumer",
+            latency_figures(steady),
+            cpu,
+            f"target p50 ≤ 10 ms, p99 ≤ 50 ms, ≤ 0.3 ms CPU/event; commit→send "
+            f"{pickup_figures(sends)}; {CpuMeter.describe(snap, after)}",
+        )
+    )
+    ctx.add(Result("steady", "per-stage breakdown (relay)", stages.split(";")[0], note=stages))
+    if missing:
+        ctx.add(Result("steady", "events not received", str(missing), note="within 30 s"))

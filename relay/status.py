@@ -1,0 +1,168 @@
+"""Who publishes what, from outside the relays: ``outboxkit relay status``.
+
+Kafka knows the members of group ``outboxkit.relay.<name>`` and which partitions each one owns;
+the outbox knows each partition's backlog; the topic knows when a record last arrived. Every
+partition is shown in the shape the relays' own ``/healthz`` uses
+(:class:`~outboxkit.relay.engine.PartitionStatus`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from outboxkit.core.kafka import partition_counts
+from outboxkit.relay.blocks import plan
+from outboxkit.relay.engine import PartitionStatus
+from outboxkit.relay.records import PartitionBacklog, TopicPartition
+from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.storage import OutboxStorage
+
+#: Records read back from the end of a partition to find its last data record (transaction
+#: markers take offsets too).
+_TAIL = 8
+
+
+@dataclass
+class MemberStatus:
+    member_id: str
+    client_id: str
+    host: str
+    partitions: list[PartitionStatus] = field(default_factory=list)
+
+
+@dataclass
+class GroupStatus:
+    group: str
+    #: Kafka's group state: Stable, PreparingRebalance, CompletingRebalance, Empty, Dead.
+    state: str
+    members: list[MemberStatus] = field(default_factory=list)
+    #: Partitions no member owns (no relay running, or a rebalance in progress).
+    unowned: list[PartitionStatus] = field(default_factory=list)
+
+
+async def group_status(settings: RelaySettings, storage: OutboxStorage) -> GroupStatus:
+    """The relays of ``settings.relay_name``: members, their partitions, each partition's
+    backlog and when a record of it last reached Kafka."""
+    servers = settings.kafka_bootstrap_servers
+    counts = await partition_counts(servers, settings.topics)
+    tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
+    state, members = await _describe(servers, settings.group_id)
+    backlog, last = await asyncio.gather(storage.backlog(), _last_records(servers, tps))
+    statuses = _statuses(tps, backlog, last)
+    owned: set[TopicPartition] = set()
+    result = GroupStatus(settings.group_id, state)
+    for member_id, client_id, host, assigned in members:
+        mine = sorted(set(assigned) & set(tps), key=lambda tp: (tp.topic, tp.partition))
+        owned.update(mine)
+        for block in plan(mine, counts, settings.max_block_level):
+            for tp in block.partitions(counts[block.topic]):
+                statuses[tp].block = str(block)
+        result.members.append(
+            MemberStatus(member_id, client_id, host, [statuses[tp] for tp in mine])
+        )
+    result.members.sort(key=lambda m: m.member_id)
+    result.unowned = [statuses[tp] for tp in tps if tp not in owned]
+    return result
+
+
+async def _describe(
+    servers: Sequence[str], group_id: str
+) -> tuple[str, list[tuple[str, str, str, list[TopicPartition]]]]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=list(servers), client_id="outboxkit-status")
+    await admin.start()
+    try:
+        responses = await admin.describe_consumer_groups([group_id])
+    finally:
+        await admin.close()
+    members: list[tuple[str, str, str, list[TopicPartition]]] = []
+    state = "Dead"
+    for response in responses:
+        for group in response.groups:
+            # (error_code, group_id, state, protocol_type, protocol, members[, …]); a member is
+            # (member_id, [group_instance_id,] client_id, client_host, metadata, assignment).
+            state = str(group[2])
+            for member in group[5]:
+                member_id, client_id, host = member[0], member[-4], member[-3]
+                assigned: list[TopicPartition] = []
+                if member[-1]:
+                    decoded = ConsumerProtocolMemberAssignment.decode(member[-1])
+                    assigned = [
+                        TopicPartition(tp.topic, tp.partition) for tp in decoded.partitions()
+                    ]
+                members.append((str(member_id), str(client_id), str(host), assigned))
+    return state, members
+
+
+async def _last_records(
+    servers: Sequence[str], tps: Sequence[TopicPartition]
+) -> dict[TopicPartition, float]:
+    """Per partition, the timestamp (epoch seconds) of its last record, if any."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=list(servers),
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        client_id="outboxkit-status",
+    )
+    await consumer.start()
+    try:
+        ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
+        consumer.assign(ktps)
+        ends = await consumer.end_offsets(ktps)
+        starts = await consumer.beginning_offsets(ktps)
+        waiting = set()
+        for ktp in ktps:
+            if ends[ktp] > starts[ktp]:
+                consumer.seek(ktp, max(starts[ktp], ends[ktp] - _TAIL))
+                waiting.add(ktp)
+            else:
+                consumer.pause(ktp)
+        found: dict[TopicPartition, float] = {}
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                while waiting:
+                    batches = await consumer.getmany(timeout_ms=200)
+                    for ktp, records in batches.items():
+                        for record in records:
+                            tp = TopicPartition(ktp.topic, ktp.partition)
+                            found[tp] = max(found.get(tp, 0.0), record.timestamp / 1000)
+                    for ktp in list(waiting):
+                        if await consumer.position(ktp) >= ends[ktp]:
+                            waiting.discard(ktp)
+                            consumer.pause(ktp)
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _statuses(
+    tps: Sequence[TopicPartition],
+    backlog: Sequence[PartitionBacklog],
+    last: dict[TopicPartition, float],
+) -> dict[TopicPartition, PartitionStatus]:
+    now = datetime.now(UTC)
+    by_tp = {TopicPartition(b.topic, b.partition): b for b in backlog}
+    statuses = {}
+    for tp in tps:
+        b = by_tp.get(tp)
+        oldest = b.oldest_created_at if b else None
+        published = last.get(tp)
+        statuses[tp] = PartitionStatus(
+            partition=str(tp),
+            block="",
+            pending=b.pending if b else 0,
+            failed=b.failed if b else 0,
+            oldest_pending_age=round((now - oldest).total_seconds(), 3) if oldest else 0.0,
+            last_publish_at=(
+                datetime.fromtimestamp(published, UTC).isoformat() if published else None
+            ),
+        )
+    return statuses

@@ -1,0 +1,225 @@
+"""What operators rely on, against real PostgreSQL and Apache Kafka servers: a dead relay's
+partitions move to a survivor within the session timeout plus a few seconds, ``outboxkit relay
+status`` and ``/healthz`` show who publishes what, and every connection says whose it is."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+
+from outboxkit.embedded._process import free_port
+from outboxkit.inbox import PostgresInboxStore
+from tests.helpers import run_cli, wait_for
+from tests.integration.conftest import MakeTopic
+from tests.integration.relay_harness import (
+    RELAY_ENV,
+    RelayProcess,
+    Writers,
+    check_guarantees,
+    pending,
+    read_topic,
+    register_topic,
+    relay_env,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+async def _health(port: int) -> dict[str, object]:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        response = await http.get("/healthz", timeout=5)
+        body: dict[str, object] = response.json()
+        return body
+
+
+async def _owned(port: int) -> list[str]:
+    try:
+        owned = (await _health(port))["owned"]
+    except (httpx.HTTPError, OSError):
+        return []
+    assert isinstance(owned, list)
+    return [str(p) for p in owned]
+
+
+async def test_a_killed_relays_partitions_publish_again_within_the_session_timeout(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Fast takeover (#17): SIGKILL one of three relays while writers write to every partition;
+    each partition it owned publishes again on a survivor within the session timeout + 5 s."""
+    topic = await make_topic("takeover", partitions=6)
+    await register_topic(pg_url, topic, 6)
+    writers = Writers(pg_url, topic, entities=30)
+    session = float(RELAY_ENV["OUTBOXKIT_SESSION_TIMEOUT"])
+    ports = [free_port() for _ in range(3)]
+    group = relay_env(pg_url, kafka_bootstrap, topic)
+    started = [
+        RelayProcess(tmp_path, {**group, "OUTBOXKIT_HTTP_PORT": str(port)}).start()
+        for port in ports
+    ]
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+
+        async def spread() -> bool:
+            owned = [await _owned(port) for port in ports]
+            return all(owned) and sorted(p for o in owned for p in o) == [
+                f"{topic}/{p}" for p in range(6)
+            ]
+
+        await wait_for(spread, within=60, what="three relays sharing six partitions")
+        writers.start()
+        await wait_for(lambda: writers.total >= 300, within=30, what="events flowing")
+        victim_partitions = [int(p.rsplit("/", 1)[1]) for p in await _owned(ports[0])]
+        tps = [KafkaTP(topic, p) for p in victim_partitions]
+        consumer.assign(tps)
+
+        killed = time.monotonic()
+        started[0].kill()
+        await consumer.seek_to_end(*tps)
+        waiting = set(tps)
+        taken_over: dict[int, float] = {}
+        async with asyncio.timeout(session + 30):
+            while waiting:
+                batches = await consumer.getmany(*waiting, timeout_ms=200)
+                for tp, records in batches.items():
+                    if records and tp in waiting:
+                        waiting.discard(tp)
+                        taken_over[tp.partition] = time.monotonic() - killed
+        await writers.stop()
+        summary = await _drained(pg_url, writers, kafka_bootstrap, topic)
+    finally:
+        await consumer.stop()
+        for relay in started:
+            relay.kill()
+    slowest = max(taken_over.values())
+    print(f"takeover per partition (s): {taken_over}; {summary}")
+    assert slowest <= session + 5, f"partitions published again only after {taken_over}"
+
+
+async def _drained(url: str, writers: Writers, bootstrap: str, topic: str) -> str:
+    async def empty() -> bool:
+        return await pending(url) == 0
+
+    await wait_for(empty, within=60, what="the outbox to drain")
+    return check_guarantees(writers, await read_topic(bootstrap, topic, 6))
+
+
+async def test_status_and_healthz_show_members_partitions_backlog_and_last_publish(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = await make_topic("status", partitions=4)
+    await register_topic(pg_url, topic, 4)
+    ports = [free_port(), free_port()]
+    env = relay_env(pg_url, kafka_bootstrap, topic)
+    relays = [
+        RelayProcess(tmp_path, {**env, "OUTBOXKIT_HTTP_PORT": str(port)}).start() for port in ports
+    ]
+    writers = Writers(pg_url, topic, entities=16)
+    try:
+
+        async def both_own() -> bool:
+            return all([await _owned(port) for port in ports])
+
+        await wait_for(both_own, within=60, what="two relays sharing the partitions")
+        writers.start()
+        await wait_for(lambda: writers.total >= 100, within=30, what="events written")
+        await writers.stop()
+        await wait_for(lambda: _all_published(ports), within=30, what="every partition published")
+
+        result = await asyncio.to_thread(
+            run_cli,
+            "relay",
+            "status",
+            "--json",
+            env={
+                "OUTBOXKIT_DATABASE_URL": pg_url,
+                "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "OUTBOXKIT_TOPICS": topic,
+                "OUTBOXKIT_RELAY_NAME": env["OUTBOXKIT_RELAY_NAME"],
+            },
+        )
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        health = [await _health(port) for port in ports]
+        text = await asyncio.to_thread(
+            run_cli, "relay", "status", env={**env, "OUTBOXKIT_TOPICS": topic}
+        )
+    finally:
+        for relay in relays:
+            relay.kill()
+
+    assert status["group"] == f"outboxkit.relay.{env['OUTBOXKIT_RELAY_NAME']}"
+    assert status["state"] == "Stable"
+    members = status["members"]
+    assert sorted(m["member_id"] for m in members) == sorted(str(h["member_id"]) for h in health)
+    partitions = [p for m in members for p in m["partitions"]]
+    assert sorted(p["partition"] for p in partitions) == [f"{topic}/{p}" for p in range(4)]
+    assert status["unowned"] == []
+    for p in partitions:
+        assert p["pending"] == 0
+        assert p["last_publish_at"] is not None
+        assert p["block"]
+    # /healthz shows each relay's own view in the same shape.
+    for member, view in zip(
+        sorted(members, key=lambda m: m["member_id"]),
+        sorted(health, key=lambda h: str(h["member_id"])),
+        strict=True,
+    ):
+        assert isinstance(view["partitions"], list)
+        assert [p["partition"] for p in view["partitions"]] == [
+            p["partition"] for p in member["partitions"]
+        ]
+        assert set(view["partitions"][0]) == set(member["partitions"][0])
+    assert text.returncode == 0, text.stderr
+    assert f"member {members[0]['member_id']}" in text.stdout
+    assert "pending (oldest" in text.stdout
+
+
+async def _all_published(ports: list[int]) -> bool:
+    for port in ports:
+        partitions = (await _health(port))["partitions"]
+        assert isinstance(partitions, list)
+        if not all(p["last_publish_at"] for p in partitions):
+            return False
+    return True
+
+
+async def test_every_connection_says_whose_it_is(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """pg_stat_activity tells the relay's pool and listener and the inbox's pool apart."""
+    topic = await make_topic("named", partitions=1)
+    relay = RelayProcess(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)).start()
+
+    async def names() -> set[str]:
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            cur = await conn.execute(
+                "SELECT DISTINCT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database()"
+            )
+            return {str(row[0]) for row in await cur.fetchall()}
+
+    expected = {"outboxkit-relay", "outboxkit-relay-listener", "outboxkit-inbox"}
+    try:
+        async with PostgresInboxStore(pg_url, pool_size=1, connect_timeout=5) as inbox:
+            await inbox.count("nobody")  # opens a pooled connection
+            await wait_for(
+                lambda: _superset(names, expected),
+                within=30,
+                what=f"connections named {sorted(expected)}",
+            )
+    finally:
+        relay.kill()
+
+
+async def _superset(names: Callable[[], Awaitable[set[str]]], expected: set[str]) -> bool:
+    return expected <= await names()
