@@ -1,17 +1,29 @@
 """The inbox the inbox tests run (``outboxkit inbox tests.integration.inbox_app:inbox``).
 
 Its handler writes one ``effects`` row per handled event, with no unique constraint: a second
-effect of one event would show up as a second row."""
+effect of one event would show up as a second row.
+
+``python -m tests.integration.inbox_app`` runs the same worker as ``outboxkit inbox`` with its
+store wrapped in :class:`CrashAfterCommit`: the crash guarantee G6 is about is injected from
+here, never by a hook in the product."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import signal
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 from pydantic import Field
 
-from outboxkit.inbox import Inbox
+from outboxkit.core.logs import configure_logging
+from outboxkit.core.settings import load_settings
+from outboxkit.inbox import Inbox, InboxSettings, InboxStore, InboxWorker, PostgresInboxStore
+from outboxkit.inbox.store import BatchOutcome, Delivery
 from outboxkit.relay import PostgresOutbox
 from outboxkit.schemas import Event
 
@@ -57,3 +69,40 @@ outbox = PostgresOutbox(source="urn:test:inbox")
 async def issue_refund(event: Refund, tx: psycopg.AsyncConnection[Any]) -> None:
     """Chaining: the handler's effect is an outbox event, in the same transaction."""
     await outbox.add(tx, RefundIssued(entity=event.entity, seq=event.seq))
+
+
+class CrashAfterCommit:
+    """An inbox store that SIGKILLs its own process, with ``probability``, right after a
+    database transaction that ran a handler committed — before the worker could commit the
+    Kafka offset: the crash G6 is about."""
+
+    def __init__(self, store: InboxStore, probability: float) -> None:
+        self._store = store
+        self._probability = probability
+
+    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
+        outcome = await self._store.process_batch(consumer, deliveries)
+        if any(outcome.ran) and random.random() < self._probability:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return outcome
+
+    async def purge(self, older_than: timedelta, limit: int) -> int:
+        return await self._store.purge(older_than, limit)
+
+    async def count(self, consumer: str) -> int:
+        return await self._store.count(consumer)
+
+
+async def _run_crashing(probability: float) -> None:
+    settings = load_settings(InboxSettings)
+    async with PostgresInboxStore(settings.database_url, pool_size=settings.pool_size) as store:
+        worker = InboxWorker(inbox, settings, CrashAfterCommit(store, probability))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+
+if __name__ == "__main__":
+    configure_logging("console")
+    asyncio.run(_run_crashing(float(os.environ["TEST_CRASH_AFTER_COMMIT"])))
