@@ -128,12 +128,13 @@ def dead_letter(
 
 
 def pointer_only(letter: DeadLetterRecord) -> DeadLetterRecord:
-    """The same dead letter without the original's key, value and headers: only where it is and
-    what went wrong. For a dead-letter topic whose own size limit is lower than assumed."""
+    """The same dead letter without the original's key, value and headers (an empty value: Kafka
+    needs a key or a value): only where it is and what went wrong. For a dead-letter topic whose
+    own size limit is lower than assumed."""
     ours = [(name, value) for name, value in letter.headers if name in ADDED]
     if not any(name == TRUNCATED for name, _ in ours):
         ours += [(TRUNCATED, b"true"), (ORIGINAL_SIZE, str(letter.size).encode())]
-    return DeadLetterRecord(None, None, ours, True, letter.size)
+    return DeadLetterRecord(None, b"", ours, True, letter.size)
 
 
 def _original_headers(record: ConsumerRecord[bytes, bytes] | UnreadableRecord) -> Headers:
@@ -216,7 +217,7 @@ class DeadLetterWriter:
             except KafkaError as exc:
                 self._metrics.dead_letter_failures.labels(self._inbox, type(exc).__name__).inc()
                 progress.error(f"cannot write to {topic}: {exc!r}")
-                if isinstance(exc, _TOO_LARGE) and letter.value is not None:
+                if isinstance(exc, _TOO_LARGE) and letter.value != b"":
                     self._log.error(
                         "the dead-letter topic refused the record as too large; writing a "
                         "pointer to the original instead",

@@ -15,6 +15,7 @@ class InboxSettings(WorkerSettings):
     dlq_suffix: str = Field(
         default=".dlq",
         min_length=1,
+        pattern=r"^[a-zA-Z0-9._-]+$",
         description="Dead-letter topic of a topic: <topic><suffix> (the topic must exist)",
     )
     dlq_idempotence: bool = Field(

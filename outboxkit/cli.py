@@ -42,6 +42,7 @@ from outboxkit.inbox import (
     replay_dead_letters,
 )
 from outboxkit.inbox.spark.cli import pipeline_app
+from outboxkit.inbox.status import read_status
 from outboxkit.migrations import MigrationError, load_migrations, migrate, script
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (
@@ -537,6 +538,69 @@ def dlq_replay(
         typer.echo(f"replayed {sent} record(s)")
 
 
+@inbox_app.command("status")
+def inbox_status(
+    inbox: Annotated[
+        str,
+        typer.Argument(
+            help="The inbox: your Inbox object as module:attribute, or its name (then give "
+            "--topics)."
+        ),
+    ],
+    *,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    stall_after: Annotated[
+        float,
+        typer.Option(
+            envvar="OUTBOXKIT_STALL_AFTER",
+            help="Seconds without progress, with records pending, that make a partition stalled.",
+        ),
+    ] = 60.0,
+    json_output: JsonOutput = False,
+) -> None:
+    """Each partition's offset, pending records, last progress and last error, from Kafka (the
+    workers write them with their offsets). Exit code 1 if a partition is stalled or parked."""
+    try:
+        imported = _import_inbox(inbox) if ":" in inbox else None
+    except ConfigurationError as exc:
+        raise _fail_config(exc) from None
+    name = imported.name if imported is not None else inbox
+    names = [t.strip() for t in (topics or "").split(",") if t.strip()]
+    names = names or (imported.topics if imported is not None else [])
+    if not names:
+        raise _fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        status = asyncio.run(
+            read_status(
+                _bootstrap(kafka_bootstrap_servers),
+                f"outboxkit.inbox.{name}",
+                names,
+                stall_after=stall_after,
+            )
+        )
+    except (ConfigurationError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if json_output:
+        typer.echo(json.dumps(asdict(status) | {"ok": status.ok}, indent=2))
+    else:
+        typer.echo(f"group {status.group}: {status.members} worker(s)")
+        for p in status.partitions:
+            label = "PARKED " if p.parked else "STALLED" if p.stalled else "ok     "
+            since = "-" if p.seconds_since_progress is None else f"{p.seconds_since_progress} s"
+            line = f"{label} {p.partition} offset {p.offset} pending {p.pending}"
+            line += f", progress {since} ago"
+            if p.parked:
+                line += f"; parked: {p.parked}"
+            if p.last_error and not p.ok:
+                line += f"; last error: {p.last_error}"
+            typer.echo(line)
+    if not status.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
 topics_app = typer.Typer(help="The topics the outbox writes to.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
@@ -578,6 +642,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _inbox_runs_by_default(args: list[str]) -> list[str]:
     """``outboxkit inbox module:obj`` means ``outboxkit inbox run module:obj``."""
-    if len(args) >= 2 and args[0] == "inbox" and args[1] not in {"run", "dlq", "--help"}:
+    if len(args) >= 2 and args[0] == "inbox" and args[1] not in {"run", "dlq", "status", "--help"}:
         return ["inbox", "run", *args[1:]]
     return args

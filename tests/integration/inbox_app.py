@@ -32,6 +32,8 @@ inbox = Inbox(os.environ.get("TEST_INBOX_NAME", "tests"))
 
 #: The entity whose events the handler refuses (a bug a test "fixes" by restarting without it).
 FAILING_ENTITY = os.environ.get("TEST_FAILING_ENTITY", "always-fails")
+#: The entity whose events the handler never finishes (a hung dependency).
+HANGING_ENTITY = "hangs"
 
 EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS effects (event_id uuid, entity text, seq int)"
 
@@ -46,6 +48,8 @@ class Payment(Event, type="test.payment", key_field="entity"):
 async def take_effect(event: Payment, tx: psycopg.AsyncConnection[Any]) -> None:
     if event.entity == FAILING_ENTITY:
         raise RuntimeError(f"handler cannot process {event.entity}")
+    if event.entity == HANGING_ENTITY:
+        await asyncio.Event().wait()
     await tx.execute(
         "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
         (event.id, event.entity, event.seq),
