@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import struct
 import subprocess
 import sys
 import uuid
@@ -20,13 +18,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.produce import ProduceRequest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import ConsumerRecord
 
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests.integration.inbox_app import EFFECTS_DDL
+from tests.raw_batches import RawRecord, raw_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -167,62 +164,21 @@ async def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, byt
         await consumer.stop()
 
 
-RawHeaders = Sequence[tuple[bytes, bytes | None]]
-
-
 async def produce_raw_batch(
-    bootstrap: str,
-    topic: str,
-    records: Sequence[tuple[bytes | None, bytes | None, RawHeaders]],
-    *,
-    partition: int = 0,
+    bootstrap: str, topic: str, records: Sequence[RawRecord], *, partition: int = 0
 ) -> None:
-    """Write ``records`` (key, value, headers with **raw bytes** as names) as one record batch,
-    as any client may: Kafka stores header names as bytes, while aiokafka's producer only takes
-    ``str`` names (and its consumer decodes them as UTF-8). The batch is built by aiokafka's
-    builder with placeholder names of the same length, which are then swapped for the raw bytes
-    (and the CRC recomputed), so it is valid on the wire; it is sent with a plain Produce request.
-    """
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=16 * 1024 * 1024,
-    )
-    swaps: list[tuple[bytes, bytes]] = []
-    for offset, (key, value, headers) in enumerate(records):
-        named: list[tuple[str, bytes | None]] = []
-        for name, header_value in headers:
-            placeholder = secrets.token_hex(len(name))[: len(name)]
-            assert len(placeholder) == len(name) >= 4, "use raw header names of 4+ bytes"
-            swaps.append((placeholder.encode(), name))
-            named.append((placeholder, header_value))
-        builder.append(offset, timestamp=None, key=key, value=value, headers=named)
-    batch = bytearray(builder.build())
-    for placeholder, name in swaps:
-        at = batch.find(placeholder)
-        assert at > 0, "placeholder not found"
-        assert batch.find(placeholder, at + 1) < 0, "placeholder not unique"
-        batch[at : at + len(name)] = name
-    # The CRC-32C covers everything after the CRC field (batch attributes onwards).
-    struct.pack_into(">I", batch, _CRC_AT, calc_crc32c(bytes(batch[_CRC_AT + 4 :])))
+    """Write ``records`` (key, value, headers with **raw bytes** as names) as one record batch
+    (:func:`tests.raw_batches.raw_batch`), with a plain Produce request."""
+    batch = raw_batch(records)
     client = AIOKafkaClient(bootstrap_servers=bootstrap)
     await client.bootstrap()
     try:
         client.add_topic(topic)
         await client.force_metadata_update()
         leader = client.cluster.leader_for_partition(KafkaTP(topic, partition))
-        request = ProduceRequest(None, -1, 30_000, [(topic, [(partition, bytes(batch))])])
+        request = ProduceRequest(None, -1, 30_000, [(topic, [(partition, batch)])])
         response = await client.send(leader, request)
         [(_, [(_, error_code, *_)])] = response.topics
         assert error_code == 0, f"produce failed with error code {error_code}"
     finally:
         await client.close()
-
-
-#: Where a v2 record batch keeps its CRC: after base offset (8), length (4), leader epoch (4)
-#: and magic (1).
-_CRC_AT = 17
