@@ -344,7 +344,10 @@ class InboxWorker:
         pending: dict[TopicPartition, int] = {}
         if consumer is None:
             return pending
+        assigned = consumer.assignment()
         for tp, progress in self._progress.items():
+            if tp not in assigned:
+                continue
             end = consumer.last_stable_offset(tp)
             if end is not None and progress.offset is not None:
                 pending[tp] = max(end - progress.offset, 0)

@@ -48,6 +48,9 @@ TRUNCATED = "outboxkit-truncated"
 ORIGINAL_SIZE = "outboxkit-original-size"
 #: Only on a copy whose original headers did not fit: how many were left out.
 HEADERS_DROPPED = "outboxkit-headers-dropped"
+#: Only on a copy of a record with neither key nor value (Kafka takes no such record, so the
+#: copy has an empty value instead).
+NULL_VALUE = "outboxkit-null-value"
 ADDED = (
     ERROR_REASON,
     ERROR_MESSAGE,
@@ -59,6 +62,7 @@ ADDED = (
     TRUNCATED,
     ORIGINAL_SIZE,
     HEADERS_DROPPED,
+    NULL_VALUE,
 )
 
 #: Longest error message kept in a header (the log has the full one).
@@ -109,9 +113,13 @@ def dead_letter(
         (INBOX, inbox.encode()),
     ]
     kept = _original_headers(record)
-    full = record_size(record.key, record.value, [*kept, *ours])
+    original_value = record.value
+    if record.key is None and original_value is None:
+        ours.append((NULL_VALUE, b"true"))
+        original_value = b""
+    full = record_size(record.key, original_value, [*kept, *ours])
     if full <= max_bytes:
-        return DeadLetterRecord(record.key, record.value, [*kept, *ours], False, full)
+        return DeadLetterRecord(record.key, original_value, [*kept, *ours], False, full)
     # Too large: keep our headers, a short key, the original headers if they are small, and as
     # much of the value as fits.
     ours += [(TRUNCATED, b"true"), (ORIGINAL_SIZE, str(full).encode())]
@@ -123,7 +131,9 @@ def dead_letter(
     room = max_bytes - record_size(key, b"", headers)
     # Each byte of the value costs one byte; the value's length prefix grows by at most a few
     # bytes, which the estimate's own overhead already covers.
-    value = record.value[: max(room - 8, 0)] if record.value is not None else None
+    value = original_value[: max(room - 8, 0)] if original_value is not None else None
+    if key is None and value is None:
+        value = b""
     return DeadLetterRecord(key, value, headers, True, full)
 
 

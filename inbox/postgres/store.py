@@ -42,19 +42,19 @@ class PostgresInboxStore(PooledStore):
     async def _process_optimistically(
         self, consumer: str, deliveries: Sequence[Delivery]
     ) -> BatchOutcome:
-        async with self._connection() as conn, conn.transaction():
+        # Pipeline mode throughout: BEGIN and the claim go in one round trip, the handlers'
+        # statements are sent without waiting for each result, and COMMIT follows them; an error
+        # surfaces at the latest when the pipeline syncs, before the transaction commits.
+        async with self._connection() as conn, conn.pipeline(), conn.transaction():
             cur = await conn.execute(_QUERIES["claim_events"], _batch_params(consumer, deliveries))
             new = {row[0] for row in await cur.fetchall()}
             ran = []
-            # Pipeline mode: the handlers' statements are sent without waiting for each
-            # result; an error surfaces at the latest when the pipeline syncs, before commit.
-            async with conn.pipeline():
-                for d in deliveries:
-                    first = d.event.id in new
-                    if first:
-                        new.discard(d.event.id)  # a second copy in the batch is a duplicate
-                        await d.handler(d.event, conn)
-                    ran.append(first)
+            for d in deliveries:
+                first = d.event.id in new
+                if first:
+                    new.discard(d.event.id)  # a second copy in the batch is a duplicate
+                    await d.handler(d.event, conn)
+                ran.append(first)
         return BatchOutcome(ran=ran)
 
     async def _process_with_savepoints(
