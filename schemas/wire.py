@@ -407,17 +407,14 @@ def record_size(
 ) -> int:
     """Bytes of a record's key, value and headers (names counted in characters), as far as
     they are what a record should hold; whatever is not is left to the decoder to report."""
-    size = _length(key) + _length(value)
     try:
-        for name, header_value in headers:
-            size += _length(name) + _length(header_value)
-    except (TypeError, ValueError):
-        pass
-    return size
-
-
-def _length(item: object) -> int:
-    return len(item) if isinstance(item, bytes | bytearray | memoryview | str) else 0
+        return (
+            (len(key) if key is not None else 0)
+            + (len(value) if value is not None else 0)
+            + sum(len(name) + (len(raw) if raw is not None else 0) for name, raw in headers)
+        )
+    except (TypeError, ValueError):  # not sized, not pairs: the decoder says what is wrong
+        return 0
 
 
 def _record_key(key: bytes | None) -> str:

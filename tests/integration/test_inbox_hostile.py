@@ -45,14 +45,21 @@ async def test_a_record_aiokafka_cannot_read_is_dead_lettered_and_skipped(
     """A header *name* that is not UTF-8 makes aiokafka's record iterator raise
     UnicodeDecodeError (the batch is valid on the wire). The worker must neither crash nor
     re-fetch it forever: it dead-letters what it can recover of that record, with its position,
-    and handles the records around it, including the rest of the same batch."""
-    topic = await make_topic("payments")
+    and handles the records around it — before it, after it in the same batch, after it in the
+    partition, and the other partitions' records that aiokafka had fetched with it."""
+    topic = await make_topic("payments", partitions=3)
     dlq = await make_topic(name=f"{topic}.dlq")
     await create_effects_table(pg_url)
+    entities = {
+        p: next(f"e{i}" for i in range(50) if partition_for_key(f"e{i}", 3) == p) for p in (0, 1, 2)
+    }
     before, poisoned, batch_mate, after = (
-        Payment(topic=topic, entity="e", seq=i) for i in range(4)
+        Payment(topic=topic, entity=entities[0], seq=i) for i in range(4)
     )
-    await produce(kafka_bootstrap, [before])
+    others = [
+        Payment(topic=topic, entity=entities[p], seq=10 * p + i) for p in (1, 2) for i in range(5)
+    ]
+    await produce(kafka_bootstrap, [before, *others])
     key, value, headers = _raw(poisoned)
     await produce_raw_batch(
         kafka_bootstrap,
@@ -63,16 +70,17 @@ async def test_a_record_aiokafka_cannot_read_is_dead_lettered_and_skipped(
     worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
     try:
         await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
+            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3), within=60, what="all"
         )
         assert worker.alive(), worker.log()
     finally:
         worker.kill()
-    assert sorted(seq for _, _, seq in await effects(pg_url)) == [0, 2, 3]
+    expected = sorted([0, 2, 3, *(e.seq for e in others)])
+    assert sorted(seq for _, _, seq in await effects(pg_url)) == expected, "each once"
     [letter] = await read_all(kafka_bootstrap, dlq)
     h = dict(letter.headers)
     assert h["outboxkit-error-reason"] == b"unreadable_record"
-    assert h["outboxkit-source-offset"] == b"1"
+    assert (h["outboxkit-source-partition"], h["outboxkit-source-offset"]) == (b"0", b"1")
     assert b"UnicodeDecodeError" in h["outboxkit-error-message"]
     assert letter.value == value, "the original value is recovered"
     assert "unreadable record" in worker.log()
