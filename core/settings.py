@@ -30,13 +30,20 @@ ENV_PREFIX = "OUTBOXKIT_"
 
 S = TypeVar("S", bound=BaseSettings)
 
-DatabaseKind = Literal["postgresql", "mongodb"]
+DatabaseKind = Literal["postgresql", "mongodb", "memory"]
 _SCHEMES: dict[str, DatabaseKind] = {
     "postgresql": "postgresql",
     "postgres": "postgresql",
     "mongodb": "mongodb",
     "mongodb+srv": "mongodb",
+    # Tests only: one process, nothing survives it (outboxkit.backends, outboxkit.testing).
+    "memory": "memory",
 }
+
+
+def database_kind(url: str) -> DatabaseKind:
+    """Which database ``url`` names (its scheme)."""
+    return _SCHEMES[urlsplit(url).scheme]
 
 
 def _seconds_or_iso(value: object) -> object:
@@ -103,14 +110,21 @@ class ConnectionSettings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        scheme = urlsplit(value).scheme
-        if scheme not in _SCHEMES:
-            raise ValueError(f"unsupported scheme {scheme!r}: use postgresql://… or mongodb://…")
+        parts = urlsplit(value)
+        if parts.scheme not in _SCHEMES:
+            raise ValueError(
+                f"unsupported scheme {parts.scheme!r}: use postgresql://… or mongodb://…"
+            )
+        if _SCHEMES[parts.scheme] == "mongodb" and not parts.path.strip("/"):
+            raise ValueError(
+                "name the database in the MongoDB URL's path, e.g. "
+                "mongodb://host:27017/shop?replicaSet=rs0 (outboxkit's collections go there)"
+            )
         return value
 
     @property
     def database_kind(self) -> DatabaseKind:
-        return _SCHEMES[urlsplit(self.database_url).scheme]
+        return database_kind(self.database_url)
 
 
 class WorkerSettings(ConnectionSettings):

@@ -3,6 +3,7 @@
 Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
+from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.dlq import DeadLetter, read_dead_letters, replay_dead_letters
 from outboxkit.inbox.exceptions import (
@@ -12,15 +13,20 @@ from outboxkit.inbox.exceptions import (
     InboxStorageUnavailableError,
 )
 from outboxkit.inbox.handlers import Inbox
+from outboxkit.inbox.memory import InMemoryInboxStore
 from outboxkit.inbox.metrics import InboxMetrics
+from outboxkit.inbox.mongodb import MongoInboxStore
 from outboxkit.inbox.postgres import PostgresInboxStore
 from outboxkit.inbox.settings import InboxSettings
-from outboxkit.inbox.store import InboxStore
+from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
 
 __all__ = [
+    "BatchOutcome",
     "DeadLetter",
     "DeadLetterError",
+    "Delivery",
     "HandlerRegistrationError",
+    "InMemoryInboxStore",
     "Inbox",
     "InboxError",
     "InboxHealth",
@@ -29,6 +35,8 @@ __all__ = [
     "InboxStorageUnavailableError",
     "InboxStore",
     "InboxWorker",
+    "MemoryTransaction",
+    "MongoInboxStore",
     "PostgresInboxStore",
     "read_dead_letters",
     "replay_dead_letters",

@@ -21,6 +21,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Generic
 
 import structlog
 from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener
@@ -36,7 +37,7 @@ from tenacity import (
 from outboxkit.core.kafka import leave_group
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
-from outboxkit.inbox.handlers import Inbox
+from outboxkit.inbox.handlers import TX, Inbox
 from outboxkit.inbox.kafka import Fetched, InboxConsumer, UnreadableRecord
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.progress import PartitionProgress, PartitionState, is_stalled
@@ -79,14 +80,15 @@ class InboxHealth:
         return self.running and self.database_available and not self.partitions
 
 
-class InboxWorker:
-    """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`."""
+class InboxWorker(Generic[TX]):
+    """Consumes ``settings.topics`` for ``inbox`` until :meth:`stop`, recording effects in
+    ``store`` (whose transactions are the ones ``inbox``'s handlers expect)."""
 
     def __init__(
         self,
-        inbox: Inbox,
+        inbox: Inbox[TX],
         settings: InboxSettings,
-        store: InboxStore,
+        store: InboxStore[TX],
         *,
         metrics: InboxMetrics | None = None,
     ) -> None:
@@ -207,7 +209,7 @@ class InboxWorker:
         if progress.offset is None:
             progress.offset = records[0].offset
         self.metrics.consumed.labels(self.inbox.name, tp.topic).inc(len(records))
-        batch: list[Delivery] = []
+        batch: list[Delivery[TX]] = []
         decode = self.inbox.registry.decode_record
         handler_for = self.inbox.handler_for
         max_bytes = self.settings.max_record_bytes
@@ -260,7 +262,7 @@ class InboxWorker:
                 self._consumer.pause(tp)
 
     async def _flush(
-        self, tp: TopicPartition, batch: list[Delivery], progress: PartitionProgress
+        self, tp: TopicPartition, batch: list[Delivery[TX]], progress: PartitionProgress
     ) -> None:
         """Commit ``batch`` in one transaction; a delivery whose handler raises goes through the
         one-record path (retries with backoff, then the dead-letter topic). Empties ``batch``."""
@@ -385,7 +387,7 @@ class InboxWorker:
 
     # -- one record --------------------------------------------------------------------------
 
-    async def _process_one(self, delivery: Delivery, progress: PartitionProgress) -> None:
+    async def _process_one(self, delivery: Delivery[TX], progress: PartitionProgress) -> None:
         """One delivery on its own: retries a raising handler with backoff, then dead-letters."""
         event = delivery.event
         log = self._log.bind(event_id=str(event.id), event_type=event.event_type)
@@ -408,7 +410,9 @@ class InboxWorker:
                 await self._dead_letter(delivery.record, "handler_failed", exc, progress)
                 return
 
-    async def _handle(self, delivery: Delivery, log: structlog.typing.FilteringBoundLogger) -> None:
+    async def _handle(
+        self, delivery: Delivery[TX], log: structlog.typing.FilteringBoundLogger
+    ) -> None:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.settings.handler_attempts),
             wait=wait_exponential_jitter(
@@ -482,11 +486,11 @@ class InboxWorker:
             await asyncio.sleep(self.settings.cleanup_interval)
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+class _CommitOnRevoke(ConsumerRebalanceListener, Generic[TX]):  # type: ignore[misc]
     """On revocation wait for the poll in progress, then commit what it finished. Never raises
     (aiokafka would swallow it): a failure only means redeliveries, which dedupe absorbs."""
 
-    def __init__(self, worker: InboxWorker) -> None:
+    def __init__(self, worker: InboxWorker[TX]) -> None:
         self._worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -8,40 +8,51 @@
 
 ``tx`` is the open transaction in which the inbox records the event id: the handler's writes
 commit together with it, exactly once per event id. Handlers say nothing about dedupe.
+
+The transaction's type is the backend's: a psycopg ``AsyncConnection`` on PostgreSQL (the
+default), a pymongo ``AsyncClientSession`` on MongoDB — ``Inbox[AsyncClientSession]("payments")``
+— so that ``mypy`` rejects a handler written for the other database::
+
+    inbox = Inbox[AsyncClientSession]("payments")
+
+    @inbox.handler(OrderPlaced)
+    async def charge(event: OrderPlaced, tx: AsyncClientSession) -> None:
+        await tx.client.shop.charges.insert_one({...}, session=tx)
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic
 
 import psycopg
+from typing_extensions import TypeVar
 
 from outboxkit.inbox.exceptions import HandlerRegistrationError
 from outboxkit.schemas import Event, EventRegistry
 
 E = TypeVar("E", bound=Event)
 
-Handler = Callable[[Any, psycopg.AsyncConnection[Any]], Awaitable[None]]
+#: The transaction a handler runs in (the database backend's own type).
+TX = TypeVar("TX", default=psycopg.AsyncConnection[Any])
+
+Handler = Callable[[Any, TX], Awaitable[None]]
 
 
-class Inbox:
+class Inbox(Generic[TX]):
     """Handlers of one consumer, named ``name`` (group ``outboxkit.inbox.<name>``; the dedupe
-    key is (name, event id))."""
+    key is (name, event id)), each run in a transaction of type ``TX``."""
 
     def __init__(self, name: str, *, registry: EventRegistry | None = None) -> None:
         if not name or not all(c.isalnum() or c in "._-" for c in name):
             raise HandlerRegistrationError(f"inbox name {name!r}: use letters, digits, . _ -")
         self.name = name
         self.registry = registry or EventRegistry()
-        self._handlers: dict[type[Event], Handler] = {}
+        self._handlers: dict[type[Event], Handler[TX]] = {}
 
     def handler(
         self, event_cls: type[E]
-    ) -> Callable[
-        [Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]]],
-        Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]],
-    ]:
+    ) -> Callable[[Callable[[E, TX], Awaitable[None]]], Callable[[E, TX], Awaitable[None]]]:
         """Register the decorated coroutine for ``event_cls`` (and the class in the registry)."""
         if not (isinstance(event_cls, type) and issubclass(event_cls, Event)):
             raise HandlerRegistrationError(f"{event_cls!r} is not an Event subclass")
@@ -49,8 +60,8 @@ class Inbox:
             raise HandlerRegistrationError(f"{event_cls.__name__} already has a handler")
 
         def register(
-            func: Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]],
-        ) -> Callable[[E, psycopg.AsyncConnection[Any]], Awaitable[None]]:
+            func: Callable[[E, TX], Awaitable[None]],
+        ) -> Callable[[E, TX], Awaitable[None]]:
             if event_cls not in self.registry:
                 self.registry.register(event_cls)
             self._handlers[event_cls] = func
@@ -58,7 +69,7 @@ class Inbox:
 
         return register
 
-    def handler_for(self, event: Event) -> Handler | None:
+    def handler_for(self, event: Event) -> Handler[TX] | None:
         return self._handlers.get(type(event))
 
     @property

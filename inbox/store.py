@@ -5,22 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Generic, Protocol
 
 from aiokafka.structs import ConsumerRecord
 
-from outboxkit.inbox.handlers import Handler
+from outboxkit.inbox.handlers import TX, Handler
 from outboxkit.schemas import Event
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(Generic[TX]):
     """One decoded record to take effect for: the event, its handler and where it came from
     (``record``: the consumed record itself, which the worker dead-letters if the handler keeps
     failing; stores do not need it)."""
 
     event: Event
-    handler: Handler
+    handler: Handler[TX]
     topic: str
     partition: int
     offset: int
@@ -37,12 +37,20 @@ class BatchOutcome:
     failed: tuple[int, Exception] | None = None
 
 
-class InboxStore(Protocol):
-    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
-        """In **one** transaction (one commit, one fsync), for each delivery: record (consumer,
-        event id); if that was new, run its handler. Each delivery has a savepoint: a raising
-        handler rolls back only its own delivery, and the batch stops there and commits what
-        came before. A database failure raises and commits nothing."""
+class InboxStore(Protocol[TX]):
+    """Where an inbox records the events it took effect for, in transactions of type ``TX``
+    (PostgreSQL, MongoDB, or in memory for unit tests)."""
+
+    async def process_batch(
+        self, consumer: str, deliveries: Sequence[Delivery[TX]]
+    ) -> BatchOutcome:
+        """For each delivery in order: record (consumer, event id) unless recorded before (and
+        not yet expired); if that was new, run its handler in the same transaction. Normally one
+        transaction for the batch (one commit). A raising handler rolls back only its own
+        delivery's effects: the batch stops there, and exactly the deliveries before it commit
+        (PostgreSQL uses a savepoint per delivery; MongoDB, which has none, redoes them one per
+        transaction). A database failure raises the store's unavailable error and commits
+        nothing of what it did not report."""
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` dedupe records older than ``older_than``."""

@@ -6,16 +6,18 @@ Checks never raise: every failure, expected or not, becomes a :class:`CheckResul
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
-from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.settings import ConnectionSettings
-from outboxkit.migrations import MigrationError, pending_migrations
+from outboxkit.migrations import Migration, MigrationError, pending_migrations
+from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
 
 
 @dataclass(frozen=True)
@@ -76,26 +78,27 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
                 )
             )
         else:
-            if pending:
-                labels = ", ".join(m.label for m in pending)
-                results.append(
-                    CheckResult(
-                        "migrations",
-                        False,
-                        f"{len(pending)} migration(s) not applied: {labels}",
-                        "Run `outboxkit migrate` (or apply `outboxkit migrate --sql` with your "
-                        "own migration tool).",
-                    )
-                )
-            else:
-                results.append(CheckResult("migrations", True, "schema is up to date"))
+            results.append(_migrations_result(pending))
         return results
+
+
+def _migrations_result(pending: list[Migration]) -> CheckResult:
+    if not pending:
+        return CheckResult("migrations", True, "schema is up to date")
+    labels = ", ".join(m.label for m in pending)
+    return CheckResult(
+        "migrations",
+        False,
+        f"{len(pending)} migration(s) not applied: {labels}",
+        "Run `outboxkit migrate` (on PostgreSQL you may apply `outboxkit migrate --sql` with "
+        "your own migration tool).",
+    )
 
 
 async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
-    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
-        settings.database_url, serverSelectionTimeoutMS=int(settings.connect_timeout * 1000)
+    client = make_client(
+        settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
     )
     try:
         hello = await client.admin.command("hello")
@@ -120,7 +123,30 @@ async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
                 "with --replSet and run rs.initiate() (a single node is enough).",
             )
         ]
-    return [CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")]
+    results = [CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")]
+    return [*results, await _mongodb_migrations(settings)]
+
+
+async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:
+    client = make_client(
+        settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
+    )
+    try:
+        pending = await pending_mongodb_migrations(
+            client.get_database(database_name(settings.database_url))
+        )
+    except MigrationError as exc:
+        return CheckResult("migrations", False, str(exc), "Upgrade outboxkit.")
+    except PyMongoError as exc:
+        return CheckResult(
+            "migrations",
+            False,
+            f"cannot read the migration state: {_first_line(exc)}",
+            "Grant this user read access to the outboxkit.* collections.",
+        )
+    finally:
+        await client.close()
+    return _migrations_result(pending)
 
 
 async def check_kafka(settings: ConnectionSettings) -> list[CheckResult]:
@@ -164,7 +190,19 @@ async def check_kafka(settings: ConnectionSettings) -> list[CheckResult]:
     return results
 
 
-async def run_checks(settings: ConnectionSettings) -> list[CheckResult]:
-    database = check_postgresql if settings.database_kind == "postgresql" else check_mongodb
-    db_results, kafka_results = await asyncio.gather(database(settings), check_kafka(settings))
+async def check_memory(settings: ConnectionSettings) -> list[CheckResult]:
+    return [
+        CheckResult(
+            "database",
+            True,
+            f"in-memory database {settings.database_url} (tests only: one process, not durable)",
+        )
+    ]
+
+
+async def run_checks(
+    settings: ConnectionSettings, database: Awaitable[list[CheckResult]]
+) -> list[CheckResult]:
+    """``database`` (the backend's own checks, see outboxkit.backends) and Kafka's, at once."""
+    db_results, kafka_results = await asyncio.gather(database, check_kafka(settings))
     return [*db_results, *kafka_results]

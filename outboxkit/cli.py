@@ -22,9 +22,11 @@ import psycopg
 import typer
 from aiokafka.errors import KafkaError
 from pydantic_settings import BaseSettings
+from pymongo.errors import PyMongoError
 from rich.progress import Progress
 
 from outboxkit._version import __version__
+from outboxkit.backends import backend_for
 from outboxkit.check import redact, run_checks
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.kafka import partition_counts
@@ -37,17 +39,15 @@ from outboxkit.inbox import (
     Inbox,
     InboxSettings,
     InboxWorker,
-    PostgresInboxStore,
     read_dead_letters,
     replay_dead_letters,
 )
 from outboxkit.inbox.spark.cli import pipeline_app
 from outboxkit.inbox.status import read_status
-from outboxkit.migrations import MigrationError, load_migrations, migrate, script
+from outboxkit.migrations import MigrationError, load_migrations, script
 from outboxkit.probes import serve_probes
 from outboxkit.relay import (
     OutboxStorage,
-    PostgresOutboxStorage,
     Relay,
     RelaySettings,
     StorageUnavailableError,
@@ -127,7 +127,8 @@ def check(
     )
     # The checks report connection failures themselves; aiokafka would also log them.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    results = asyncio.run(run_checks(settings))
+    backend = backend_for(settings.database_url)
+    results = asyncio.run(run_checks(settings, backend.check(settings)))
     if json_output:
         typer.echo(json.dumps([asdict(r) for r in results], indent=2))
     else:
@@ -146,31 +147,22 @@ def migrate_command(
         bool, typer.Option("--sql", help="Print the SQL instead of applying it (for Alembic & co).")
     ] = False,
 ) -> None:
-    """Create or upgrade outboxkit's tables (PostgreSQL). Safe to run again and concurrently."""
+    """Create or upgrade outboxkit's tables (PostgreSQL) or collections and indexes (MongoDB).
+    Safe to run again and concurrently."""
     if sql:
         typer.echo(script(load_migrations()), nl=False)
         return
     settings = _settings(ConnectionSettings, database_url=database_url)
-    if settings.database_kind != "postgresql":
-        raise _fail_config(ConfigurationError("migrate applies to PostgreSQL only"))
+    backend = backend_for(settings.database_url)
     try:
-        applied = asyncio.run(_migrate(settings))
-    except (psycopg.Error, MigrationError) as exc:
+        applied = asyncio.run(backend.migrate(settings.connect_timeout))
+    except (psycopg.Error, PyMongoError, MigrationError) as exc:
         typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     if applied:
         typer.echo("applied " + ", ".join(applied))
     else:
         typer.echo("schema is up to date")
-
-
-async def _migrate(settings: ConnectionSettings) -> list[str]:
-    async with await psycopg.AsyncConnection.connect(
-        settings.database_url,
-        autocommit=True,
-        connect_timeout=max(1, round(settings.connect_timeout)),
-    ) as conn:
-        return [m.label for m in await migrate(conn)]
 
 
 LogFormatOption = Annotated[
@@ -208,17 +200,10 @@ def relay(
         topics=topics,
         relay_name=relay_name,
     )
-    if settings.database_kind != "postgresql":
-        raise _fail_config(ConfigurationError("the relay supports PostgreSQL so far"))
 
     async def run() -> None:
-        async with PostgresOutboxStorage(
-            settings.database_url,
-            pool_size=settings.pool_size,
-            connect_timeout=settings.connect_timeout,
-        ) as storage:
-            worker = Relay(settings, storage, storage)
-            await _run_worker(worker, http_port)
+        async with backend_for(settings.database_url).relay(settings) as (storage, wakeups):
+            await _run_worker(Relay(settings, storage, wakeups), http_port)
 
     try:
         asyncio.run(run())
@@ -260,17 +245,10 @@ def inbox_command(
         kafka_bootstrap_servers=kafka_bootstrap_servers,
         topics=topics or ",".join(inbox.topics) or None,
     )
-    if settings.database_kind != "postgresql":
-        raise _fail_config(ConfigurationError("the inbox supports PostgreSQL so far"))
 
     async def run() -> None:
-        async with PostgresInboxStore(
-            settings.database_url,
-            pool_size=settings.pool_size,
-            connect_timeout=settings.connect_timeout,
-        ) as store:
-            worker = InboxWorker(inbox, settings, store)
-            await _run_worker(worker, http_port)
+        async with backend_for(settings.database_url).inbox_store(settings) as store:
+            await _run_worker(InboxWorker(inbox, settings, store), http_port)
 
     asyncio.run(run())
 
@@ -303,7 +281,7 @@ async def _run_worker(worker: _Worker, http_port: int | None) -> None:
     await worker.run()
 
 
-def _import_inbox(target: str) -> Inbox:
+def _import_inbox(target: str) -> Inbox[Any]:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
@@ -330,13 +308,6 @@ EventIds = Annotated[list[str], typer.Argument(help="Event ids (UUIDs).")]
 Limit = Annotated[int, typer.Option(help="At most this many rows.")]
 
 
-def _storage(database_url: str | None) -> PostgresOutboxStorage:
-    settings = _settings(ConnectionSettings, database_url=database_url)
-    if settings.database_kind != "postgresql":
-        raise _fail_config(ConfigurationError("outbox commands support PostgreSQL so far"))
-    return PostgresOutboxStorage(settings.database_url, connect_timeout=settings.connect_timeout)
-
-
 def _event_ids(values: list[str]) -> list[UUID]:
     try:
         return [UUID(value) for value in values]
@@ -345,10 +316,10 @@ def _event_ids(values: list[str]) -> list[UUID]:
 
 
 def _run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:
-    storage = _storage(database_url)
+    settings = _settings(ConnectionSettings, database_url=database_url)
 
     async def run() -> T:
-        async with storage:
+        async with backend_for(settings.database_url).outbox_storage(settings) as storage:
             return await action(storage)
 
     try:

@@ -22,19 +22,19 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 import psycopg
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
-from psycopg.rows import TupleRow
+from typing_extensions import TypeVar as DefaultTypeVar
 
-from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
-from outboxkit.core.pg import Pool, make_pool
+from outboxkit.backends import Transactions, backend_for
+from outboxkit.core.exceptions import OutboxkitError
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.inbox import (
     Inbox,
@@ -42,17 +42,20 @@ from outboxkit.inbox import (
     InboxMetrics,
     InboxSettings,
     InboxWorker,
-    PostgresInboxStore,
 )
 from outboxkit.relay import (
-    PostgresOutbox,
-    PostgresOutboxStorage,
     Relay,
     RelayHealth,
     RelayMetrics,
     RelaySettings,
 )
 from outboxkit.schemas import Event
+
+T = TypeVar("T")
+
+#: The service database's transaction type: a psycopg connection (the default), a pymongo
+#: ``AsyncClientSession`` for ``Outboxkit[AsyncClientSession]`` on MongoDB.
+TX = DefaultTypeVar("TX", default=psycopg.AsyncConnection[Any])
 
 logger = structlog.get_logger("outboxkit.service")
 
@@ -78,8 +81,12 @@ class ServiceHealth:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-class Outboxkit:
+class Outboxkit(Generic[TX]):
     """The outbox writer plus, optionally, the relay and an inbox, in one service process.
+
+    The database is the one ``OUTBOXKIT_DATABASE_URL`` names (``postgresql://…``,
+    ``mongodb://…``): ``Outboxkit[AsyncClientSession](…)`` types the transactions of a MongoDB
+    service for mypy.
 
     ``relay=True`` runs the relay with :class:`~outboxkit.relay.RelaySettings` read from the
     environment (or pass the settings object); ``inbox=`` runs that :class:`~outboxkit.inbox.Inbox`
@@ -92,13 +99,15 @@ class Outboxkit:
         source: str,
         settings: ConnectionSettings | None = None,
         relay: RelaySettings | bool = False,
-        inbox: Inbox | None = None,
+        inbox: Inbox[TX] | None = None,
         inbox_settings: InboxSettings | None = None,
         pool_size: int = 10,
         exit_on_failure: bool = False,
         registry: CollectorRegistry = REGISTRY,
     ) -> None:
-        self.outbox = PostgresOutbox(source=source)
+        if not source:
+            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        self.source = source
         self._settings = settings
         self._relay_option = relay
         self._inbox = inbox
@@ -108,10 +117,10 @@ class Outboxkit:
         self._registry = registry
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self._pool: Pool | None = None
+        self._transactions: Transactions | None = None
         self._stopping = False
         self.relay: Relay | None = None
-        self.inbox_worker: InboxWorker | None = None
+        self.inbox_worker: InboxWorker[TX] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._failed: dict[str, str] = {}
         self._resolved: (
@@ -126,33 +135,25 @@ class Outboxkit:
                 f"an Outboxkit service opens once; this one is {self._state.value}"
             )
         relay_settings, inbox_settings, settings = self._resolve_settings()
+        backend = backend_for(settings.database_url)
         try:
-            self._pool = make_pool(
-                settings.database_url,
-                size=self._pool_size,
-                connect_timeout=settings.connect_timeout,
-                name="outboxkit.service",
+            self._transactions = await self._stack.enter_async_context(
+                backend.transactions(
+                    source=self.source,
+                    pool_size=self._pool_size,
+                    connect_timeout=settings.connect_timeout,
+                )
             )
-            await self._pool.open(wait=False)
-            self._stack.push_async_callback(self._pool.close)
             if relay_settings is not None:
-                storage = await self._stack.enter_async_context(
-                    PostgresOutboxStorage(
-                        relay_settings.database_url,
-                        pool_size=relay_settings.pool_size,
-                        connect_timeout=relay_settings.connect_timeout,
-                    )
+                storage, wakeups = await self._stack.enter_async_context(
+                    backend_for(relay_settings.database_url).relay(relay_settings)
                 )
                 metrics = RelayMetrics(self._registry)
-                self.relay = Relay(relay_settings, storage, storage, metrics=metrics)
+                self.relay = Relay(relay_settings, storage, wakeups, metrics=metrics)
                 self._start("relay", self.relay.run())
             if self._inbox is not None and inbox_settings is not None:
                 store = await self._stack.enter_async_context(
-                    PostgresInboxStore(
-                        inbox_settings.database_url,
-                        pool_size=inbox_settings.pool_size,
-                        connect_timeout=inbox_settings.connect_timeout,
-                    )
+                    backend_for(inbox_settings.database_url).inbox_store(inbox_settings)
                 )
                 worker = InboxWorker(
                     self._inbox, inbox_settings, store, metrics=InboxMetrics(self._registry)
@@ -212,9 +213,6 @@ class Outboxkit:
             # By default an inbox consumes the topics of its handlers' event types.
             inbox = self._inbox_settings or load_settings(InboxSettings, topics=self._inbox.topics)
         settings = self._settings or relay or inbox or load_settings(ConnectionSettings)
-        for component in (settings, relay, inbox):
-            if component is not None and component.database_kind != "postgresql":
-                raise ConfigurationError("the embedded service supports PostgreSQL so far")
         return relay, inbox, settings
 
     # -- supervision -------------------------------------------------------------------------
@@ -288,18 +286,29 @@ class Outboxkit:
     # -- the writer --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        """A pooled connection in a transaction that commits when the block ends without an
+    async def transaction(self) -> AsyncIterator[TX]:
+        """A transaction of the service's database that commits when the block ends without an
         exception (rolls back otherwise). Write your rows and :meth:`add` events in it; commit
-        happens before your endpoint returns, so a response never claims an uncommitted write."""
-        if self._state is not _State.OPEN or self._pool is None:
+        happens before your endpoint returns, so a response never claims an uncommitted write.
+
+        On MongoDB two transactions that add events of the same key conflict and one of them
+        fails with a ``TransientTransactionError``: use :meth:`run_transaction`, which retries."""
+        async with self._open().transaction() as tx:
+            yield tx
+
+    async def run_transaction(self, work: Callable[[TX], Awaitable[T]]) -> T:
+        """``await work(tx)`` in a transaction, retried from the start when the database asks
+        for it (MongoDB's transient write conflicts), committed when it returns."""
+        return await self._open().run(work)
+
+    async def add(self, tx: TX, event: Event) -> None:
+        """Add ``event`` to the outbox inside ``tx``."""
+        await self._open().outbox.add(tx, event)
+
+    async def add_many(self, tx: TX, events: Iterable[Event]) -> None:
+        await self._open().outbox.add_many(tx, events)
+
+    def _open(self) -> Transactions:
+        if self._state is not _State.OPEN or self._transactions is None:
             raise ServiceStateError(f"the Outboxkit service is {self._state.value}, not open")
-        async with self._pool.connection() as conn, conn.transaction():
-            yield conn
-
-    async def add(self, tx: psycopg.AsyncConnection[Any], event: Event) -> None:
-        """Add ``event`` to the outbox inside ``tx`` (:meth:`PostgresOutbox.add`)."""
-        await self.outbox.add(tx, event)
-
-    async def add_many(self, tx: psycopg.AsyncConnection[Any], events: Iterable[Event]) -> None:
-        await self.outbox.add_many(tx, events)
+        return self._transactions

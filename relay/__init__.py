@@ -1,6 +1,7 @@
 """The relay: publishes committed outbox records to Kafka.
 
-Service side: :class:`PostgresOutbox` adds events inside the caller's transaction.
+Service side: :class:`PostgresOutbox` / :class:`MongoOutbox` add events inside the caller's
+transaction.
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
@@ -12,23 +13,36 @@ from outboxkit.relay.exceptions import (
     StorageUnavailableError,
     UnknownTopicError,
 )
-from outboxkit.relay.memory import InMemoryOutboxStorage
+from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
 from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
-from outboxkit.relay.records import OutboxRecord, PartitionBacklog, RecordInfo, TopicPartition
+from outboxkit.relay.records import (
+    OutboxRecord,
+    PartitionBacklog,
+    RecordInfo,
+    RecordState,
+    TopicPartition,
+)
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.storage import OutboxStorage, WakeupSource
+from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
 __all__ = [
+    "InMemoryOutbox",
     "InMemoryOutboxStorage",
+    "MongoOutbox",
+    "MongoOutboxStorage",
+    "MongoWakeups",
     "NotInTransactionError",
     "OutboxRecord",
     "OutboxStorage",
+    "OutboxWriter",
     "OwnershipLostError",
     "PartitionBacklog",
     "PostgresOutbox",
     "PostgresOutboxStorage",
     "RecordInfo",
+    "RecordState",
     "Relay",
     "RelayError",
     "RelayHealth",

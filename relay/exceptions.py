@@ -3,7 +3,6 @@
 RelayError
 ├── NotInTransactionError   the writer was handed a connection with no transaction
 ├── UnknownTopicError       the writer wrote to a topic the relay has not registered
-├── RecordNotFoundError     an operator command named an event id that is not there
 ├── OwnershipLostError      Kafka fenced this relay's producer: another relay owns the partition
 └── StorageUnavailableError the database cannot be reached (retriable)
 """

@@ -8,11 +8,12 @@ survives the process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+from outboxkit.core.memory import MemoryTransaction
 from outboxkit.relay.exceptions import UnknownTopicError
 from outboxkit.relay.records import (
     OutboxRecord,
@@ -49,8 +50,7 @@ class InMemoryOutboxStorage:
     def add(self, event: Event, *, source: str = "urn:outboxkit:memory") -> OutboxRecord:
         """Write ``event`` as a committed outbox row, as a service would."""
         wire = encode(event, source=source)
-        if wire.topic not in self._topics:
-            raise UnknownTopicError(f"topic {wire.topic!r} is not registered")
+        self.check_topic(wire.topic)
         record = OutboxRecord(
             id=self._next_id,
             topic=wire.topic,
@@ -67,6 +67,10 @@ class InMemoryOutboxStorage:
         if tp in self._waiting:
             self._wakeups.put_nowait(tp)
         return record
+
+    def check_topic(self, topic: str) -> None:
+        if topic not in self._topics:
+            raise UnknownTopicError(f"topic {topic!r} is not registered")
 
     def signal_reconnect(self) -> None:
         """Act as if the notification listener reconnected (notifications may be lost)."""
@@ -87,12 +91,14 @@ class InMemoryOutboxStorage:
             for row in self._rows.values()
             if row.state == "failed" and _tp(row.record) == tp
         }
-        found = [
-            row.record
-            for row in sorted(self._rows.values(), key=lambda r: r.seq)
-            if row.state == "pending" and _tp(row.record) == tp and row.record.key not in blocked
-        ]
-        return found[:limit]
+        head: dict[bytes, OutboxRecord] = {}
+        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+            key = row.record.key
+            if row.state == "pending" and _tp(row.record) == tp and key not in blocked:
+                head.setdefault(key, row.record)
+                if len(head) == limit:
+                    break
+        return list(head.values())
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)
@@ -209,3 +215,26 @@ def _info(row: _Row) -> RecordInfo:
         last_error=row.last_error,
         published_at=row.published_at,
     )
+
+
+class InMemoryOutbox:
+    """The writer API over an :class:`InMemoryOutboxStorage`: events added inside a
+    :class:`~outboxkit.core.memory.MemoryTransaction` reach the outbox when it commits."""
+
+    def __init__(self, storage: InMemoryOutboxStorage, *, source: str) -> None:
+        self.storage = storage
+        self.source = source
+
+    async def add(self, tx: MemoryTransaction, event: Event) -> None:
+        await self.add_many(tx, [event])
+
+    async def add_many(self, tx: MemoryTransaction, events: Iterable[Event]) -> None:
+        added = list(events)
+        for event in added:  # fail inside the transaction, as the database writers do
+            self.storage.check_topic(encode(event, source=self.source).topic)
+
+        def commit() -> None:
+            for event in added:
+                self.storage.add(event, source=self.source)
+
+        tx.on_commit(commit)

@@ -9,9 +9,9 @@ fast engine tests) implement both.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 from uuid import UUID
 
 from outboxkit.relay.records import (
@@ -21,6 +21,18 @@ from outboxkit.relay.records import (
     RecordState,
     TopicPartition,
 )
+from outboxkit.schemas import Event
+
+TX_contra = TypeVar("TX_contra", contravariant=True)
+
+
+class OutboxWriter(Protocol[TX_contra]):
+    """The service side: adds events inside the caller's open transaction of type ``TX`` (a
+    psycopg connection, a pymongo session, a memory transaction). Nothing is committed here."""
+
+    async def add(self, tx: TX_contra, event: Event) -> None: ...
+
+    async def add_many(self, tx: TX_contra, events: Iterable[Event]) -> None: ...
 
 
 class OutboxStorage(Protocol):

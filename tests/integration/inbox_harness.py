@@ -4,12 +4,14 @@ workers as processes, and read effects, offsets and dead letters back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -19,7 +21,10 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.structs import ConsumerRecord
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
+from outboxkit.core.mongo import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests.integration.inbox_app import EFFECTS_DDL
@@ -79,10 +84,10 @@ class InboxProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def inbox_env(pg_url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
+def inbox_env(url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
     """Environment of an inbox worker for ``topic``; its inbox (and group) is named after it."""
     return {
-        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_DATABASE_URL": url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "OUTBOXKIT_TOPICS": topic,
         "TEST_INBOX_NAME": topic,
@@ -94,8 +99,12 @@ def group_of(topic: str) -> str:
     return f"outboxkit.inbox.{topic}"
 
 
-async def create_effects_table(pg_url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+async def create_effects_table(url: str) -> None:
+    if url.startswith("mongodb"):
+        async with _mongo(url) as db:
+            await db.create_collection("effects")
+        return
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(EFFECTS_DDL)
 
 
@@ -119,10 +128,33 @@ async def produce(
         await producer.stop()
 
 
-async def effects(pg_url: str) -> list[tuple[uuid.UUID, str, int]]:
-    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+async def effects(url: str) -> list[tuple[uuid.UUID, str, int]]:
+    if url.startswith("mongodb"):
+        async with _mongo(url) as db:
+            return [(d["event_id"], d["entity"], d["seq"]) async for d in db.effects.find()]
+    async with await psycopg.AsyncConnection.connect(url) as conn:
         cur = await conn.execute("SELECT event_id, entity, seq FROM effects")
         return await cur.fetchall()
+
+
+async def dedupe_records(url: str) -> int:
+    """The inbox's dedupe rows (documents), all consumers."""
+    if url.startswith("mongodb"):
+        async with _mongo(url) as db:
+            return await db.get_collection("outboxkit.inbox").count_documents({})
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM outboxkit.inbox")
+        row = await cur.fetchone()
+        return int(row[0]) if row else -1
+
+
+@contextlib.asynccontextmanager
+async def _mongo(url: str) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
+    try:
+        yield client.get_database(database_name(url))
+    finally:
+        await client.close()
 
 
 async def caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:

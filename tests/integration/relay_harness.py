@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
 
-import psycopg
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
+from outboxkit.backends import backend_for
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded._process import die_with_parent
-from outboxkit.relay import PostgresOutbox
 from outboxkit.schemas import Event, EventRegistry
+from tests.integration.step_writers import DatabaseAwayError, StepWriter, step_writer
 
 registry = EventRegistry()
 
@@ -103,9 +104,9 @@ def relays(log_dir: Path, env: dict[str, str], count: int = 1) -> Iterator[list[
             relay.kill()
 
 
-def relay_env(pg_url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
+def relay_env(url: str, bootstrap: str, topic: str, **extra: str) -> dict[str, str]:
     return {
-        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_DATABASE_URL": url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "OUTBOXKIT_TOPICS": topic,
         "OUTBOXKIT_RELAY_NAME": f"test-{uuid.uuid4().hex[:8]}",
@@ -113,13 +114,18 @@ def relay_env(pg_url: str, bootstrap: str, topic: str, **extra: str) -> dict[str
     }
 
 
-async def register_topic(pg_url: str, topic: str, partitions: int) -> None:
+async def register_topic(url: str, topic: str, partitions: int) -> None:
     """What the relay does at start; lets writers begin before any relay runs."""
-    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-        await conn.execute(
-            "INSERT INTO outboxkit.topics (topic, partitions) VALUES (%s, %s)", (topic, partitions)
-        )
-        await conn.execute("CREATE TABLE IF NOT EXISTS steps (event_id uuid PRIMARY KEY)")
+    settings = ConnectionSettings(database_url=url)
+    async with backend_for(url).outbox_storage(settings) as storage:
+        await storage.register_topics({topic: partitions})
+
+
+async def pending(url: str) -> int:
+    """Records the relay has not published yet, on any backend."""
+    settings = ConnectionSettings(database_url=url)
+    async with backend_for(url).outbox_storage(settings) as storage:
+        return sum(b.pending for b in await storage.backlog())
 
 
 @dataclass
@@ -127,14 +133,13 @@ class Writers:
     """Writes ``entities`` entities' events in series, each event with a business row in the
     same transaction. ``committed[entity]`` lists the event ids known committed, in order."""
 
-    pg_url: str
+    url: str
     topic: str
     entities: int = 8
     committed: dict[str, list[UUID]] = field(default_factory=lambda: defaultdict(list))
     seq_of: dict[UUID, tuple[str, int]] = field(default_factory=dict)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    outbox: PostgresOutbox = field(default_factory=lambda: PostgresOutbox(source="urn:test"))
 
     @property
     def total(self) -> int:
@@ -151,47 +156,36 @@ class Writers:
         await asyncio.gather(*self._tasks)
 
     async def _write(self, entities: list[str], pause: float) -> None:
-        conn: psycopg.AsyncConnection[object] | None = None
+        writer = step_writer(self.url)
         seqs = dict.fromkeys(entities, 0)
         turn = 0
-        while not self._stop.is_set():
-            entity = entities[turn % len(entities)]
-            turn += 1
-            event = Step(topic=self.topic, entity=entity, seq=seqs[entity])
-            try:
-                if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self.pg_url, connect_timeout=2)
-                async with conn.transaction():
-                    await conn.execute("INSERT INTO steps VALUES (%s)", (event.id,))
-                    await self.outbox.add(conn, event)
-            except psycopg.OperationalError:
-                # The database went away mid-transaction: did the commit happen? Ask again
-                # once it is back; the business row tells. Close the broken session: it may
-                # be left mid-pipeline, and an unclosed connection fails the test run later.
-                if conn is not None:
-                    await conn.close()
-                conn = None
-                if not await self._committed_after_all(event.id):
-                    continue  # the database answered: not committed, write it again
-            self.committed[entity].append(event.id)
-            self.seq_of[event.id] = (entity, event.seq)
-            seqs[entity] += 1
-            await asyncio.sleep(pause)
-        if conn is not None:
-            await conn.close()
+        try:
+            while not self._stop.is_set():
+                entity = entities[turn % len(entities)]
+                turn += 1
+                event = Step(topic=self.topic, entity=entity, seq=seqs[entity])
+                try:
+                    await writer.write(event)
+                except DatabaseAwayError:
+                    # The database went away mid-transaction: did the commit happen? Ask again
+                    # once it is back; the business row tells.
+                    if not await self._committed_after_all(writer, event.id):
+                        continue  # the database answered: not committed, write it again
+                self.committed[entity].append(event.id)
+                self.seq_of[event.id] = (entity, event.seq)
+                seqs[entity] += 1
+                await asyncio.sleep(pause)
+        finally:
+            await writer.close()
 
-    async def _committed_after_all(self, event_id: UUID) -> bool:
+    async def _committed_after_all(self, writer: StepWriter, event_id: UUID) -> bool:
         while not self._stop.is_set():
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.pg_url, connect_timeout=2
-                ) as conn:
-                    cur = await conn.execute("SELECT 1 FROM steps WHERE event_id = %s", (event_id,))
-                    return await cur.fetchone() is not None
-            except psycopg.OperationalError:
-                # Still away: try again shortly, or give up at once when the writers stop.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), 0.1)
+            committed = await writer.committed(event_id)
+            if committed is not None:
+                return committed
+            # Still away: try again shortly, or give up at once when the writers stop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.1)
         return False
 
 

@@ -1,5 +1,6 @@
-"""The inbox's guarantees against real PostgreSQL and Apache Kafka: effects once (G6), bad input
-contained (G8), bounded dedupe storage (G7). Workers run as processes the tests kill."""
+"""The inbox's guarantees against real PostgreSQL, MongoDB and Apache Kafka: effects once (G6),
+bad input contained (G8), bounded dedupe storage (G7). Workers run as processes the tests kill.
+Each test runs on every real database backend (``db_url``)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,27 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from outboxkit.embedded import EmbeddedPostgres
+from outboxkit.backends import backend_for
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.schemas import encode
 from tests.helpers import wait_for
-from tests.integration.conftest import MakeTopic, migrate_database
+from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.inbox_app import Payment, Refund
 from tests.integration.inbox_harness import (
     CRASHING,
     InboxProcess,
     caught_up,
     create_effects_table,
+    dedupe_records,
     effects,
     group_of,
     inbox_env,
     produce,
     read_all,
 )
+from tests.integration.relay_harness import register_topic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -39,14 +42,14 @@ def _once_each(found: list[tuple[object, str, int]], expected: list[Payment]) ->
 
 
 async def test_duplicates_from_any_source_take_effect_once(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = await make_topic("payments", partitions=3)
-    await create_effects_table(pg_url)
+    await create_effects_table(db_url)
     events = [Payment(topic=topic, entity=f"e{i % 7}", seq=i) for i in range(60)]
     # A relay re-send (everything twice), then a replay of some, later.
     await produce(kafka_bootstrap, [*events, *events])
-    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
     try:
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3),
@@ -57,7 +60,7 @@ async def test_duplicates_from_any_source_take_effect_once(
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3), within=30, what="replay"
         )
-        _once_each(await effects(pg_url), events)
+        _once_each(await effects(db_url), events)
         assert worker.terminate() == 0, worker.log()
         assert "inbox stopped" in worker.log()
     finally:
@@ -65,11 +68,11 @@ async def test_duplicates_from_any_source_take_effect_once(
 
 
 async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = await make_topic("payments")
     dlq = await make_topic(name=f"{topic}.dlq")
-    await create_effects_table(pg_url)
+    await create_effects_table(db_url)
     good = [Payment(topic=topic, entity="ok", seq=i) for i in range(3)]
     failing = Payment(topic=topic, entity="always-fails", seq=0)
     valid = encode(good[0], source="urn:test")
@@ -86,7 +89,7 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
         ],
     )
     await produce(kafka_bootstrap, [failing, *good])
-    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
     try:
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
@@ -94,7 +97,7 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
         assert worker.alive(), worker.log()
     finally:
         worker.kill()
-    _once_each(await effects(pg_url), good)
+    _once_each(await effects(db_url), good)
     letters = await read_all(kafka_bootstrap, dlq)
     reasons = [dict(r.headers)["outboxkit-error-reason"].decode() for r in letters]
     assert reasons == ["missing_header", "unknown_type", "invalid_payload", "handler_failed"]
@@ -110,18 +113,18 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
 
 
 async def test_crash_between_database_commit_and_offset_commit(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """G6: SIGKILL right after a record's transaction commits and before its offset commit, at
     random records, again and again; each restart redelivers; every event takes effect once."""
     topic = await make_topic("payments", partitions=2)
-    await create_effects_table(pg_url)
+    await create_effects_table(db_url)
     events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(400)]
     await produce(kafka_bootstrap, events)
     # Small transactions (7 records) so that there are many commits to crash after; the test
     # app's store SIGKILLs the worker after a commit with probability 0.2.
     env = inbox_env(
-        pg_url,
+        db_url,
         kafka_bootstrap,
         topic,
         TEST_CRASH_AFTER_COMMIT="0.2",
@@ -142,19 +145,17 @@ async def test_crash_between_database_commit_and_offset_commit(
         crashes += crashed
         assert crashes < 60, "too many rounds"
     assert crashes >= 3, "the test app crashed the worker too rarely to prove anything"
-    _once_each(await effects(pg_url), events)
+    _once_each(await effects(db_url), events)
     print(f"{crashes} crashes between database commit and offset commit")
 
 
 async def test_database_restart_loses_nothing_and_dead_letters_nothing(
-    pg_factory: Callable[[], EmbeddedPostgres],
+    restartable_db: RestartableDatabase,
     kafka_bootstrap: str,
     make_topic: MakeTopic,
     tmp_path: Path,
 ) -> None:
-    server = await asyncio.to_thread(pg_factory)
-    url = server.url()
-    await migrate_database(url)
+    url, server = await restartable_db()
     await create_effects_table(url)
     topic = await make_topic("payments", partitions=2)
     await make_topic(name=f"{topic}.dlq")
@@ -182,11 +183,11 @@ async def test_database_restart_loses_nothing_and_dead_letters_nothing(
 
 
 async def test_two_workers_rebalancing_take_each_effect_once(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = await make_topic("payments", partitions=4)
-    await create_effects_table(pg_url)
-    env = inbox_env(pg_url, kafka_bootstrap, topic)
+    await create_effects_table(db_url)
+    env = inbox_env(db_url, kafka_bootstrap, topic)
     batches = [
         [Payment(topic=topic, entity=f"e{i % 9}", seq=b * 100 + i) for i in range(100)]
         for b in range(4)
@@ -197,7 +198,7 @@ async def test_two_workers_rebalancing_take_each_effect_once(
         await produce(kafka_bootstrap, batches[0])
         two.start()  # joins: a rebalance while records flow
         await produce(kafka_bootstrap, batches[1])
-        await wait_for(lambda: _count_at_least(pg_url, 200), within=60, what="two batches")
+        await wait_for(lambda: _count_at_least(db_url, 200), within=60, what="two batches")
         one.kill()  # dies without leaving: its partitions move after the session timeout
         await produce(kafka_bootstrap, batches[2])
         await produce(kafka_bootstrap, batches[3])
@@ -207,17 +208,17 @@ async def test_two_workers_rebalancing_take_each_effect_once(
     finally:
         one.kill()
         two.kill()
-    _once_each(await effects(pg_url), [e for batch in batches for e in batch])
+    _once_each(await effects(db_url), [e for batch in batches for e in batch])
 
 
 async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """G7: dedupe rows older than the retention go, in small batches, while the worker runs."""
     topic = await make_topic("payments")
-    await create_effects_table(pg_url)
+    await create_effects_table(db_url)
     env = inbox_env(
-        pg_url,
+        db_url,
         kafka_bootstrap,
         topic,
         OUTBOXKIT_INBOX_RETENTION="2",
@@ -228,10 +229,7 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
     worker = InboxProcess(tmp_path, env).start()
 
     async def dedupe_rows() -> int:
-        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-            cur = await conn.execute("SELECT count(*) FROM outboxkit.inbox")
-            row = await cur.fetchone()
-            return int(row[0]) if row else -1
+        return await dedupe_records(db_url)
 
     try:
         await produce(kafka_bootstrap, events)
@@ -247,35 +245,34 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
         )
     finally:
         worker.kill()
-    _once_each(await effects(pg_url), events + later)
+    _once_each(await effects(db_url), events + later)
 
 
 async def test_handler_chains_an_outbox_event_once(
-    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """inbox → handler → outbox in one transaction: a redelivered event adds no second row."""
     topic = await make_topic("refunds")
-    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-        await conn.execute("INSERT INTO outboxkit.topics VALUES ('refunds-issued', 3)")
+    await register_topic(db_url, "refunds-issued", 3)
     refunds = [Refund(topic=topic, entity=f"r{i}", seq=i) for i in range(20)]
     await produce(kafka_bootstrap, [*refunds, *refunds])
-    worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
+    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
     try:
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
         )
     finally:
         worker.kill()
-    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-        cur = await conn.execute(
-            "SELECT key, count(*) FROM outboxkit.outbox WHERE topic = 'refunds-issued' GROUP BY key"
-        )
-        rows = dict(await cur.fetchall())
-    assert rows == {f"r{i}".encode(): 1 for i in range(20)}
+    settings = ConnectionSettings(database_url=db_url)
+    async with backend_for(db_url).outbox_storage(settings) as storage:
+        chained = await storage.list_records("pending", 100)
+    assert Counter(r.key for r in chained if r.topic == "refunds-issued") == {
+        f"r{i}".encode(): 1 for i in range(20)
+    }
 
 
-async def _count_at_least(pg_url: str, count: int) -> bool:
-    return len(await effects(pg_url)) >= count
+async def _count_at_least(url: str, count: int) -> bool:
+    return len(await effects(url)) >= count
 
 
 async def _is_zero(count: Callable[[], object]) -> bool:

@@ -1,12 +1,15 @@
-"""The migration runner against a real PostgreSQL server."""
+"""The migration runners against real PostgreSQL and MongoDB servers."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
+from pymongo import AsyncMongoClient
 
+from outboxkit.core.mongo import database_name
 from outboxkit.migrations import (
     applied_versions,
     load_migrations,
@@ -14,6 +17,8 @@ from outboxkit.migrations import (
     pending_migrations,
     script,
 )
+from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
 from tests.helpers import run_cli
 from tests.integration.conftest import with_dbname
 
@@ -85,3 +90,36 @@ def test_cli_migrate_rejects_bad_urls(url: str) -> None:
     result = run_cli("migrate", "--database-url", url)
     assert result.returncode == 2
     assert "OUTBOXKIT_DATABASE_URL" in result.stderr
+
+
+async def test_mongodb_migrate_then_again_is_a_no_op_and_check_agrees(
+    mongo_url: str, kafka_bootstrap: str
+) -> None:
+    env = {
+        "OUTBOXKIT_DATABASE_URL": mongo_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_TOPICS": "",
+    }
+    check = run_cli("check", env=env)
+    assert check.returncode == 1
+    assert "migration(s) not applied: 0001_init" in check.stdout
+    first = run_cli("migrate", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "applied 0001_init"
+    assert run_cli("migrate", env=env).stdout.strip() == "schema is up to date"
+    check = run_cli("check", env=env)
+    assert check.returncode == 0, check.stdout
+    assert "schema is up to date" in check.stdout
+
+
+async def test_mongodb_concurrent_migrations_both_succeed(mongo_url: str) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    db = client.get_database(database_name(mongo_url))
+    try:
+        results = await asyncio.gather(migrate_mongodb(db), migrate_mongodb(db))
+        assert sorted(m.version for r in results for m in r) == [1]
+        indexes = await db.get_collection("outboxkit.outbox").index_information()
+        assert {"outbox_pending_idx", "outbox_failed_idx", "outbox_expires_ttl"} <= set(indexes)
+        assert await pending_mongodb_migrations(db) == []
+    finally:
+        await client.close()

@@ -1,34 +1,44 @@
-"""`outboxkit outbox …`: operators see and repair the outbox from the command line."""
+"""`outboxkit outbox …`: operators see and repair the outbox from the command line, on every
+real database backend (``db_url``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
-import psycopg
-
-from outboxkit.relay import PostgresOutbox, PostgresOutboxStorage, TopicPartition
+from outboxkit.backends import backend_for
+from outboxkit.core.settings import ConnectionSettings
+from outboxkit.relay import OutboxStorage, TopicPartition
 from tests.helpers import run_cli
 from tests.integration.relay_harness import Step, register_topic
 
 
-async def _write(pg_url: str, *events: Step) -> None:
-    async with await psycopg.AsyncConnection.connect(pg_url) as conn, conn.transaction():
-        await PostgresOutbox(source="urn:test").add_many(conn, list(events))
+async def _write(url: str, *events: Step) -> None:
+    backend = backend_for(url)
+    async with backend.transactions(source="urn:test", pool_size=1, connect_timeout=5) as tx:
+        await tx.run(lambda t: tx.outbox.add_many(t, list(events)))
 
 
-async def test_pending_failed_retry_skip(pg_url: str) -> None:
-    await register_topic(pg_url, "orders", 1)
+@contextlib.asynccontextmanager
+async def _storage(url: str) -> AsyncIterator[OutboxStorage]:
+    async with backend_for(url).outbox_storage(ConnectionSettings(database_url=url)) as storage:
+        yield storage
+
+
+async def test_pending_failed_retry_skip(db_url: str) -> None:
+    await register_topic(db_url, "orders", 1)
     bad, good = Step(topic="orders", entity="a", seq=0), Step(topic="orders", entity="b", seq=0)
-    await _write(pg_url, bad, good)
-    env = {"OUTBOXKIT_DATABASE_URL": pg_url}
+    await _write(db_url, bad, good)
+    env = {"OUTBOXKIT_DATABASE_URL": db_url}
 
     pending = run_cli("outbox", "pending", "--json", env=env)
     assert pending.returncode == 0, pending.stderr
     [row] = json.loads(pending.stdout)
     assert (row["topic"], row["partition"], row["pending"], row["failed"]) == ("orders", 0, 2, 0)
 
-    async with PostgresOutboxStorage(pg_url) as storage:
+    async with _storage(db_url) as storage:
         [first, _] = await storage.fetch_pending(TopicPartition("orders", 0), 10)
         await storage.record_failure(first, "MessageSizeTooLargeError: too big", give_up=True)
 
@@ -37,7 +47,7 @@ async def test_pending_failed_retry_skip(pg_url: str) -> None:
     assert "MessageSizeTooLargeError: too big" in failed.stdout
 
     assert run_cli("outbox", "retry", str(bad.id), env=env).stdout.strip() == "retrying 1 record(s)"
-    async with PostgresOutboxStorage(pg_url) as storage:
+    async with _storage(db_url) as storage:
         [first, _] = await storage.fetch_pending(TopicPartition("orders", 0), 10)
         await storage.record_failure(first, "again", give_up=True)
     skipped = run_cli("outbox", "skip", str(bad.id), "--json", env=env)
@@ -45,31 +55,31 @@ async def test_pending_failed_retry_skip(pg_url: str) -> None:
     assert run_cli("outbox", "failed", env=env).stdout.strip() == "no failed records"
 
 
-def test_replay_of_an_unknown_event_says_so(pg_url: str) -> None:
+def test_replay_of_an_unknown_event_says_so(db_url: str) -> None:
     missing = uuid.uuid4()
-    result = run_cli("outbox", "replay", str(missing), env={"OUTBOXKIT_DATABASE_URL": pg_url})
+    result = run_cli("outbox", "replay", str(missing), env={"OUTBOXKIT_DATABASE_URL": db_url})
     assert result.returncode == 1
     assert f"no matching record for {missing}" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_bad_event_id_is_a_usage_error(pg_url: str) -> None:
-    result = run_cli("outbox", "skip", "not-a-uuid", env={"OUTBOXKIT_DATABASE_URL": pg_url})
+def test_bad_event_id_is_a_usage_error(db_url: str) -> None:
+    result = run_cli("outbox", "skip", "not-a-uuid", env={"OUTBOXKIT_DATABASE_URL": db_url})
     assert result.returncode == 2
     assert "not an event id" in result.stderr
 
 
-async def test_replay_republishes_a_kept_record(pg_url: str) -> None:
-    await register_topic(pg_url, "orders", 1)
+async def test_replay_republishes_a_kept_record(db_url: str) -> None:
+    await register_topic(db_url, "orders", 1)
     event = Step(topic="orders", entity="a", seq=0)
-    await _write(pg_url, event)
-    async with PostgresOutboxStorage(pg_url) as storage:
+    await _write(db_url, event)
+    async with _storage(db_url) as storage:
         [record] = await storage.fetch_pending(TopicPartition("orders", 0), 10)
         await storage.mark_published([record], keep=True)
         assert await storage.fetch_pending(TopicPartition("orders", 0), 10) == []
-    result = run_cli("outbox", "replay", str(event.id), env={"OUTBOXKIT_DATABASE_URL": pg_url})
+    result = run_cli("outbox", "replay", str(event.id), env={"OUTBOXKIT_DATABASE_URL": db_url})
     assert result.stdout.strip() == "replaying 1 record(s)"
-    async with PostgresOutboxStorage(pg_url) as storage:
+    async with _storage(db_url) as storage:
         [again] = await storage.fetch_pending(TopicPartition("orders", 0), 10)
     assert again.event_id == event.id
-    assert again.id > record.id
+    assert again.id != record.id

@@ -22,12 +22,14 @@ async def test_an_inbox_consumes_its_handlers_topics_by_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OUTBOXKIT_DATABASE_URL", "mongodb://localhost/db")
+    monkeypatch.delenv("OUTBOXKIT_TOPICS", raising=False)
     inbox = Inbox("payments")
     for event_cls in (OrderPlaced, PaymentCaptured):
         inbox.handler(event_cls)(_noop)
     assert inbox.topics == ["shop.orders", "shop.payments"]
-    with pytest.raises(ConfigurationError, match="PostgreSQL"):
-        await Outboxkit(source="payments", inbox=inbox).__aenter__()
+    _, inbox_settings, _ = Outboxkit(source="payments", inbox=inbox)._resolve_settings()
+    assert inbox_settings is not None
+    assert inbox_settings.topics == ["shop.orders", "shop.payments"]
 
 
 async def _noop(event: object, tx: object) -> None:

@@ -1,0 +1,184 @@
+"""MongoDB clients and transactions for outboxkit's own operations (the relay's and the inbox's).
+
+Every collection of outboxkit lives in the database named by the URL's path
+(``mongodb://host/shop?replicaSet=rs0`` → database ``shop``), under the ``outboxkit.`` prefix
+(``outboxkit.outbox``, ``outboxkit.inbox``, …), as PostgreSQL keeps them in schema ``outboxkit``:
+the service's own collections sit beside them, so one transaction covers both.
+
+Transactions follow the driver's documented retry rules: a ``TransientTransactionError`` (a
+write conflict with a concurrent transaction, a primary that stepped down) retries the whole
+transaction; an ``UnknownTransactionCommitResult`` retries only the commit, which the server
+applies at most once. What still fails after a bounded number of attempts surfaces as the
+caller's retriable *unavailable* error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
+
+T = TypeVar("T")
+
+Document = dict[str, Any]
+Client = AsyncMongoClient[Document]
+Database = AsyncDatabase[Document]
+Collection = AsyncCollection[Document]
+
+#: Prefix of outboxkit's collections in the service's database.
+PREFIX = "outboxkit."
+
+#: Attempts of one transaction (each a full retry after a transient error) before giving up.
+TRANSACTION_ATTEMPTS = 10
+#: Commit retries after an unknown commit result, per attempt.
+COMMIT_ATTEMPTS = 5
+
+#: Reads and writes that must survive a failover: a record is published only once a majority
+#: has it (a relay that read a write a failover later rolls back would publish a ghost event).
+MAJORITY_READ = ReadConcern("majority")
+MAJORITY_WRITE = WriteConcern("majority")
+
+
+def database_name(url: str) -> str:
+    """The database named by ``url``'s path; outboxkit needs one to put its collections in."""
+    name = urlsplit(url).path.lstrip("/")
+    if not name:
+        raise ConfigurationError(
+            "OUTBOXKIT_DATABASE_URL: name the database in the MongoDB URL's path, e.g. "
+            "mongodb://host:27017/shop?replicaSet=rs0"
+        )
+    return name
+
+
+def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
+    """A client that reads UUIDs as :class:`uuid.UUID` and dates as aware datetimes, and whose
+    unreachable server surfaces within ``connect_timeout``. ``app_name`` shows in mongod's logs
+    and ``currentOp``, like ``application_name`` on PostgreSQL."""
+    timeout_ms = int(connect_timeout * 1000)
+    return AsyncMongoClient(
+        url,
+        appname=app_name,
+        uuidRepresentation="standard",
+        tz_aware=True,
+        serverSelectionTimeoutMS=timeout_ms,
+        connectTimeoutMS=timeout_ms,
+    )
+
+
+def collection(database: Database, name: str, **options: Any) -> Collection:
+    return database.get_collection(PREFIX + name, **options)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """A failure of the server or the network, not of the operation: trying later may work."""
+    return isinstance(exc, ConnectionFailure) or (
+        isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError")
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A conflict with a concurrent transaction, or a primary that stepped down: the whole
+    transaction may be tried again. Not a server selection timeout, although the driver labels
+    it transient inside a transaction: the client already waited ``serverSelectionTimeoutMS``
+    for a primary, and ten more such waits would hide a database that is down for minutes."""
+    return _has_label(exc, "TransientTransactionError") and not isinstance(
+        exc, ServerSelectionTimeoutError
+    )
+
+
+def _has_label(exc: BaseException, label: str) -> bool:
+    return isinstance(exc, PyMongoError) and exc.has_error_label(label)
+
+
+async def _backoff(attempt: int) -> None:
+    await asyncio.sleep(random.uniform(0, min(0.002 * 2**attempt, 0.5)))
+
+
+async def in_transaction(
+    client: Client,
+    work: Callable[[AsyncClientSession], Awaitable[T]],
+    *,
+    unavailable: type[OutboxkitError],
+) -> T:
+    """Run ``work(session)`` in a multi-document transaction and commit it.
+
+    ``work`` may run more than once (after a transient error its effects were rolled back);
+    an exception it raises aborts the transaction and propagates. Server and network failures
+    that outlast the retries raise ``unavailable``."""
+    async with client.start_session() as session:
+        for attempt in range(TRANSACTION_ATTEMPTS):
+            await session.start_transaction(write_concern=MAJORITY_WRITE)
+            try:
+                result = await work(session)
+            except BaseException as exc:
+                if session.in_transaction:
+                    with contextlib.suppress(PyMongoError):  # the server aborts it anyway
+                        await session.abort_transaction()
+                if is_transient(exc):
+                    await _backoff(attempt)
+                    continue
+                if is_unavailable(exc):
+                    raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+                raise
+            try:
+                await _commit(session)
+            except PyMongoError as exc:
+                if is_transient(exc):
+                    await _backoff(attempt)
+                    continue
+                if is_unavailable(exc) or _has_label(exc, "UnknownTransactionCommitResult"):
+                    raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+                raise
+            return result
+    raise unavailable(
+        f"MongoDB transaction still conflicting after {TRANSACTION_ATTEMPTS} attempts"
+    )
+
+
+async def _commit(session: AsyncClientSession) -> None:
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            await session.commit_transaction()
+            return
+        except PyMongoError as exc:
+            if not _has_label(exc, "UnknownTransactionCommitResult") or isinstance(
+                exc, ServerSelectionTimeoutError
+            ):
+                raise
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise
+            await _backoff(attempt)
+
+
+async def guarded(operation: Awaitable[T], unavailable: type[OutboxkitError]) -> T:
+    """Await one operation; a server or network failure surfaces as ``unavailable``."""
+    try:
+        return await operation
+    except PyMongoError as exc:
+        if is_unavailable(exc):
+            raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+        raise
+
+
+def require_transaction(session: object, error: type[OutboxkitError]) -> AsyncClientSession:
+    """``session`` as a pymongo session inside a transaction, or ``error``."""
+    if not isinstance(session, AsyncClientSession) or not session.in_transaction:
+        raise error(
+            "outbox writes need the caller's MongoDB session inside a multi-document "
+            "transaction: `async with client.start_session() as s: "
+            "await s.with_transaction(callback)`"
+        )
+    return session

@@ -1,0 +1,180 @@
+"""MongoDB implementation of :class:`~outboxkit.inbox.store.InboxStore`.
+
+A dedupe record is ``{_id: {consumer, event_id}, expires_at, …}`` in ``outboxkit.inbox``,
+inserted in the same multi-document transaction as the handler's writes, then committed; only
+then does the worker commit the Kafka offset (guarantee G6). Two workers that take the same
+event (a rebalance) both insert the same ``_id``: MongoDB lets one commit and aborts the other
+with a write conflict, which retries the whole transaction and then finds the record.
+
+Retries follow the driver's rules (:func:`outboxkit.core.mongo.in_transaction`): a
+``TransientTransactionError`` reruns the batch — its handlers' effects were rolled back, so
+they take effect once — and an ``UnknownTransactionCommitResult`` retries only the commit,
+which the server applies at most once. If the commit's fate stays unknown, the worker is told
+the database is unavailable and handles the batch again later: the dedupe records then say
+which events took effect.
+
+MongoDB has no savepoints, so when a handler raises, the batch is redone one delivery per
+transaction: exactly the deliveries before the failing one commit, as on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Self
+
+from bson import MinKey
+from pymongo.asynchronous.client_session import AsyncClientSession
+
+from outboxkit.core.mongo import (
+    MAJORITY_WRITE,
+    Client,
+    Document,
+    collection,
+    database_name,
+    guarded,
+    in_transaction,
+    is_transient,
+    is_unavailable,
+    make_client,
+)
+from outboxkit.inbox.exceptions import InboxStorageUnavailableError
+from outboxkit.inbox.store import BatchOutcome, Delivery
+
+
+class _HandlerFailedError(Exception):
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(f"delivery {index} failed: {error!r}")
+        self.index = index
+        self.error = error
+
+
+class MongoInboxStore:
+    """Use as ``async with MongoInboxStore(url) as store:``. ``retention``: how long a dedupe
+    record counts; a duplicate arriving later takes effect again (keep it longer than any
+    redelivery or replay window)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 10.0,
+        retention: timedelta = timedelta(days=7),
+        app_name: str = "outboxkit-inbox",
+    ) -> None:
+        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
+        self.database = self._client.get_database(database_name(url))
+        self._records = collection(self.database, "inbox", write_concern=MAJORITY_WRITE)
+        self.retention = retention
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client.close()
+
+    async def process_batch(
+        self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
+    ) -> BatchOutcome:
+        try:
+            return BatchOutcome(ran=await self._transact(consumer, deliveries))
+        except _HandlerFailedError as failed:
+            if len(deliveries) == 1:
+                return BatchOutcome(failed=(0, failed.error))
+        # Which delivery fails, and what commits before it: one transaction each.
+        outcome = BatchOutcome()
+        for index, delivery in enumerate(deliveries):
+            try:
+                [ran] = await self._transact(consumer, [delivery])
+            except _HandlerFailedError as failed:
+                outcome.failed = (index, failed.error)
+                break
+            outcome.ran.append(ran)
+        return outcome
+
+    async def _transact(
+        self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
+    ) -> list[bool]:
+        async def work(session: AsyncClientSession) -> list[bool]:
+            now = datetime.now(UTC)
+            ids = [{"consumer": consumer, "event_id": d.event.id} for d in deliveries]
+            # An expired record no longer counts, whether or not mongod's TTL monitor (which
+            # runs every 60 s) has removed it yet: what is a duplicate never depends on it.
+            recorded = {
+                doc["_id"]["event_id"]: doc["expires_at"]
+                async for doc in self._records.find(
+                    {"_id": {"$in": ids}}, {"expires_at": True}, session=session
+                )
+            }
+            seen = {event_id for event_id, expires in recorded.items() if expires > now}
+            expired = [i for i in ids if i["event_id"] in recorded.keys() - seen]
+            if expired:
+                await self._records.delete_many({"_id": {"$in": expired}}, session=session)
+            ran = []
+            new: list[Document] = []
+            for index, delivery in enumerate(deliveries):
+                event = delivery.event
+                first = event.id not in seen
+                ran.append(first)
+                if not first:
+                    continue
+                seen.add(event.id)  # a second copy in the batch is a duplicate
+                new.append(
+                    {
+                        "_id": {"consumer": consumer, "event_id": event.id},
+                        "event_type": event.event_type,
+                        "topic": delivery.topic,
+                        "partition": delivery.partition,
+                        "offset": delivery.offset,
+                        "received_at": now,
+                        "expires_at": now + self.retention,
+                    }
+                )
+                try:
+                    await delivery.handler(event, session)
+                except Exception as exc:
+                    if is_transient(exc) or is_unavailable(exc):
+                        raise  # not the handler's fault: retried, or the database is away
+                    raise _HandlerFailedError(index, exc) from exc
+            if new:
+                await self._records.insert_many(new, session=session)
+            return ran
+
+        return await in_transaction(self._client, work, unavailable=InboxStorageUnavailableError)
+
+    async def purge(self, older_than: timedelta, limit: int) -> int:
+        # Each record carries its expiry (received + this store's retention, older_than);
+        # inbox_expires_ttl serves this read. mongod's TTL monitor deletes them too.
+        expired = await guarded(
+            self._records.find({"expires_at": {"$lte": datetime.now(UTC)}}, {"_id": True})
+            .limit(limit)
+            .to_list(),
+            InboxStorageUnavailableError,
+        )
+        if not expired:
+            return 0
+        result = await guarded(
+            self._records.delete_many({"_id": {"$in": [doc["_id"] for doc in expired]}}),
+            InboxStorageUnavailableError,
+        )
+        return int(result.deleted_count)
+
+    async def count(self, consumer: str) -> int:
+        # Embedded documents compare field by field, so this range is one consumer's slice of
+        # the _id index.
+        low = {"consumer": consumer, "event_id": MinKey()}
+        high = {"consumer": consumer + "\0"}
+        return await guarded(
+            self._records.count_documents({"_id": {"$gte": low, "$lt": high}}),
+            InboxStorageUnavailableError,
+        )

@@ -1,0 +1,61 @@
+"""MongoDB migrations: each ``mongodb/NNNN_name.json`` file is a list of database commands
+(``create``, ``createIndexes``, …), each with a ``why``, applied in order.
+
+Every command is idempotent (``create`` of an existing collection is skipped, ``createIndexes``
+of an identical index does nothing), so two ``outboxkit migrate`` runs at once both succeed;
+the applied versions are recorded in ``outboxkit.migrations`` with the file's checksum, which
+``outboxkit check`` compares like on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from outboxkit.core.mongo import Database, collection
+from outboxkit.migrations import Migration, load_migrations, not_applied
+
+#: "NamespaceExists": the collection is there already.
+_NAMESPACE_EXISTS = 48
+
+
+async def applied_versions(db: Database) -> dict[int, str]:
+    return {
+        int(doc["_id"]): str(doc["checksum"]) async for doc in collection(db, "migrations").find()
+    }
+
+
+async def pending_migrations(db: Database) -> list[Migration]:
+    return not_applied(load_migrations("mongodb"), await applied_versions(db))
+
+
+async def migrate(db: Database) -> list[Migration]:
+    """Apply every pending migration to ``db``; return those applied."""
+    applied = []
+    for migration in await pending_migrations(db):
+        for step in json.loads(migration.sql):
+            await _run(db, step["command"])
+        try:
+            await collection(db, "migrations").insert_one(
+                {
+                    "_id": migration.version,
+                    "name": migration.name,
+                    "checksum": migration.checksum,
+                    "applied_at": datetime.now(UTC),
+                }
+            )
+        except DuplicateKeyError:
+            continue  # a concurrent `migrate` recorded it first
+        applied.append(migration)
+    return applied
+
+
+async def _run(db: Database, command: dict[str, Any]) -> None:
+    try:
+        await db.command(command)
+    except OperationFailure as exc:
+        if exc.code != _NAMESPACE_EXISTS:
+            raise

@@ -1,0 +1,10 @@
+"""The relay's MongoDB backend: the writer API, the storage and the change-stream wake-ups.
+
+MongoDB needs a replica set (a single node is enough): multi-document transactions and change
+streams exist only there. See docs/mongodb.md."""
+
+from outboxkit.relay.mongodb.storage import MongoOutboxStorage
+from outboxkit.relay.mongodb.wakeups import MongoWakeups
+from outboxkit.relay.mongodb.writer import MongoOutbox
+
+__all__ = ["MongoOutbox", "MongoOutboxStorage", "MongoWakeups"]

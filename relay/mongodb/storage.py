@@ -1,0 +1,313 @@
+"""MongoDB implementation of :class:`~outboxkit.relay.storage.OutboxStorage`.
+
+Collections (``outboxkit migrate`` creates them and their indexes; see
+``outboxkit/migrations/mongodb/``):
+
+- ``outboxkit.outbox``: one document per record; the relay reads the head of a partition by
+  ``(topic, partition, position, _id)`` from ``outbox_pending_idx``, a partial index that holds
+  pending records only, so the read stays an index range scan however many published or failed
+  records the collection keeps.
+- ``outboxkit.keys``: the last position of each key (:mod:`.positions`).
+- ``outboxkit.topics``: partition counts, kept from Kafka's metadata by the relay.
+
+No operation here holds a transaction across a Kafka send: the relay reads (majority read
+concern: never a write a failover could roll back), publishes, then deletes or marks what Kafka
+acknowledged, each a single statement. A relay SIGKILLed mid-batch leaves nothing locked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Self, TypeVar
+from uuid import UUID
+
+from pymongo import UpdateOne
+from pymongo.asynchronous.client_session import AsyncClientSession
+
+from outboxkit.core.mongo import (
+    MAJORITY_READ,
+    MAJORITY_WRITE,
+    Client,
+    Document,
+    collection,
+    database_name,
+    guarded,
+    in_transaction,
+    make_client,
+)
+from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.mongodb.positions import take_positions
+from outboxkit.relay.records import (
+    OutboxRecord,
+    PartitionBacklog,
+    RecordInfo,
+    RecordState,
+    TopicPartition,
+)
+
+T = TypeVar("T")
+
+#: fetch_pending reads this many records per record it may return: with repeated keys near the
+#: head, a wider window still fills the batch with distinct keys.
+_SCAN_FACTOR = 4
+
+_RECORD_FIELDS = {
+    "topic": True,
+    "partition": True,
+    "key": True,
+    "value": True,
+    "headers": True,
+    "event_id": True,
+    "attempts": True,
+    "created_at": True,
+}
+
+
+class MongoOutboxStorage:
+    """Use as ``async with MongoOutboxStorage(url) as storage:``.
+
+    ``retention``: keep published records this long (for ``outboxkit outbox replay``) instead
+    of deleting them; each is stamped with its expiry when published, and a TTL index on that
+    stamp removes it even when no relay runs the cleanup."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 10.0,
+        retention: timedelta | None = None,
+        app_name: str = "outboxkit-relay",
+    ) -> None:
+        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
+        self.database = self._client.get_database(database_name(url))
+        self._retention = retention
+        self.outbox = collection(
+            self.database, "outbox", read_concern=MAJORITY_READ, write_concern=MAJORITY_WRITE
+        )
+        self._keys = collection(self.database, "keys")
+        self._topics = collection(self.database, "topics", write_concern=MAJORITY_WRITE)
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client.close()
+
+    # -- OutboxStorage ----------------------------------------------------------------------
+
+    async def register_topics(self, partitions: Mapping[str, int]) -> None:
+        if not partitions:
+            return
+        now = datetime.now(UTC)
+        await _guard(
+            self._topics.bulk_write(
+                [
+                    UpdateOne(
+                        {"_id": topic},
+                        {"$set": {"partitions": count, "updated_at": now}},
+                        upsert=True,
+                    )
+                    for topic, count in sorted(partitions.items())
+                ]
+            )
+        )
+
+    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
+        pipeline = self.head_pipeline(tp, await self._blocked_keys(tp), limit)
+        cursor = await _guard(self.outbox.aggregate(pipeline, hint="outbox_pending_idx"))
+        return [_record(doc) for doc in await _guard(cursor.to_list())]
+
+    async def _blocked_keys(self, tp: TopicPartition) -> list[bytes]:
+        """Keys with a failed record (per-key order: nothing overtakes it). Few by construction,
+        read from outbox_failed_idx."""
+        where = {"topic": tp.topic, "partition": tp.partition, "state": "failed"}
+        return list(await _guard(self.outbox.distinct("key", where)))
+
+    def head_pipeline(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Document]:
+        """The read of ``tp``'s head, one record per key, done by mongod so that only those
+        cross the network: the first ``4 * limit`` pending records in position order (an
+        index range scan of outbox_pending_idx, no sort: the index is in order; blocked keys
+        left out so that they do not crowd the window), the oldest of each key, oldest first."""
+        match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
+        if blocked:
+            match["key"] = {"$nin": blocked}
+        order = {"position": 1, "_id": 1}
+        return [
+            {"$match": match},
+            {"$sort": order},
+            {"$limit": limit * _SCAN_FACTOR},
+            {"$group": {"_id": "$key", "head": {"$first": "$$ROOT"}}},
+            {"$replaceRoot": {"newRoot": "$head"}},
+            {"$sort": order},
+            {"$limit": limit},
+            {"$project": _RECORD_FIELDS},
+        ]
+
+    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+        if not records:
+            return
+        ids = [r.id for r in records]
+        if keep:
+            now = datetime.now(UTC)
+            retention = timedelta(days=7) if self._retention is None else self._retention
+            expires = now + retention
+            await _guard(
+                self.outbox.update_many(
+                    {"_id": {"$in": ids}, "state": "pending"},
+                    {"$set": {"state": "published", "published_at": now, "expires_at": expires}},
+                )
+            )
+        else:
+            await _guard(self.outbox.delete_many({"_id": {"$in": ids}}))
+
+    async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
+        changes: Document = {"last_error": error[:4000]}
+        if give_up:
+            changes["state"] = "failed"
+        await _guard(
+            self.outbox.update_one(
+                {"_id": record.id, "state": "pending"},
+                {"$inc": {"attempts": 1}, "$set": changes},
+            )
+        )
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        # Each kept record carries its expiry (stamped with the relay's retention, which is
+        # older_than); outbox_expires_ttl serves this read, and deletes them by itself too.
+        expired = self.outbox.find(
+            {"expires_at": {"$lte": datetime.now(UTC)}}, {"_id": True}
+        ).limit(limit)
+        ids = [doc["_id"] for doc in await _guard(expired.to_list())]
+        if not ids:
+            return 0
+        result = await _guard(self.outbox.delete_many({"_id": {"$in": ids}}))
+        return int(result.deleted_count)
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        """Two covered index scans: pending records from outbox_pending_idx (the oldest by its
+        position, which is the server clock in µs when written), failed ones from
+        outbox_failed_idx; neither reads a document."""
+        by_partition = {"_id": {"topic": "$topic", "partition": "$partition"}}
+        pending = await _guard(
+            self._aggregate(
+                [
+                    {"$match": {"state": "pending"}},
+                    {"$group": {**by_partition, "n": {"$sum": 1}, "oldest": {"$min": "$position"}}},
+                ],
+                hint="outbox_pending_idx",
+            )
+        )
+        failed = await _guard(
+            self._aggregate(
+                [{"$match": {"state": "failed"}}, {"$group": {**by_partition, "n": {"$sum": 1}}}],
+                hint="outbox_failed_idx",
+            )
+        )
+        rows: dict[tuple[str, int], PartitionBacklog] = {}
+        for row in pending:
+            tp = (row["_id"]["topic"], row["_id"]["partition"])
+            oldest = datetime.fromtimestamp(row["oldest"] / 1_000_000, UTC)
+            rows[tp] = PartitionBacklog(*tp, pending=row["n"], oldest_created_at=oldest)
+        for row in failed:
+            tp = (row["_id"]["topic"], row["_id"]["partition"])
+            found = rows.get(tp, PartitionBacklog(*tp, pending=0, oldest_created_at=None))
+            rows[tp] = replace(found, failed=row["n"])
+        return [rows[tp] for tp in sorted(rows)]
+
+    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
+        cursor = self.outbox.find({"state": state}).sort("_id", 1).limit(limit)
+        return [_info(doc) for doc in await _guard(cursor.to_list())]
+
+    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
+        # The record keeps its position: it blocked its key, so it is still the key's oldest.
+        result = await _guard(
+            self.outbox.update_many(
+                {"state": "failed", "event_id": {"$in": list(event_ids)}},
+                {"$set": {"state": "pending", "attempts": 0}, "$unset": {"last_error": ""}},
+            )
+        )
+        return int(result.modified_count)
+
+    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
+        result = await _guard(
+            self.outbox.delete_many({"state": "failed", "event_id": {"$in": list(event_ids)}})
+        )
+        return int(result.deleted_count)
+
+    async def replay(self, event_ids: Sequence[UUID]) -> int:
+        """Copies with new positions: published after everything already pending of their key,
+        never ahead of newer events. The event id stays, so inboxes that saw it absorb it."""
+
+        async def copy(session: AsyncClientSession) -> int:
+            kept = self.outbox.find(
+                {"state": "published", "event_id": {"$in": list(event_ids)}}, session=session
+            ).sort([("position", 1), ("_id", 1)])
+            copies = []
+            now = datetime.now(UTC)
+            async for doc in kept:
+                key = (doc["topic"], bytes(doc["key"]))
+                position = (await take_positions(self._keys, session, {key: 1}))[key]
+                copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
+                fresh = {"position": position, "created_at": now, "state": "pending"}
+                copies.append({**copy, **fresh, "attempts": 0})
+            if copies:
+                await self.outbox.insert_many(copies, session=session)
+            return len(copies)
+
+        return await in_transaction(self._client, copy, unavailable=StorageUnavailableError)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _aggregate(self, pipeline: list[Document], *, hint: str) -> list[Document]:
+        cursor = await self.outbox.aggregate(pipeline, hint=hint)
+        return await cursor.to_list()
+
+
+#: Fields of a published record that its replayed copy does not take.
+_PUBLISHED_ONLY = {"_id", "published_at", "expires_at", "last_error", "attempts"}
+
+
+async def _guard(operation: Awaitable[T]) -> T:
+    """A server or network failure surfaces as the relay's retriable error."""
+    return await guarded(operation, StorageUnavailableError)
+
+
+def _record(doc: Document) -> OutboxRecord:
+    return OutboxRecord(
+        id=doc["_id"],
+        topic=doc["topic"],
+        partition=doc["partition"],
+        key=bytes(doc["key"]),
+        value=None if doc["value"] is None else bytes(doc["value"]),
+        headers=tuple((str(name), bytes(value)) for name, value in doc["headers"]),
+        event_id=doc["event_id"],
+        attempts=doc["attempts"],
+        created_at=doc["created_at"],
+    )
+
+
+def _info(doc: Document) -> RecordInfo:
+    return RecordInfo(
+        event_id=doc["event_id"],
+        event_type=doc["event_type"],
+        topic=doc["topic"],
+        partition=doc["partition"],
+        key=bytes(doc["key"]),
+        state=doc["state"],
+        attempts=doc["attempts"],
+        created_at=doc["created_at"],
+        last_error=doc.get("last_error"),
+        published_at=doc.get("published_at"),
+    )

@@ -1,0 +1,89 @@
+"""Wake-ups on MongoDB: a change stream on the outbox collection.
+
+A change stream costs writers nothing (mongod reads its oplog), so unlike PostgreSQL's NOTIFY it
+needs no "is a relay waiting?" signalling: :meth:`set_waiting` does nothing and every insert
+wakes the partition's worker, busy or not.
+
+The stream is a hint, never the truth: the relay reads the head of each partition from the
+indexed collection. So a stream that breaks — network, primary step-down, the oplog no longer
+holding its resume point (``ChangeStreamHistoryLost``), the collection dropped (``invalidate``)
+— is simply opened again *from now*, and the first thing yielded on every (re)open is ``None``:
+"look again everywhere". Nothing can be missed, and no resume token needs keeping (the driver
+still resumes by itself across the transient errors it knows, before we see them). If the
+stream cannot be opened at all (a standalone mongod has no change streams), the relay runs on
+its periodic sweep, and this logs why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import structlog
+from pymongo.errors import PyMongoError
+
+from outboxkit.core.mongo import Collection, Document
+from outboxkit.relay.records import TopicPartition
+
+logger = structlog.get_logger("outboxkit.relay")
+
+#: Inserts wake their partition; an update that makes a record pending again (``outboxkit
+#: outbox retry``) wakes everyone (rare). Deletes and "published" updates are filtered out by
+#: mongod, so a busy relay is not flooded with its own writes. The projection keeps events small.
+_PIPELINE: list[Document] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert"},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.state": "pending",
+                },
+                {"operationType": {"$in": ["invalidate", "drop", "rename", "dropDatabase"]}},
+            ]
+        }
+    },
+    {"$project": {"operationType": 1, "fullDocument.topic": 1, "fullDocument.partition": 1}},
+]
+
+_RETRY_MIN, _RETRY_MAX = 0.1, 5.0
+
+
+class MongoWakeups:
+    """The :class:`~outboxkit.relay.storage.WakeupSource` of a MongoDB outbox."""
+
+    def __init__(self, outbox: Collection) -> None:
+        self._outbox = outbox
+
+    async def set_waiting(self, tp: TopicPartition, waiting: bool) -> None:
+        """Nothing to declare: the change stream reports every insert anyway."""
+
+    async def writers_settled(self, tp: TopicPartition) -> bool:
+        """Always: an insert committed after the stream opened is on the stream."""
+        return True
+
+    async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
+        delay = _RETRY_MIN
+        while True:
+            try:
+                async with await self._outbox.watch(_PIPELINE) as stream:
+                    delay = _RETRY_MIN
+                    yield None  # the stream starts now: whatever came before must be read
+                    async for change in stream:
+                        kind = change["operationType"]
+                        if kind == "insert":
+                            doc = change["fullDocument"]
+                            yield TopicPartition(doc["topic"], doc["partition"])
+                        elif kind == "update":
+                            yield None
+                        else:
+                            logger.warning("outbox change stream ended, reopening", change=kind)
+                            break
+            except PyMongoError as exc:
+                logger.warning(
+                    "outbox change stream failed; the periodic sweep covers until it reopens",
+                    error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)

@@ -1,0 +1,108 @@
+"""The service side on MongoDB: add events to the outbox inside the caller's own transaction."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.asynchronous.client_session import AsyncClientSession
+
+from outboxkit.core.mongo import Document, collection, require_transaction
+from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
+from outboxkit.relay.mongodb.positions import take_positions
+from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
+
+
+class MongoOutbox:
+    """Writes events as outbox documents with the caller's session, in the caller's transaction.
+
+    Nothing is committed here: the documents become visible to the relay when the caller
+    commits, and vanish if it aborts. ``database`` is the one holding outboxkit's collections
+    (the path of ``OUTBOXKIT_DATABASE_URL``)::
+
+        outbox = MongoOutbox(source="urn:service:orders", database="shop")
+
+        async def place(session: AsyncClientSession) -> None:
+            await orders.insert_one({...}, session=session)
+            await outbox.add(session, OrderPlaced(order_id=…, customer_id=…))
+
+        async with client.start_session() as session:
+            await session.with_transaction(place)
+
+    ``with_transaction`` matters: two transactions that add events of the same key conflict,
+    and MongoDB makes one of them retry (that is what keeps a key's events in commit order).
+    """
+
+    def __init__(self, *, source: str, database: str) -> None:
+        if not source:
+            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        if not database:
+            raise ValueError("database must name the MongoDB database of outboxkit's collections")
+        self.source = source
+        self.database = database
+
+    async def add(self, session: AsyncClientSession, event: Event) -> None:
+        await self.add_many(session, [event])
+
+    async def add_many(self, session: AsyncClientSession, events: Iterable[Event]) -> None:
+        """Add ``events`` in order: one read of the topics, one or two round trips for the
+        keys' positions, one insert of all documents."""
+        encoded = [(event, encode(event, source=self.source)) for event in events]
+        if not encoded:
+            return
+        session = require_transaction(session, NotInTransactionError)
+        db = session.client.get_database(self.database)
+        partitions = await _partition_counts(db, session, {wire.topic for _, wire in encoded})
+        counts = Counter((wire.topic, wire.key) for _, wire in encoded)
+        next_position = await take_positions(collection(db, "keys"), session, counts)
+        now = datetime.now(UTC)
+        documents = []
+        for event, wire in encoded:
+            position = next_position[wire.topic, wire.key]
+            next_position[wire.topic, wire.key] = position + 1
+            documents.append(
+                record_document(event, wire, partitions[wire.topic], position, now=now)
+            )
+        await collection(db, "outbox").insert_many(documents, session=session)
+
+
+def record_document(
+    event: Event, wire: EncodedEvent, partitions: int, position: int, *, now: datetime
+) -> Document:
+    """The outbox document of ``event`` (also how a replay copies one; see storage.py)."""
+    return {
+        "topic": wire.topic,
+        # Fixed at write time, like on PostgreSQL: every record of a key stays in one
+        # partition (and one relay's hands) even if the topic later grows.
+        "partition": partition_for_key(wire.key, partitions),
+        "position": position,
+        "key": wire.key,
+        "value": wire.value,
+        "headers": [[name, value] for name, value in wire.headers],
+        "event_id": event.id,
+        "event_type": event.event_type,
+        "created_at": now,
+        "state": "pending",
+        "attempts": 0,
+    }
+
+
+async def _partition_counts(
+    db: Any, session: AsyncClientSession, topics: set[str]
+) -> dict[str, int]:
+    found = {
+        doc["_id"]: int(doc["partitions"])
+        async for doc in collection(db, "topics").find(
+            {"_id": {"$in": sorted(topics)}}, session=session
+        )
+    }
+    missing = sorted(topics - set(found))
+    if missing:
+        raise UnknownTopicError(
+            f"topic(s) {', '.join(missing)} not registered in outboxkit.topics, so their "
+            "partitions are unknown: start the relay with them in OUTBOXKIT_TOPICS (it registers "
+            "them from Kafka's metadata), or run `outboxkit topics sync`. Abort this transaction."
+        )
+    return found

@@ -1,0 +1,289 @@
+"""The relay's storage contract (relay/storage.py), the same tests for every backend: in memory,
+PostgreSQL and MongoDB. Records are written through each backend's own writer, in its own
+transactions, exactly as a service writes them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from outboxkit.backends import Transactions
+from outboxkit.relay import (
+    NotInTransactionError,
+    OutboxRecord,
+    OutboxStorage,
+    RelaySettings,
+    TopicPartition,
+    UnknownTopicError,
+    WakeupSource,
+)
+from outboxkit.relay.engine import first_per_key
+from outboxkit.schemas import Event, partition_for_key
+from tests.integration.backends import BackendCase
+
+TOPIC = "contract"
+PARTITIONS = 2
+TP0 = TopicPartition(TOPIC, 0)
+
+
+class Step(Event, type="contract.step", topic=TOPIC, key_field="entity"):
+    entity: str
+    seq: int
+
+
+def keys_on(partition: int, count: int) -> list[str]:
+    """``count`` entity names whose key lands on ``partition``."""
+    found, i = [], 0
+    while len(found) < count:
+        name = f"e{i}"
+        if partition_for_key(name, PARTITIONS) == partition:
+            found.append(name)
+        i += 1
+    return found
+
+
+A, B, C = keys_on(0, 3)
+
+
+@pytest.fixture
+async def relay(
+    backend_case: BackendCase,
+) -> AsyncIterator[tuple[OutboxStorage, WakeupSource, Transactions]]:
+    settings = RelaySettings(
+        database_url=backend_case.url, topics=[TOPIC], retention=timedelta(seconds=0)
+    )
+    backend = backend_case.backend
+    async with (
+        backend.relay(settings) as (storage, wakeups),
+        backend.transactions(source="urn:test", pool_size=2, connect_timeout=5) as tx,
+    ):
+        await storage.register_topics({TOPIC: PARTITIONS})
+        yield storage, wakeups, tx
+
+
+async def write(tx: Transactions, *events: Event) -> None:
+    async with tx.transaction() as t:
+        await tx.outbox.add_many(t, events)
+
+
+def seqs(records: list[OutboxRecord]) -> list[tuple[str, int]]:
+    return [(_entity(r), _seq(r)) for r in records]
+
+
+def _entity(record: OutboxRecord) -> str:
+    return Step.model_validate_json(record.value or b"{}").entity
+
+
+def _seq(record: OutboxRecord) -> int:
+    return Step.model_validate_json(record.value or b"{}").seq
+
+
+Relay = tuple[OutboxStorage, WakeupSource, Transactions]
+
+
+async def test_the_head_is_oldest_first_with_each_keys_oldest_record(relay: Relay) -> None:
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
+    await write(tx, Step(entity=C, seq=0), Step(entity=B, seq=1))
+    head = first_per_key(await storage.fetch_pending(TP0, 10))
+    assert seqs(head) == [(A, 0), (B, 0), (C, 0)]
+    assert seqs(first_per_key(await storage.fetch_pending(TP0, 2))) == [(A, 0), (B, 0)]
+    assert await storage.fetch_pending(TopicPartition(TOPIC, 1), 10) == []
+
+
+async def test_repeated_keys_at_the_head_do_not_starve_other_keys(relay: Relay) -> None:
+    storage, _, tx = relay
+    await write(tx, *(Step(entity=A, seq=i) for i in range(30)))
+    await write(tx, Step(entity=B, seq=0))
+    head = first_per_key(await storage.fetch_pending(TP0, 10))
+    assert seqs(head)[0] == (A, 0)
+    assert (B, 0) in seqs(head), "a key behind a long run of another must still be read"
+
+
+async def test_a_rolled_back_transaction_leaves_nothing(relay: Relay) -> None:
+    storage, _, tx = relay
+    with contextlib.suppress(RuntimeError):
+        async with tx.transaction() as t:
+            await tx.outbox.add(t, Step(entity=A, seq=0))
+            raise RuntimeError("roll back")
+    assert await storage.fetch_pending(TP0, 10) == []
+
+
+async def test_a_late_commit_is_read_from_the_head_g3(relay: Relay) -> None:
+    """G3: a transaction that began first and commits last is still published."""
+    storage, _, tx = relay
+    async with tx.transaction() as late:
+        await tx.outbox.add(late, Step(entity=A, seq=0))
+        await write(tx, Step(entity=B, seq=0))
+        assert seqs(await storage.fetch_pending(TP0, 10)) == [(B, 0)]
+        [published] = await storage.fetch_pending(TP0, 10)
+        await storage.mark_published([published], keep=False)
+    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 0)]
+
+
+async def test_a_keys_records_follow_commit_order(relay: Relay) -> None:
+    """Two transactions on one key, the second to begin committing first: its event is first."""
+    storage, _, tx = relay
+    async with tx.transaction() as first_begun:
+        await write(tx, Step(entity=A, seq=0))  # begun second, committed first
+        await tx.outbox.add(first_begun, Step(entity=A, seq=1))
+    records = await storage.fetch_pending(TP0, 10)
+    assert seqs(records[:1]) == [(A, 0)]
+    await storage.mark_published(records[:1], keep=False)
+    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 1)]
+
+
+async def test_concurrent_transactions_on_one_key_serialise_in_commit_order(
+    relay: Relay, backend_case: BackendCase
+) -> None:
+    """MongoDB: a key's position is taken inside the writer's transaction, so a second writer
+    of the same key cannot commit until the first did, and comes after it (G2)."""
+    backend_case.require("same_key_commit_order")
+    storage, _, tx = relay
+    first_added = asyncio.Event()
+    release = asyncio.Event()
+
+    async def first(t: Any) -> None:
+        await tx.outbox.add(t, Step(entity=A, seq=0))
+        first_added.set()
+        await release.wait()
+
+    async def second(t: Any) -> None:
+        await tx.outbox.add(t, Step(entity=A, seq=1))
+
+    holder = asyncio.create_task(tx.run(first))
+    await first_added.wait()
+    contender = asyncio.create_task(tx.run(second))
+    await asyncio.sleep(0.2)  # the contender conflicts and retries meanwhile
+    assert not contender.done(), "a second writer of the key committed before the first"
+    release.set()
+    await asyncio.gather(holder, contender)
+    records = await storage.fetch_pending(TP0, 10)
+    assert seqs(records[:1]) == [(A, 0)]
+    await storage.mark_published(records[:1], keep=False)
+    assert seqs(await storage.fetch_pending(TP0, 10)) == [(A, 1)]
+
+
+async def test_a_failed_record_blocks_its_key_until_retried_or_skipped(relay: Relay) -> None:
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=A, seq=1), Step(entity=B, seq=0))
+    a0, _b0 = await storage.fetch_pending(TP0, 10)
+    await storage.record_failure(a0, "too large", give_up=False)
+    [again, _] = await storage.fetch_pending(TP0, 10)
+    assert again.attempts == 1
+    assert seqs([again]) == [(A, 0)]
+    await storage.record_failure(again, "too large", give_up=True)
+    assert seqs(await storage.fetch_pending(TP0, 10)) == [(B, 0)]
+    [failed] = await storage.list_records("failed", 10)
+    assert failed.event_id == a0.event_id
+    assert failed.last_error == "too large"
+    assert failed.attempts == 2
+    assert await storage.retry_failed([a0.event_id]) == 1
+    assert seqs(first_per_key(await storage.fetch_pending(TP0, 10))) == [(A, 0), (B, 0)]
+    [retried, _] = await storage.fetch_pending(TP0, 10)
+    await storage.record_failure(retried, "still too large", give_up=True)
+    assert await storage.skip_failed([a0.event_id]) == 1
+    assert seqs(first_per_key(await storage.fetch_pending(TP0, 10))) == [(A, 1), (B, 0)]
+    assert await storage.list_records("failed", 10) == []
+
+
+async def test_published_records_are_deleted_or_kept_then_replayed_after_pending(
+    relay: Relay,
+) -> None:
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0))
+    a0, b0 = await storage.fetch_pending(TP0, 10)
+    await storage.mark_published([a0], keep=True)
+    await storage.mark_published([b0], keep=False)
+    assert await storage.fetch_pending(TP0, 10) == []
+    [kept] = await storage.list_records("published", 10)
+    assert kept.event_id == a0.event_id
+    assert kept.published_at is not None
+    await write(tx, Step(entity=A, seq=1))
+    assert await storage.replay([a0.event_id, b0.event_id]) == 1
+    pending = await storage.fetch_pending(TP0, 10)
+    assert seqs(pending[:1]) == [(A, 1)], "a replay never overtakes a newer pending event"
+    await storage.mark_published(pending[:1], keep=False)
+    [replayed] = await storage.fetch_pending(TP0, 10)
+    assert replayed.event_id == a0.event_id
+    assert seqs([replayed]) == [(A, 0)]
+
+
+async def test_retention_cleanup_deletes_kept_records_in_batches(relay: Relay) -> None:
+    storage, _, tx = relay
+    await write(tx, *(Step(entity=k, seq=0) for k in keys_on(0, 5)))
+    await storage.mark_published(await storage.fetch_pending(TP0, 10), keep=True)
+    assert await storage.purge_published(timedelta(seconds=0), 3) == 3
+    assert await storage.purge_published(timedelta(seconds=0), 3) == 2
+    assert await storage.list_records("published", 10) == []
+
+
+async def test_backlog_counts_pending_and_failed_per_partition(relay: Relay) -> None:
+    storage, _, tx = relay
+    await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=B, seq=1))
+    [first, _] = await storage.fetch_pending(TP0, 10)
+    await storage.record_failure(first, "refused", give_up=True)
+    [backlog] = await storage.backlog()
+    assert (backlog.topic, backlog.partition) == (TOPIC, 0)
+    assert (backlog.pending, backlog.failed) == (2, 1)
+    assert backlog.oldest_created_at is not None
+
+
+async def test_an_unknown_topic_is_refused_in_the_transaction(relay: Relay) -> None:
+    _, _, tx = relay
+
+    class Elsewhere(Event, type="contract.elsewhere", topic="not-registered", key_field="k"):
+        k: str
+
+    with pytest.raises(UnknownTopicError, match="not-registered"):
+        await write(tx, Elsewhere(k="x"))
+
+
+async def test_a_writer_outside_a_transaction_is_refused(
+    relay: Relay, backend_case: BackendCase
+) -> None:
+    backend_case.require("outside_transaction")
+    _, _, tx = relay
+    if backend_case.name == "postgresql":
+        pool = tx.pool  # type: ignore[attr-defined]
+        async with pool.connection() as conn:
+            with pytest.raises(NotInTransactionError):
+                await tx.outbox.add(conn, Step(entity=A, seq=0))
+    else:
+        async with tx.client.start_session() as session:  # type: ignore[attr-defined]
+            with pytest.raises(NotInTransactionError, match="transaction"):
+                await tx.outbox.add(session, Step(entity=A, seq=0))
+
+
+async def test_a_commit_wakes_a_waiting_partition_g5(relay: Relay) -> None:
+    _storage, wakeups, tx = relay
+    stream = wakeups.wakeups()
+    woken: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
+
+    async def listen() -> None:
+        async for tp in stream:
+            woken.put_nowait(tp)
+
+    listener = asyncio.create_task(listen())
+    try:
+        await wakeups.set_waiting(TP0, True)
+        assert await wakeups.writers_settled(TP0)
+        # A backend with a connection says "look everywhere" first, once connected.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1):
+                while (await woken.get()) is not None:
+                    pass
+        await write(tx, Step(entity=A, seq=0))
+        async with asyncio.timeout(10):
+            while (tp := await woken.get()) != TP0:
+                assert tp is None, f"woke {tp}, not {TP0}"
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await wakeups.set_waiting(TP0, False)
