@@ -162,6 +162,7 @@ async def test_a_partition_that_makes_no_progress_makes_the_worker_unhealthy(
     wait. The worker used to stay "healthy"; after OUTBOXKIT_STALL_AFTER it is not, and both
     its health endpoint and ``outboxkit inbox status`` name the partition and its offset."""
     topic = await make_topic("payments")
+    await make_topic(name=f"{topic}.dlq")
     await create_effects_table(pg_url)
     events = [Payment(topic=topic, entity="ok", seq=0), Payment(topic=topic, entity="hangs", seq=1)]
     await produce(kafka_bootstrap, [*events, Payment(topic=topic, entity="ok", seq=2)])
