@@ -87,13 +87,20 @@ class Envelope:
     id_text: str
     source: str
     event_type: str
-    time: datetime
+    #: ``ce_time`` as sent; :attr:`time` parses it.
+    time_text: str
     version: int
     headers: dict[str, str]
 
     @property
     def id(self) -> UUID:
         return UUID(self.id_text)
+
+    @property
+    def time(self) -> datetime:
+        """``ce_time`` in UTC. Raises ``ValueError`` if it is not RFC 3339 (checked when read,
+        except for the canonical form :func:`encode` writes, which the model validates)."""
+        return parse_time(self.time_text)
 
 
 def encode(event: Event, *, source: str) -> EncodedEvent:
@@ -178,6 +185,8 @@ _REQUIRED = (
 )
 _REQUIRED_NAMES = frozenset(name.value for name in _REQUIRED)
 _SCHEMA_VERSION = re.compile(r"[1-9][0-9]{0,9}", re.ASCII)
+# What format_time gives (and encode sends): validated by the model, not parsed here first.
+_CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 # What ``str(uuid)`` gives (and encode sends): taken as it is, without building a UUID.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -206,10 +215,11 @@ def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str]
             DecodeErrorReason.INVALID_HEADER, "headers are not iterable"
         ) from exc
     for item in items:
-        if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
-            raise EventDecodeError(
-                DecodeErrorReason.INVALID_HEADER, "a header is not a (str, bytes) pair"
-            )
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
+            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
+                raise EventDecodeError(
+                    DecodeErrorReason.INVALID_HEADER, "a header is not a (str, bytes) pair"
+                )
         name, raw = item
         if name in _REQUIRED_NAMES:
             target = protocol
@@ -229,6 +239,15 @@ def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str]
                 pass
         target[name] = _header_text(name, raw)
     return protocol, user
+
+
+def _check_time(text: str) -> datetime:
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise EventDecodeError(
+            DecodeErrorReason.INVALID_HEADER, f"ce_time {preview(text)}: {exc}"
+        ) from None
 
 
 def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
@@ -257,12 +276,9 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
             id_text = str(UUID(id_text))
         except ValueError:
             raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
-    try:
-        time = parse_time(protocol[WireHeader.TIME])
-    except ValueError as exc:
-        raise EventDecodeError(
-            invalid, f"ce_time {preview(protocol[WireHeader.TIME])}: {exc}"
-        ) from None
+    time_text = protocol[WireHeader.TIME]
+    if _CANONICAL_TIME.fullmatch(time_text) is None:
+        _check_time(time_text)
     version_text = protocol[WireHeader.SCHEMA_VERSION]
     if not _SCHEMA_VERSION.fullmatch(version_text):
         raise EventDecodeError(
@@ -278,7 +294,7 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
         id_text=id_text,
         source=source,
         event_type=event_type,
-        time=time,
+        time_text=time_text,
         version=int(version_text),
         headers=user,
     )
@@ -310,6 +326,7 @@ def build_event(
             return check.validate_json(document)  # type: ignore[no-any-return]
         except ValidationError as exc:
             if not _is_json_error(exc):
+                _check_time(envelope.time_text)  # a bad ce_time is the header's fault
                 raise EventDecodeError(
                     DecodeErrorReason.INVALID_PAYLOAD, f"{label}: {_describe(exc)}"
                 ) from exc
@@ -327,7 +344,7 @@ def build_event(
         "id": envelope.id_text,
         "key": key_text,
         "topic": topic,
-        "occurred_at": envelope.time.isoformat(),
+        "occurred_at": _check_time(envelope.time_text).isoformat(),
         "headers": envelope.headers,
     }
     try:
@@ -379,13 +396,18 @@ def _spliced_document(
             b',"topic":',
             _json_string(topic),
             b',"occurred_at":"',
-            envelope.time.isoformat().encode(),
+            _document_time(envelope).encode(),
             b'","headers":',
             headers,
             b",",
             value[brace + 1 :],
         )
     )
+
+
+def _document_time(envelope: Envelope) -> str:
+    text = envelope.time_text
+    return text if _CANONICAL_TIME.fullmatch(text) else envelope.time.isoformat()
 
 
 def _json_string(text: str) -> bytes:
