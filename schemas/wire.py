@@ -215,11 +215,13 @@ def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str]
             DecodeErrorReason.INVALID_HEADER, "headers are not iterable"
         ) from exc
     for item in items:
-        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
-            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
-                raise EventDecodeError(
-                    DecodeErrorReason.INVALID_HEADER, "a header is not a (str, bytes) pair"
-                )
+        exact = type(item) is tuple and len(item) == 2 and type(item[0]) is str
+        if not exact and (
+            not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str)
+        ):
+            raise EventDecodeError(
+                DecodeErrorReason.INVALID_HEADER, "a header is not a (str, bytes) pair"
+            )
         name, raw = item
         if name in _REQUIRED_NAMES:
             target = protocol
