@@ -24,6 +24,17 @@ ORDER BY e.event_id
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id
 
+-- claim_partition_events --
+-- claim_events for a batch of one topic-partition (what the worker sends): the topic and the
+-- partition as two parameters instead of two arrays as long as the batch.
+INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
+SELECT %(consumer)s, e.event_id, e.event_type, %(topic)s, %(partition)s, e.record_offset
+FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(offsets)s::bigint[])
+    AS e(event_id, event_type, record_offset)
+ORDER BY e.event_id
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id
+
 -- purge --
 -- Oldest first through inbox_received_at_idx, in small batches that never hold long locks.
 DELETE FROM outboxkit.inbox

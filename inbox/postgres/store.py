@@ -46,7 +46,7 @@ class PostgresInboxStore(PooledStore):
         # statements are sent without waiting for each result, and COMMIT follows them; an error
         # surfaces at the latest when the pipeline syncs, before the transaction commits.
         async with self._connection() as conn, conn.pipeline(), conn.transaction():
-            cur = await conn.execute(_QUERIES["claim_events"], _batch_params(consumer, deliveries))
+            cur = await conn.execute(*_claim_batch(consumer, deliveries))
             new = {row[0] for row in await cur.fetchall()}
             ran = []
             for d in deliveries:
@@ -101,12 +101,19 @@ def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
     }
 
 
-def _batch_params(consumer: str, deliveries: Sequence[Delivery]) -> dict[str, object]:
-    return {
+def _claim_batch(consumer: str, deliveries: Sequence[Delivery]) -> tuple[str, dict[str, object]]:
+    """The claim statement for ``deliveries`` and its parameters."""
+    first = deliveries[0]
+    params: dict[str, object] = {
         "consumer": consumer,
         "event_ids": [d.event.id for d in deliveries],
         "event_types": [d.event.event_type for d in deliveries],
-        "topics": [d.topic for d in deliveries],
-        "partitions": [d.partition for d in deliveries],
         "offsets": [d.offset for d in deliveries],
     }
+    if all(d.partition == first.partition and d.topic == first.topic for d in deliveries):
+        params.update(topic=first.topic, partition=first.partition)
+        return _QUERIES["claim_partition_events"], params
+    params.update(
+        topics=[d.topic for d in deliveries], partitions=[d.partition for d in deliveries]
+    )
+    return _QUERIES["claim_events"], params
