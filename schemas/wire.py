@@ -91,6 +91,8 @@ class Envelope:
     time_text: str
     version: int
     headers: dict[str, str]
+    #: ``time_text`` is in the form :func:`format_time` writes.
+    canonical_time: bool = False
 
     @property
     def id(self) -> UUID:
@@ -279,7 +281,8 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
         except ValueError:
             raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
     time_text = protocol[WireHeader.TIME]
-    if _CANONICAL_TIME.fullmatch(time_text) is None:
+    canonical_time = _CANONICAL_TIME.fullmatch(time_text) is not None
+    if not canonical_time:
         _check_time(time_text)
     version_text = protocol[WireHeader.SCHEMA_VERSION]
     if not _SCHEMA_VERSION.fullmatch(version_text):
@@ -299,6 +302,7 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
         time_text=time_text,
         version=int(version_text),
         headers=user,
+        canonical_time=canonical_time,
     )
 
 
@@ -408,8 +412,7 @@ def _spliced_document(
 
 
 def _document_time(envelope: Envelope) -> str:
-    text = envelope.time_text
-    return text if _CANONICAL_TIME.fullmatch(text) else envelope.time.isoformat()
+    return envelope.time_text if envelope.canonical_time else envelope.time.isoformat()
 
 
 def _json_string(text: str) -> bytes:

@@ -77,6 +77,26 @@ async def test_a_batch_may_span_partitions(store: PostgresInboxStore, pg_url: st
     assert rows == {a.id: ("t", 0, 5), b.id: ("u", 2, 7), c.id: ("t", 1, 9)}
 
 
+class Odd(Event, type='test.odd "type", with {braces} \\ and NULL', topic="t", key_field="k"):
+    k: str
+
+
+async def test_event_types_with_quotes_commas_and_braces_are_recorded_as_they_are(
+    store: PostgresInboxStore, pg_url: str
+) -> None:
+    async def no_effect(event: Odd, tx: psycopg.AsyncConnection[Any]) -> None:
+        pass
+
+    odd = Odd(k="x")
+    batch = [Delivery(odd, no_effect, "t", 0, 1), *deliveries(Paid(account="a", amount=1))]
+    assert (await store.process_batch("c", batch)).ran == [True, True]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT event_type FROM outboxkit.inbox WHERE event_id = %s", (odd.id,)
+        )
+        assert await cur.fetchone() == (Odd.event_type,)
+
+
 @pytest.mark.parametrize("failure", ["raises", "sql-error"])
 async def test_a_failing_handler_commits_the_prefix_and_reports_itself(
     store: PostgresInboxStore, pg_url: str, failure: str
