@@ -174,10 +174,21 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
         at = await self.position(tp)
         try:
             raw = await self._fetch_raw(tp, at)
+        except KafkaError as exc:  # the broker, not the record: read it again next time
+            logger.warning(
+                "cannot fetch the unreadable record's batch; trying again",
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=at,
+                error=repr(exc),
+            )
+            self.seek(tp, at)
+            return []
+        try:
             records, after = _read_batch(raw, tp, at, repr(error))
-        except Exception as exc:
+        except Exception as exc:  # the batch cannot be parsed at all: step over one offset
             logger.error(
-                "cannot fetch or parse the unreadable record's batch; skipping one offset",
+                "cannot parse the unreadable record's batch; skipping one offset",
                 topic=tp.topic,
                 partition=tp.partition,
                 offset=at,
@@ -207,8 +218,10 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
 
 
 def _unreadable(exc: BaseException) -> bool:
-    """Whether ``getmany`` failed reading a fetched batch (not a broker or client error)."""
-    return isinstance(exc, CorruptRecordException) or not isinstance(exc, KafkaError)
+    """Whether ``getmany`` failed reading a fetched batch: what parsing records raises (a bad
+    CRC, a header name that is not UTF-8, a length that does not add up), not a broker or client
+    error."""
+    return isinstance(exc, CorruptRecordException | ValueError | IndexError | struct.error)
 
 
 class _Forgetting(ConsumerRebalanceListener):  # type: ignore[misc]
