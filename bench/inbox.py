@@ -1,11 +1,14 @@
 """Inbox throughput: handled events/s with a handler that inserts one row, against the ceiling
-(raw aiokafka consumption of the same topic), with a small and a large dedupe table.
+(raw aiokafka consumption of the same topic), with a small and a large dedupe table; then what
+one 1 MB record of each pathological shape costs to decode (tests/hostile_records.py).
 
-    python bench/inbox.py [--events 20000] [--partitions 6] [--workers 1,2]
+    python bench/inbox.py [--events 20000] [--partitions 6] [--workers 1,2] [--rounds 1]
+    python bench/inbox.py --shapes-only
 
 Starts its own PostgreSQL (durable settings) and one Apache Kafka node; the workers are
-``outboxkit inbox bench.inbox_app:inbox`` processes, as in production. Prints figures, asserts
-nothing; the machine is shared, so compare ratios within one run.
+``outboxkit inbox bench.inbox_app:inbox`` processes, as in production. Prints figures (and the
+workers' CPU time per event), asserts nothing; the machine is shared, so compare ratios within
+one run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from outboxkit.migrations import migrate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.inbox_app import Paid
 from bench.kafka_io import consume_rate, produce_events
+from tests.hostile_records import SHAPES, measure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,11 +46,18 @@ async def _handled(url: str, consumer: str) -> int:
         return int(row[0]) if row else 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _run_inbox(
     url: str, bootstrap: str, topic: str, count: int, workers: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Handled events/s with ``workers`` ``outboxkit inbox`` processes: from the first handled
-    event to the last (group joins excluded), and from the start (joins included)."""
+    event to the last (group joins excluded), and from the start (joins included); and the
+    workers' CPU microseconds per event over the first-to-last interval."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
     env = {
         **os.environ,
@@ -76,10 +87,13 @@ async def _run_inbox(
             now = time.perf_counter()
             if handled and first is None:
                 first, first_count = now, handled
+                first_cpu = sum(_cpu_seconds(p.pid) for p in processes)
             if handled >= count:
                 assert first is not None
+                cpu = sum(_cpu_seconds(p.pid) for p in processes) - first_cpu
                 steady = (count - first_count) / max(now - first, 1e-9)
-                return steady, count / (now - started)
+                per_event = cpu / max(count - first_count, 1) * 1e6
+                return steady, count / (now - started), per_event
             if any(p.returncode is not None for p in processes):
                 raise RuntimeError("an inbox worker exited")
             await asyncio.sleep(0.02 if first is None else 0.1)
@@ -89,7 +103,21 @@ async def _run_inbox(
         await asyncio.gather(*(p.wait() for p in processes))
 
 
+def print_shape_costs(size: int) -> None:
+    print(
+        f"decode cost of one {size:,}-byte record per shape (CPU, peak memory above the process's)"
+    )
+    for shape in SHAPES:
+        cost = measure(shape, size)
+        print(
+            f"  {shape:<22} {cost.seconds * 1000:8.1f} ms {cost.extra_mb:8.1f} MB  {cost.outcome}"
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.shapes_only:
+        print_shape_costs(args.shape_size)
+        return
     with EmbeddedPostgres() as pg, KafkaCluster(1) as kafka:
         url, bootstrap = pg.url(), kafka.bootstrap_servers
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -122,12 +150,17 @@ async def main(args: argparse.Namespace) -> None:
                     (prefill,),
                 )
                 await conn.execute("VACUUM ANALYZE outboxkit.inbox")
-            for workers in args.workers:
-                rate, overall = await _run_inbox(url, bootstrap, "paid", args.events, workers)
-                print(
-                    f"{label}, {workers} worker process(es): {rate:,.0f} events/s handled "
-                    f"({rate / ceiling:.2f}x ceiling); {overall:,.0f}/s counting group joins"
-                )
+            for _ in range(args.rounds):
+                for workers in args.workers:
+                    rate, overall, cpu = await _run_inbox(
+                        url, bootstrap, "paid", args.events, workers
+                    )
+                    print(
+                        f"{label}, {workers} worker process(es): {rate:,.0f} events/s handled "
+                        f"({rate / ceiling:.2f}x ceiling); {overall:,.0f}/s counting group "
+                        f"joins; workers' CPU {cpu:.0f} us/event"
+                    )
+    print_shape_costs(args.shape_size)
 
 
 if __name__ == "__main__":
@@ -135,4 +168,7 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each worker count")
+    parser.add_argument("--shape-size", type=int, default=1_000_000, help="bytes per shape")
+    parser.add_argument("--shapes-only", action="store_true", help="only the decode costs")
     asyncio.run(main(parser.parse_args()))

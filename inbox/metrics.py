@@ -44,6 +44,37 @@ class InboxMetrics:
         self.cleaned = Counter(
             "outboxkit_inbox_cleanup_deleted", "Dedupe records deleted by TTL", registry=reg
         )
+        self.unreadable = Counter(
+            "outboxkit_inbox_unreadable_records",
+            "Records the Kafka client could not read (dead-lettered with what was recovered)",
+            ["inbox", "topic"],
+            registry=reg,
+        )
+        self.dead_letter_failures = Counter(
+            "outboxkit_inbox_dead_letter_failures",
+            "Failed writes to a dead-letter topic, by error",
+            ["inbox", "error"],
+            registry=reg,
+        )
+        self.dead_letters_truncated = Counter(
+            "outboxkit_inbox_dead_letters_truncated",
+            "Dead letters cut to fit OUTBOXKIT_DLQ_MAX_BYTES (the original stays in its topic)",
+            ["inbox"],
+            registry=reg,
+        )
+        self.parked = Gauge(
+            "outboxkit_inbox_parked",
+            "1 while a partition is parked: a record could not be dead-lettered, for good",
+            ["inbox", "topic", "partition"],
+            registry=reg,
+        )
+        self.stalled = Gauge(
+            "outboxkit_inbox_stalled",
+            "1 while a partition has records pending and made no progress for "
+            "OUTBOXKIT_STALL_AFTER seconds",
+            ["inbox", "topic", "partition"],
+            registry=reg,
+        )
         self.storage_errors = Counter(
             "outboxkit_inbox_storage_errors",
             "Database unavailable: the worker paused and retried",

@@ -7,19 +7,24 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Generic, Protocol
 
+from aiokafka.structs import ConsumerRecord
+
 from outboxkit.inbox.handlers import TX, Handler
 from outboxkit.schemas import Event
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery(Generic[TX]):
-    """One decoded record to take effect for: the event, its handler and where it came from."""
+    """One decoded record to take effect for: the event, its handler and where it came from
+    (``record``: the consumed record itself, which the worker dead-letters if the handler keeps
+    failing; stores do not need it)."""
 
     event: Event
     handler: Handler[TX]
     topic: str
     partition: int
     offset: int
+    record: ConsumerRecord[bytes, bytes] | None = None
 
 
 @dataclass(slots=True)

@@ -40,6 +40,8 @@ class DecodeErrorReason(StrEnum):
     """``ce_type`` is registered, but not with this ``ce_schemaversion``."""
     INVALID_PAYLOAD = "invalid_payload"
     """The registered model rejected the payload."""
+    TOO_LARGE = "too_large"
+    """The record is larger than the decoder was allowed to parse (its ``max_bytes``)."""
 
 
 class EventDecodeError(SchemaError):

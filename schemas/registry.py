@@ -3,9 +3,18 @@
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
+from pydantic_core import SchemaValidator
+
+from outboxkit.schemas.bounded import bounded_validator
 from outboxkit.schemas.event import Event
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, RegistryError
-from outboxkit.schemas.wire import KafkaRecord, build_event, preview, read_envelope
+from outboxkit.schemas.wire import (
+    KafkaRecord,
+    build_event,
+    preview,
+    read_envelope,
+    record_size,
+)
 
 E = TypeVar("E", bound=Event)
 
@@ -26,6 +35,7 @@ class EventRegistry:
 
     def __init__(self) -> None:
         self._models: dict[tuple[str, int], type[Event]] = {}
+        self._validators: dict[type[Event], SchemaValidator] = {}
 
     def register(self, event_cls: type[E]) -> type[E]:
         """Register ``event_cls`` under its type and version; returns it (usable as a decorator).
@@ -46,6 +56,10 @@ class EventRegistry:
                 f"{event_cls.__module__}.{event_cls.__qualname__}"
             )
         return event_cls
+
+    def __getstate__(self) -> dict[str, object]:
+        # The validators are built again where the registry is unpickled (a Spark executor).
+        return {**self.__dict__, "_validators": {}}
 
     def get(self, event_type: str, version: int) -> type[Event] | None:
         """The model registered for ``event_type`` and ``version``, or ``None``."""
@@ -74,21 +88,51 @@ class EventRegistry:
         key: bytes | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]],
+        max_bytes: int | None = None,
     ) -> Event:
         """Decode a Kafka record written by :func:`outboxkit.schemas.encode`.
 
         Raises :class:`EventDecodeError` — and nothing else — whatever the input; its
         ``reason`` tells why. ``ce_source`` is checked but not part of the returned event.
+
+        The cost is bounded by the input's size, whatever its shape: a record over
+        ``max_bytes`` (key, value and headers) is rejected before anything is parsed, and
+        validation reports at most a few errors per collection and per model
+        (:mod:`outboxkit.schemas.bounded`), never one per bad element or unknown key.
         """
+        if max_bytes is not None:
+            size = record_size(key, value, headers)
+            if size > max_bytes:
+                raise EventDecodeError(
+                    DecodeErrorReason.TOO_LARGE,
+                    f"the record has {size} bytes, over the decoder's limit of {max_bytes}",
+                )
         envelope = read_envelope(headers)
         event_cls = self._resolve(envelope.event_type, envelope.version)
-        return build_event(event_cls, envelope, topic=topic, key=key, value=value)
+        return build_event(
+            event_cls,
+            envelope,
+            topic=topic,
+            key=key,
+            value=value,
+            validator=self._validator(event_cls),
+        )
 
-    def decode_record(self, record: KafkaRecord) -> Event:
+    def decode_record(self, record: KafkaRecord, *, max_bytes: int | None = None) -> Event:
         """:meth:`decode` a consumed record (aiokafka ``ConsumerRecord``…), topic included."""
         return self.decode(
-            topic=record.topic, key=record.key, value=record.value, headers=record.headers
+            topic=record.topic,
+            key=record.key,
+            value=record.value,
+            headers=record.headers,
+            max_bytes=max_bytes,
         )
+
+    def _validator(self, event_cls: type[Event]) -> SchemaValidator:
+        validator = self._validators.get(event_cls)
+        if validator is None:
+            validator = self._validators[event_cls] = bounded_validator(event_cls)
+        return validator
 
     def _resolve(self, event_type: str, version: int) -> type[Event]:
         event_cls = self.get(event_type, version)

@@ -32,8 +32,10 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from pydantic import ValidationError
+from pydantic_core import SchemaValidator
 
 from outboxkit.core.tracing import trace_headers
+from outboxkit.schemas.bounded import MORE_UNKNOWN_KEYS
 from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, SchemaError
 
@@ -84,12 +86,26 @@ class KafkaRecord(Protocol):
 class Envelope:
     """The CloudEvents attributes read from a record's headers."""
 
-    id: UUID
+    #: ``ce_id`` in canonical form (``str(uuid)``).
+    id_text: str
     source: str
     event_type: str
-    time: datetime
+    #: ``ce_time`` as sent; :attr:`time` parses it.
+    time_text: str
     version: int
     headers: dict[str, str]
+    #: ``time_text`` is in the form :func:`format_time` writes.
+    canonical_time: bool = False
+
+    @property
+    def id(self) -> UUID:
+        return UUID(self.id_text)
+
+    @property
+    def time(self) -> datetime:
+        """``ce_time`` in UTC. Raises ``ValueError`` if it is not RFC 3339 (checked when read,
+        except for the canonical form :func:`encode` writes, which the model validates)."""
+        return parse_time(self.time_text)
 
 
 def encode(event: Event, *, source: str) -> EncodedEvent:
@@ -179,7 +195,12 @@ _REQUIRED = (
     WireHeader.SCHEMA_VERSION,
     WireHeader.CONTENT_TYPE,
 )
+_REQUIRED_NAMES = frozenset(name.value for name in _REQUIRED)
 _SCHEMA_VERSION = re.compile(r"[1-9][0-9]{0,9}", re.ASCII)
+# What format_time gives (and encode sends): validated by the model, not parsed here first.
+_CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
+# What ``str(uuid)`` gives (and encode sends): taken as it is, without building a UUID.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _header_text(name: str, value: object) -> str:
@@ -200,29 +221,47 @@ def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str]
     protocol: dict[str, str] = {}
     user: dict[str, str] = {}
     try:
-        items = list(headers)
+        items = headers if type(headers) is tuple or type(headers) is list else list(headers)
     except Exception as exc:  # any iterable the caller passed; report, never leak
         raise EventDecodeError(
             DecodeErrorReason.INVALID_HEADER, "headers are not iterable"
         ) from exc
     for item in items:
-        if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
+        exact = type(item) is tuple and len(item) == 2 and type(item[0]) is str
+        if not exact and (
+            not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str)
+        ):
             raise EventDecodeError(
                 DecodeErrorReason.INVALID_HEADER, "a header is not a (str, bytes) pair"
             )
         name, raw = item
-        if is_reserved_header(name):
-            if name not in _REQUIRED:
-                continue  # an extension attribute of another producer
+        if name in _REQUIRED_NAMES:
             target = protocol
+        elif is_reserved_header(name):
+            continue  # an extension attribute of another producer
         else:
             target = user
         if name in target:
             raise EventDecodeError(
                 DecodeErrorReason.INVALID_HEADER, f"header {preview(name)} is repeated"
             )
+        if type(raw) is bytes:  # what a consumer gives; other byte types are copied first
+            try:
+                target[name] = raw.decode()
+                continue
+            except UnicodeDecodeError:
+                pass
         target[name] = _header_text(name, raw)
     return protocol, user
+
+
+def _check_time(text: str) -> datetime:
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise EventDecodeError(
+            DecodeErrorReason.INVALID_HEADER, f"ce_time {preview(text)}: {exc}"
+        ) from None
 
 
 def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
@@ -245,18 +284,16 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
         raise EventDecodeError(
             invalid, f"content-type is {preview(content_type)}, expected {CONTENT_TYPE!r}"
         )
-    try:
-        event_id = UUID(protocol[WireHeader.ID])
-    except ValueError:
-        raise EventDecodeError(
-            invalid, f"ce_id {preview(protocol[WireHeader.ID])} is not a UUID"
-        ) from None
-    try:
-        time = parse_time(protocol[WireHeader.TIME])
-    except ValueError as exc:
-        raise EventDecodeError(
-            invalid, f"ce_time {preview(protocol[WireHeader.TIME])}: {exc}"
-        ) from None
+    id_text = protocol[WireHeader.ID]
+    if _CANONICAL_UUID.fullmatch(id_text) is None:
+        try:
+            id_text = str(UUID(id_text))
+        except ValueError:
+            raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
+    time_text = protocol[WireHeader.TIME]
+    canonical_time = _CANONICAL_TIME.fullmatch(time_text) is not None
+    if not canonical_time:
+        _check_time(time_text)
     version_text = protocol[WireHeader.SCHEMA_VERSION]
     if not _SCHEMA_VERSION.fullmatch(version_text):
         raise EventDecodeError(
@@ -269,12 +306,13 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
     if not source:
         raise EventDecodeError(invalid, "ce_source is empty")
     return Envelope(
-        id=event_id,
+        id_text=id_text,
         source=source,
         event_type=event_type,
-        time=time,
+        time_text=time_text,
         version=int(version_text),
         headers=user,
+        canonical_time=canonical_time,
     )
 
 
@@ -285,38 +323,135 @@ def build_event(
     topic: str,
     key: bytes | None,
     value: bytes | None,
+    validator: SchemaValidator | None = None,
 ) -> Event:
-    """Validate the record's key and value into ``event_cls``. Raises ``EventDecodeError``."""
+    """Validate the record's key and value into ``event_cls`` (with ``validator``, by default
+    the class's own). Raises ``EventDecodeError``.
+
+    The envelope attributes are validated together with the payload, as one JSON document
+    (not as Python objects), exactly like ``model_validate_json`` of a ``model_dump_json``:
+    strict fields and JSON-specific parsing behave the same both ways. A plain payload object is
+    validated in place (the envelope spliced in front of its fields, no parse in Python); any
+    other value, and any failure, takes the careful path, which says precisely what is wrong."""
     key_text = _record_key(key)
-    payload = _record_value(value)
+    check = validator if validator is not None else event_cls.__pydantic_validator__
     label = f"{envelope.event_type} v{envelope.version}"
+    document = _spliced_document(envelope, key_text, topic, value)
+    if document is not None:
+        try:
+            return check.validate_json(document)  # type: ignore[no-any-return]
+        except ValidationError as exc:
+            if not _is_json_error(exc):
+                _check_time(envelope.time_text)  # a bad ce_time is the header's fault
+                raise EventDecodeError(
+                    DecodeErrorReason.INVALID_PAYLOAD, f"{label}: {_describe(exc)}"
+                ) from exc
+        except Exception as exc:  # a model's own validator may raise anything; keep the contract
+            raise _validator_raised(label, exc) from exc
+    payload = _record_value(value)
     clashes = sorted(ENVELOPE_FIELDS.intersection(payload))
     if clashes:
         raise EventDecodeError(
             DecodeErrorReason.INVALID_PAYLOAD,
             f"{label}: the value must hold payload fields only, found {', '.join(clashes)}",
         )
-    document = {
+    careful = {
         **payload,
-        "id": str(envelope.id),
+        "id": envelope.id_text,
         "key": key_text,
         "topic": topic,
-        "occurred_at": envelope.time.isoformat(),
+        "occurred_at": _check_time(envelope.time_text).isoformat(),
         "headers": envelope.headers,
     }
     try:
-        # Validated as JSON (not as Python objects), exactly like model_validate_json of a
-        # model_dump_json: strict fields and JSON-specific parsing behave the same both ways.
-        return event_cls.model_validate_json(json.dumps(document))
+        return check.validate_json(json.dumps(careful))  # type: ignore[no-any-return]
     except ValidationError as exc:
         raise EventDecodeError(
             DecodeErrorReason.INVALID_PAYLOAD, f"{label}: {_describe(exc)}"
         ) from exc
     except Exception as exc:  # a model's own validator may raise anything; keep the contract
-        raise EventDecodeError(
-            DecodeErrorReason.INVALID_PAYLOAD,
-            f"{label}: validation raised {type(exc).__name__}: {exc}",
-        ) from exc
+        raise _validator_raised(label, exc) from exc
+
+
+def _validator_raised(label: str, exc: Exception) -> EventDecodeError:
+    return EventDecodeError(
+        DecodeErrorReason.INVALID_PAYLOAD,
+        f"{label}: validation raised {type(exc).__name__}: {exc}",
+    )
+
+
+# The value starts with "{" and has at least one member (then "{envelope," + the rest of the
+# value is a JSON object exactly when the value is one).
+_OBJECT_WITH_MEMBERS = re.compile(rb"[ \t\n\r]*\{[ \t\n\r]*[^ \t\n\r}]")
+# Payload keys the splice must not meet: an envelope field (the careful path reports the clash)
+# or any \u escape (which could spell one, "\u0069d"; JSON keeps the last of repeated keys).
+_SPLICE_STOPS = (*(f'"{name}"'.encode() for name in sorted(ENVELOPE_FIELDS)), b"\\u")
+
+
+def _spliced_document(
+    envelope: Envelope, key_text: str, topic: str, value: bytes | None
+) -> bytes | None:
+    """The envelope fields followed by the payload's fields, as one JSON object, without
+    parsing the payload in Python; ``None`` when the value is not a plain payload object."""
+    if type(value) is not bytes:
+        return None
+    start = _OBJECT_WITH_MEMBERS.match(value)
+    if start is None:
+        return None
+    for stop in _SPLICE_STOPS:
+        if stop in value:
+            return None
+    headers = json.dumps(envelope.headers).encode() if envelope.headers else b"{}"
+    brace = value.index(b"{")
+    return b"".join(
+        (
+            b'{"id":"',
+            envelope.id_text.encode(),
+            b'","key":',
+            _json_string(key_text),
+            b',"topic":',
+            _json_string(topic),
+            b',"occurred_at":"',
+            _document_time(envelope).encode(),
+            b'","headers":',
+            headers,
+            b",",
+            value[brace + 1 :],
+        )
+    )
+
+
+def _document_time(envelope: Envelope) -> str:
+    return envelope.time_text if envelope.canonical_time else envelope.time.isoformat()
+
+
+def _json_string(text: str) -> bytes:
+    """``text`` as a JSON string: as it is when it needs no escaping (a topic name always, a key
+    mostly), else through ``json.dumps``."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return b'"' + text.encode() + b'"'
+    return json.dumps(text).encode()
+
+
+def _is_json_error(exc: ValidationError) -> bool:
+    """Whether validation failed because the document is not JSON (the careful path tells
+    what is wrong with the value)."""
+    return exc.error_count() == 1 and exc.errors(include_url=False)[0]["type"] == "json_invalid"
+
+
+def record_size(
+    key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes]]
+) -> int:
+    """Bytes of a record's key, value and headers (names counted in characters), as far as
+    they are what a record should hold; whatever is not is left to the decoder to report."""
+    try:
+        return (
+            (len(key) if key is not None else 0)
+            + (len(value) if value is not None else 0)
+            + sum(len(name) + (len(raw) if raw is not None else 0) for name, raw in headers)
+        )
+    except (TypeError, ValueError):  # not sized, not pairs: the decoder says what is wrong
+        return 0
 
 
 def _record_key(key: bytes | None) -> str:
@@ -357,12 +492,25 @@ def _record_value(value: bytes | None) -> dict[str, Any]:
 
 
 def _describe(exc: ValidationError, limit: int = 3) -> str:
-    """Where and why validation failed, without the input values (they may be personal data)."""
+    """Where and why validation failed, without the input values (they may be personal data):
+    the first ``limit`` errors and how many more there were. The bounded validators
+    (:mod:`outboxkit.schemas.bounded`) keep that count small; an unbounded one is only
+    counted past a few hundred errors, never listed."""
+    count = exc.error_count()
+    if count > _LISTED_ERRORS_AT_MOST:
+        return f"{count} validation errors"
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     parts = [
-        f"{'.'.join(str(part) for part in error['loc']) or '(event)'}: {error['msg']}"
+        error["msg"]
+        if error["type"] == MORE_UNKNOWN_KEYS
+        else f"{'.'.join(str(part) for part in error['loc']) or '(event)'}: {error['msg']}"
         for error in errors[:limit]
     ]
-    if len(errors) > limit:
-        parts.append(f"and {len(errors) - limit} more error(s)")
+    more = [error for error in errors[limit:] if error["type"] == MORE_UNKNOWN_KEYS]
+    parts += [error["msg"] for error in more]
+    if len(errors) - limit - len(more) > 0:
+        parts.append(f"and {len(errors) - limit - len(more)} more error(s)")
     return "; ".join(parts)
+
+
+_LISTED_ERRORS_AT_MOST = 500

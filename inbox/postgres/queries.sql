@@ -13,7 +13,8 @@ ON CONFLICT (consumer, event_id) DO NOTHING
 -- A whole batch in one statement (one round trip instead of one per record). Sorted by event
 -- id, so two workers claiming overlapping batches during a rebalance take the primary-key
 -- locks in the same order and cannot deadlock. A duplicate inside the batch conflicts with its
--- first copy. RETURNING lists the events that are new for this consumer.
+-- first copy. RETURNING lists the events that are new for this consumer (as text: the
+-- worker compares them with the ids it sent, also text). The columns come as array literals.
 INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
 SELECT %(consumer)s, e.event_id, e.event_type, e.topic, e.partition, e.record_offset
 FROM unnest(
@@ -22,7 +23,18 @@ FROM unnest(
 ) AS e(event_id, event_type, topic, partition, record_offset)
 ORDER BY e.event_id
 ON CONFLICT (consumer, event_id) DO NOTHING
-RETURNING event_id
+RETURNING event_id::text
+
+-- claim_partition_events --
+-- claim_events for a batch of one topic-partition (what the worker sends): the topic and the
+-- partition as two parameters instead of two arrays as long as the batch.
+INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
+SELECT %(consumer)s, e.event_id, e.event_type, %(topic)s, %(partition)s, e.record_offset
+FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(offsets)s::bigint[])
+    AS e(event_id, event_type, record_offset)
+ORDER BY e.event_id
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id::text
 
 -- purge --
 -- Oldest first through inbox_received_at_idx, in small batches that never hold long locks.

@@ -42,19 +42,20 @@ class PostgresInboxStore(PooledStore):
     async def _process_optimistically(
         self, consumer: str, deliveries: Sequence[Delivery]
     ) -> BatchOutcome:
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(_QUERIES["claim_events"], _batch_params(consumer, deliveries))
+        # Pipeline mode throughout: BEGIN and the claim go in one round trip, the handlers'
+        # statements are sent without waiting for each result, and COMMIT follows them; an error
+        # surfaces at the latest when the pipeline syncs, before the transaction commits.
+        ids = [str(d.event.id) for d in deliveries]
+        async with self._connection() as conn, conn.pipeline(), conn.transaction():
+            cur = await conn.execute(*_claim_batch(consumer, deliveries, ids))
             new = {row[0] for row in await cur.fetchall()}
             ran = []
-            # Pipeline mode: the handlers' statements are sent without waiting for each
-            # result; an error surfaces at the latest when the pipeline syncs, before commit.
-            async with conn.pipeline():
-                for d in deliveries:
-                    first = d.event.id in new
-                    if first:
-                        new.discard(d.event.id)  # a second copy in the batch is a duplicate
-                        await d.handler(d.event, conn)
-                    ran.append(first)
+            for d, event_id in zip(deliveries, ids, strict=True):
+                first = event_id in new
+                if first:
+                    new.discard(event_id)  # a second copy in the batch is a duplicate
+                    await d.handler(d.event, conn)
+                ran.append(first)
         return BatchOutcome(ran=ran)
 
     async def _process_with_savepoints(
@@ -101,12 +102,35 @@ def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
     }
 
 
-def _batch_params(consumer: str, deliveries: Sequence[Delivery]) -> dict[str, object]:
-    return {
+def _claim_batch(
+    consumer: str, deliveries: Sequence[Delivery], ids: Sequence[str]
+) -> tuple[str, dict[str, object]]:
+    """The claim statement for ``deliveries`` (whose event ids are ``ids``, as text) and its
+    parameters. The columns go as array literals (one text parameter each, which PostgreSQL
+    parses) rather than Python lists (which psycopg adapts element by element)."""
+    first = deliveries[0]
+    params: dict[str, object] = {
         "consumer": consumer,
-        "event_ids": [d.event.id for d in deliveries],
-        "event_types": [d.event.event_type for d in deliveries],
-        "topics": [d.topic for d in deliveries],
-        "partitions": [d.partition for d in deliveries],
-        "offsets": [d.offset for d in deliveries],
+        "event_ids": "{" + ",".join(ids) + "}",
+        "event_types": _text_array([d.event.event_type for d in deliveries]),
+        "offsets": "{" + ",".join([str(d.offset) for d in deliveries]) + "}",
     }
+    if all(d.partition == first.partition and d.topic == first.topic for d in deliveries):
+        params.update(topic=first.topic, partition=first.partition)
+        return _QUERIES["claim_partition_events"], params
+    params.update(
+        topics=_text_array([d.topic for d in deliveries]),
+        partitions="{" + ",".join([str(d.partition) for d in deliveries]) + "}",
+    )
+    return _QUERIES["claim_events"], params
+
+
+def _text_array(values: Sequence[str]) -> str:
+    """A PostgreSQL array literal of ``values``: each element quoted, ``\\`` and ``"`` escaped."""
+    return "{" + ",".join(['"' + _escape(v) + '"' for v in values]) + "}"
+
+
+def _escape(value: str) -> str:
+    if "\\" not in value and '"' not in value:
+        return value
+    return value.replace("\\", "\\\\").replace('"', '\\"')

@@ -171,10 +171,15 @@ async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
     created: list[str] = []
 
     async def create(
-        prefix: str = "t", *, partitions: int = 1, replication: int = 1, name: str | None = None
+        prefix: str = "t",
+        *,
+        partitions: int = 1,
+        replication: int = 1,
+        name: str | None = None,
+        config: dict[str, str] | None = None,
     ) -> str:
         name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
-        await admin.create_topics([NewTopic(name, partitions, replication)])
+        await admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config)])
         created.append(name)
         return name
 

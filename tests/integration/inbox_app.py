@@ -2,17 +2,29 @@
 PostgreSQL or MongoDB (whichever OUTBOXKIT_DATABASE_URL names).
 
 Its handler writes one ``effects`` row (document) per handled event, with no unique constraint:
-a second effect of one event would show up as a second row."""
+a second effect of one event would show up as a second row.
+
+``python -m tests.integration.inbox_app`` runs the same worker as ``outboxkit inbox`` with its
+store wrapped in :class:`CrashAfterCommit`: the crash guarantee G6 is about is injected from
+here, never by a hook in the product."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import signal
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from pydantic import Field
 
+from outboxkit.backends import backend_for
+from outboxkit.core.logs import configure_logging
 from outboxkit.core.mongo import database_name
-from outboxkit.inbox import Inbox
+from outboxkit.core.settings import load_settings
+from outboxkit.inbox import BatchOutcome, Delivery, Inbox, InboxSettings, InboxStore, InboxWorker
 from outboxkit.relay import MongoOutbox, PostgresOutbox
 from outboxkit.schemas import Event
 
@@ -25,6 +37,8 @@ ON_MONGODB = DATABASE_URL.startswith("mongodb")
 
 #: The entity whose events the handler refuses (a bug a test "fixes" by restarting without it).
 FAILING_ENTITY = os.environ.get("TEST_FAILING_ENTITY", "always-fails")
+#: The entity whose events the handler never finishes (a hung dependency).
+HANGING_ENTITY = "hangs"
 
 EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS effects (event_id uuid, entity text, seq int)"
 
@@ -39,6 +53,8 @@ class Payment(Event, type="test.payment", key_field="entity"):
 async def take_effect(event: Payment, tx: Any) -> None:
     if event.entity == FAILING_ENTITY:
         raise RuntimeError(f"handler cannot process {event.entity}")
+    if event.entity == HANGING_ENTITY:
+        await asyncio.Event().wait()
     if ON_MONGODB:
         effects = tx.client.get_database(database_name(DATABASE_URL)).effects
         row = {"event_id": event.id, "entity": event.entity, "seq": event.seq}
@@ -71,3 +87,52 @@ outbox: PostgresOutbox | MongoOutbox = (
 async def issue_refund(event: Refund, tx: Any) -> None:
     """Chaining: the handler's effect is an outbox event, in the same transaction."""
     await outbox.add(tx, RefundIssued(entity=event.entity, seq=event.seq))
+
+
+class CrashAfterCommit:
+    """An inbox store that SIGKILLs its own process, with ``probability``, right after a
+    database transaction that ran a handler committed — before the worker could commit the
+    Kafka offset: the crash G6 is about.
+
+    Only when no other partition's transaction is open in this process: a MongoDB transaction
+    left open by a killed process keeps its locks until mongod aborts it
+    (``transactionLifetimeLimitSeconds``, 60 s), which would only stall the next worker
+    (PostgreSQL rolls it back when the connection drops)."""
+
+    def __init__(self, store: InboxStore[Any], probability: float) -> None:
+        self._store = store
+        self._probability = probability
+        self._open = 0
+
+    async def process_batch(
+        self, consumer: str, deliveries: Sequence[Delivery[Any]]
+    ) -> BatchOutcome:
+        self._open += 1
+        try:
+            outcome = await self._store.process_batch(consumer, deliveries)
+        finally:
+            self._open -= 1
+        if any(outcome.ran) and not self._open and random.random() < self._probability:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return outcome
+
+    async def purge(self, older_than: timedelta, limit: int) -> int:
+        return await self._store.purge(older_than, limit)
+
+    async def count(self, consumer: str) -> int:
+        return await self._store.count(consumer)
+
+
+async def _run_crashing(probability: float) -> None:
+    settings = load_settings(InboxSettings)
+    async with backend_for(settings.database_url).inbox_store(settings) as store:
+        worker = InboxWorker(inbox, settings, CrashAfterCommit(store, probability))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+
+if __name__ == "__main__":
+    configure_logging("console")
+    asyncio.run(_run_crashing(float(os.environ["TEST_CRASH_AFTER_COMMIT"])))

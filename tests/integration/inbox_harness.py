@@ -17,7 +17,9 @@ import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.structs import ConsumerRecord
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
@@ -26,6 +28,7 @@ from outboxkit.core.mongo import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests.integration.inbox_app import EFFECTS_DDL
+from tests.raw_batches import RawRecord, raw_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,16 +41,23 @@ INBOX_ENV = {
 }
 
 
+#: ``outboxkit inbox`` running the test app, as in production.
+CLI = ("-m", "outboxkit", "inbox", "tests.integration.inbox_app:inbox")
+#: The same worker with a store that SIGKILLs it after database commits (TEST_CRASH_AFTER_COMMIT).
+CRASHING = ("-m", "tests.integration.inbox_app")
+
+
 class InboxProcess:
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_dir: Path, env: dict[str, str], command: Sequence[str] = CLI) -> None:
         self.log_path = log_dir / f"inbox-{uuid.uuid4().hex[:6]}.log"
         self._env = {**os.environ, **INBOX_ENV, **env}
+        self._command = command
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> InboxProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "outboxkit", "inbox", "tests.integration.inbox_app:inbox"],
+                [sys.executable, *self._command],
                 env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -184,3 +194,23 @@ async def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, byt
         return records
     finally:
         await consumer.stop()
+
+
+async def produce_raw_batch(
+    bootstrap: str, topic: str, records: Sequence[RawRecord], *, partition: int = 0
+) -> None:
+    """Write ``records`` (key, value, headers with **raw bytes** as names) as one record batch
+    (:func:`tests.raw_batches.raw_batch`), with a plain Produce request."""
+    batch = raw_batch(records)
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        client.add_topic(topic)
+        await client.force_metadata_update()
+        leader = client.cluster.leader_for_partition(KafkaTP(topic, partition))
+        request = ProduceRequest(None, -1, 30_000, [(topic, [(partition, batch)])])
+        response = await client.send(leader, request)
+        [(_, [(_, error_code, *_)])] = response.topics
+        assert error_code == 0, f"produce failed with error code {error_code}"
+    finally:
+        await client.close()

@@ -19,6 +19,7 @@ from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.inbox_app import Payment, Refund
 from tests.integration.inbox_harness import (
+    CRASHING,
     InboxProcess,
     caught_up,
     create_effects_table,
@@ -122,12 +123,13 @@ async def test_crash_between_database_commit_and_offset_commit(
     await create_effects_table(db_url)
     events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(400)]
     await produce(kafka_bootstrap, events)
-    # Small transactions (7 records) so that there are many commits to crash after.
+    # Small transactions (7 records) so that there are many commits to crash after; the test
+    # app's store SIGKILLs the worker after a commit with probability 0.2.
     env = inbox_env(
         db_url,
         kafka_bootstrap,
         topic,
-        OUTBOXKIT_TEST_CRASH_AFTER_COMMIT="0.2",
+        TEST_CRASH_AFTER_COMMIT="0.2",
         OUTBOXKIT_TRANSACTION_BATCH="7",
     )
     crashes = 0
@@ -136,15 +138,15 @@ async def test_crash_between_database_commit_and_offset_commit(
         return not worker.alive() or await caught_up(kafka_bootstrap, group_of(topic), topic, 2)
 
     while not await caught_up(kafka_bootstrap, group_of(topic), topic, 2):
-        worker = InboxProcess(tmp_path, env).start()
+        worker = InboxProcess(tmp_path, env, CRASHING).start()
         try:
             await wait_for(lambda w=worker: done_or_dead(w), within=60, what="a crash or the end")
-            crashed = not worker.alive()  # died by the test hook's SIGKILL
+            crashed = not worker.alive()  # died by the test app's SIGKILL
         finally:
             worker.kill()
         crashes += crashed
         assert crashes < 60, "too many rounds"
-    assert crashes >= 3, "the test hook crashed the worker too rarely to prove anything"
+    assert crashes >= 3, "the test app crashed the worker too rarely to prove anything"
     _once_each(await effects(db_url), events)
     print(f"{crashes} crashes between database commit and offset commit")
 

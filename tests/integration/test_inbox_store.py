@@ -57,6 +57,46 @@ async def test_duplicates_take_effect_once_also_within_a_batch(
     assert other.ran == [True], "dedupe is per consumer"
 
 
+async def test_a_batch_may_span_partitions(store: PostgresInboxStore, pg_url: str) -> None:
+    """The worker sends one partition's records per batch (the claim takes the topic and the
+    partition once); any mix is claimed all the same, each row with its own position."""
+    a, b, c = (Paid(account=x, amount=1) for x in "abc")
+    mixed = [
+        Delivery(a, effect, "t", 0, 5),
+        Delivery(b, effect, "u", 2, 7),
+        Delivery(c, effect, "t", 1, 9),
+    ]
+    assert (await store.process_batch("c", mixed)).ran == [True, True, True]
+    assert (await store.process_batch("c", mixed)).ran == [False, False, False]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            'SELECT event_id, topic, partition, "offset" FROM outboxkit.inbox WHERE consumer = %s',
+            ("c",),
+        )
+        rows = {row[0]: row[1:] for row in await cur.fetchall()}
+    assert rows == {a.id: ("t", 0, 5), b.id: ("u", 2, 7), c.id: ("t", 1, 9)}
+
+
+class Odd(Event, type='test.odd "type", with {braces} \\ and NULL', topic="t", key_field="k"):
+    k: str
+
+
+async def test_event_types_with_quotes_commas_and_braces_are_recorded_as_they_are(
+    store: PostgresInboxStore, pg_url: str
+) -> None:
+    async def no_effect(event: Odd, tx: psycopg.AsyncConnection[Any]) -> None:
+        pass
+
+    odd = Odd(k="x")
+    batch = [Delivery(odd, no_effect, "t", 0, 1), *deliveries(Paid(account="a", amount=1))]
+    assert (await store.process_batch("c", batch)).ran == [True, True]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT event_type FROM outboxkit.inbox WHERE event_id = %s", (odd.id,)
+        )
+        assert await cur.fetchone() == (Odd.event_type,)
+
+
 @pytest.mark.parametrize("failure", ["raises", "sql-error"])
 async def test_a_failing_handler_commits_the_prefix_and_reports_itself(
     store: PostgresInboxStore, pg_url: str, failure: str

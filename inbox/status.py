@@ -1,0 +1,104 @@
+"""``outboxkit inbox status``: where an inbox's partitions stand, read from Kafka alone.
+
+For each partition of the inbox's topics: the committed offset of its consumer group, the end
+(last stable offset), what is pending, and the state the worker wrote into the committed
+offset's metadata (:mod:`outboxkit.inbox.progress`): when the partition last made progress, its
+last error, and whether it is parked. A partition with records pending and no progress for
+``stall_after`` seconds is stalled — also when no worker runs at all, or the one that does is
+hung, since then nobody refreshes that state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from outboxkit.core.kafka import partition_counts
+from outboxkit.inbox.progress import is_stalled, read_metadata
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: str
+    #: The next offset the group will handle (``None``: it never committed one).
+    offset: int | None
+    end: int
+    pending: int
+    seconds_since_progress: float | None
+    last_error: str | None
+    parked: str | None
+    stalled: bool
+
+    @property
+    def ok(self) -> bool:
+        return not (self.stalled or self.parked)
+
+
+@dataclass(frozen=True)
+class InboxStatus:
+    group: str
+    #: Workers in the consumer group right now.
+    members: int
+    partitions: list[PartitionStatus]
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.partitions)
+
+
+async def read_status(
+    bootstrap_servers: Sequence[str], group: str, topics: Sequence[str], *, stall_after: float
+) -> InboxStatus:
+    """The status of consumer group ``group`` on ``topics`` (see the module)."""
+    counts = await partition_counts(bootstrap_servers, topics)
+    tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+    admin = AIOKafkaAdminClient(bootstrap_servers=list(bootstrap_servers), client_id="outboxkit")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=list(bootstrap_servers),
+        isolation_level="read_committed",  # the end a worker can reach
+        client_id="outboxkit.status",
+    )
+    await admin.start()
+    await consumer.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        [described] = await admin.describe_consumer_groups([group])
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    now = time.time()
+    partitions = []
+    for tp in tps:
+        mark = committed.get(tp)
+        offset = mark.offset if mark is not None and mark.offset >= 0 else None
+        state = read_metadata(mark.metadata if mark is not None else None)
+        progress_at = state.get("progress_at")
+        progress_at = float(progress_at) if isinstance(progress_at, int | float) else None
+        pending = max(ends[tp] - (offset or 0), 0)
+        parked = state.get("parked")
+        partitions.append(
+            PartitionStatus(
+                partition=f"{tp.topic}/{tp.partition}",
+                offset=offset,
+                end=ends[tp],
+                pending=pending,
+                seconds_since_progress=None if progress_at is None else round(now - progress_at, 1),
+                last_error=state.get("error"),
+                parked=parked,
+                stalled=parked is None and is_stalled(pending, progress_at, stall_after, now),
+            )
+        )
+    return InboxStatus(group=group, members=len(_members(described)), partitions=partitions)
+
+
+def _members(described: object) -> list[object]:
+    """The members of a described group (aiokafka returns the raw DescribeGroups response:
+    ``(error_code, group_id, state, protocol_type, protocol, members, …)`` per group)."""
+    groups = getattr(described, "groups", None) or [()]
+    members = groups[0][5] if len(groups[0]) > 5 else []
+    return list(members) if isinstance(members, list) else []

@@ -1,0 +1,132 @@
+"""Validation whose cost does not grow with the number of errors in the input.
+
+pydantic reports one error per bad element of a list and per unknown key of a model, and
+collects all of them before raising: a 1 MB value ``{"tags": [1, 1, …]}`` for a ``list[str]``
+field makes half a million errors (seconds of CPU, hundreds of MB), and pydantic has no global
+limit (pydantic/pydantic#8242, "Max errors limit", open). :func:`bounded_validator` builds,
+once per event class, a validator from the class's own core schema with two changes that alter
+only *how many* errors are reported, never whether the input is valid:
+
+- every collection (list, tuple, set, dict…) stops at its first bad item (``fail_fast``, which
+  pydantic supports per field since 2.8 through ``FailFast()``);
+- a model that forbids unknown keys collects them (``extra_behavior="allow"``) and reports the
+  first three and how many more there were as one error, instead of one error per key.
+
+The result is an instance of the class itself (the same validator code, the same model
+validators), so a valid record decodes exactly as ``model_validate_json`` would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError, SchemaValidator
+
+logger = structlog.get_logger("outboxkit.schemas")
+
+#: Core schema types that accept ``fail_fast``.
+_COLLECTIONS = frozenset(
+    {"list", "tuple", "set", "frozenset", "dict", "deque", "frozendict", "ordered-dict", "counter"}
+)
+#: Unknown keys named in an error; the rest are counted.
+SHOWN_EXTRA_KEYS = 3
+#: The error type that counts the unknown keys not named.
+MORE_UNKNOWN_KEYS = "extra_forbidden_more"
+
+_build_lock = threading.Lock()
+
+
+def bounded_validator(model: type[BaseModel]) -> SchemaValidator:
+    """A validator for ``model`` that reports a bounded number of errors (see the module).
+
+    Falls back to the model's own validator (unbounded error lists, still correct) if its core
+    schema has a shape this rewrite does not know, and logs that once."""
+    classes: set[type[Any]] = set()
+    try:
+        schema = _rewrite(model.__pydantic_core_schema__, None, classes)
+        with _built_from_schema(classes):
+            return SchemaValidator(schema)
+    except Exception as exc:  # a schema shape pydantic allows but this rewrite does not know
+        logger.warning(
+            "cannot bound the validation errors of this model; using its own validator",
+            model=f"{model.__module__}.{model.__qualname__}",
+            error=repr(exc),
+        )
+        return model.__pydantic_validator__  # type: ignore[return-value]
+
+
+def _rewrite(node: Any, config: dict[str, Any] | None, classes: set[type[Any]]) -> Any:
+    """A copy of the core schema ``node`` with collections failing fast and unknown keys
+    counted. ``config`` is the enclosing model's (where pydantic reads ``extra`` from)."""
+    if isinstance(node, list):
+        return [_rewrite(item, config, classes) for item in node]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind in {"model", "dataclass"}:
+        classes.add(node["cls"])
+        config = node.get("config", config)
+    # ("metadata" only serves JSON schema generation.)
+    copy = {
+        key: _rewrite(value, config, classes) for key, value in node.items() if key != "metadata"
+    }
+    if kind in _COLLECTIONS:
+        copy["fail_fast"] = True
+    elif kind == "model-fields":
+        # (A typed dict or a dataclass that forbids unknown keys keeps pydantic's one error per
+        # key: rare in event payloads, and bounded by the decoder's size limit.)
+        extra = copy.get("extra_behavior") or (config or {}).get("extra_fields_behavior")
+        if extra == "forbid":
+            return {
+                "type": "function-after",
+                "function": {"type": "no-info", "function": _reject_unknown_keys},
+                "schema": {**copy, "extra_behavior": "allow"},
+            }
+    return copy
+
+
+def _reject_unknown_keys(value: tuple[dict[str, Any], dict[str, Any] | None, set[str]]) -> Any:
+    """After a model's fields were validated with unknown keys allowed: reject them, naming the
+    first three (as pydantic would, one error each) and counting the rest in one more error."""
+    fields, extra, fields_set = value
+    if not extra:
+        return fields, None, fields_set
+    names = list(extra)
+    errors: list[InitErrorDetails] = [
+        {"type": "extra_forbidden", "loc": (name,), "input": extra[name]}
+        for name in names[:SHOWN_EXTRA_KEYS]
+    ]
+    if len(names) > SHOWN_EXTRA_KEYS:
+        errors.append(
+            {
+                "type": PydanticCustomError(
+                    MORE_UNKNOWN_KEYS,
+                    "and {more} more extra inputs are not permitted",
+                    {"more": len(names) - SHOWN_EXTRA_KEYS},
+                ),
+                "loc": (),
+                "input": None,
+            }
+        )
+    raise ValidationError.from_exception_data("unknown keys", errors)
+
+
+@contextmanager
+def _built_from_schema(classes: set[type[Any]]) -> Iterator[None]:
+    """pydantic-core reuses the validator a complete model class already has for a nested model
+    (its own, unbounded one) instead of building one from the schema given; it checks the
+    class's ``__pydantic_complete__``. Unset it while the bounded validator is built."""
+    with _build_lock:
+        flipped = [cls for cls in classes if cls.__dict__.get("__pydantic_complete__") is True]
+        try:
+            for cls in flipped:
+                cls.__pydantic_complete__ = False
+            yield
+        finally:
+            for cls in flipped:
+                cls.__pydantic_complete__ = True
