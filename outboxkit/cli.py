@@ -648,9 +648,10 @@ def dlq_replay(
 
 @inbox_app.command("status")
 def inbox_status(
-    inbox: Annotated[
+    target: Annotated[
         str,
         typer.Argument(
+            metavar="MODULE:INBOX|NAME",
             help="The inbox: your Inbox object as module:attribute, or its name (then give "
             "--topics)."
         ),
@@ -662,6 +663,7 @@ def inbox_status(
         float,
         typer.Option(
             envvar="OUTBOXKIT_STALL_AFTER",
+            metavar="SECONDS",
             help="Seconds without progress, with records pending, that make a partition stalled.",
         ),
     ] = 60.0,
@@ -670,10 +672,10 @@ def inbox_status(
     """Each partition's offset, pending records, last progress and last error, from Kafka (the
     workers write them with their offsets). Exit code 1 if a partition is stalled or parked."""
     try:
-        imported = _import_inbox(inbox) if ":" in inbox else None
+        imported = _import_inbox(target) if ":" in target else None
     except ConfigurationError as exc:
         raise _fail_config(exc) from None
-    name = imported.name if imported is not None else inbox
+    name = imported.name if imported is not None else target
     names = [t.strip() for t in (topics or "").split(",") if t.strip()]
     names = names or (imported.topics if imported is not None else [])
     if not names:

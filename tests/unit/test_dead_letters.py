@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from aiokafka.structs import ConsumerRecord
 
 from outboxkit.inbox import DeadLetter, unique_dead_letters
-from outboxkit.inbox.deadletter import ADDED, dead_letter_headers
+from outboxkit.inbox.deadletter import ADDED, dead_letter
 
 
 def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
@@ -17,11 +17,15 @@ def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[byt
 
 
 def _letter(record: ConsumerRecord[bytes, bytes], dlq_offset: int) -> DeadLetter:
-    headers = dead_letter_headers(
-        record, inbox="payments", reason="handler_failed", error=ValueError("declined")
+    copy = dead_letter(
+        record,
+        inbox="payments",
+        reason="handler_failed",
+        error=ValueError("declined"),
+        max_bytes=1_000_000,
     )
     return DeadLetter(
-        "orders.dlq", 2, dlq_offset, datetime.now(UTC), record.key, record.value, tuple(headers)
+        "orders.dlq", 2, dlq_offset, datetime.now(UTC), copy.key, copy.value, tuple(copy.headers)
     )
 
 
