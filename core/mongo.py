@@ -19,7 +19,8 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
@@ -80,6 +81,30 @@ def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
         serverSelectionTimeoutMS=timeout_ms,
         connectTimeoutMS=timeout_ms,
     )
+
+
+class MongoConnection:
+    """A client of its own to the database named by ``url``, closed on leaving ``async with``:
+    the base of outboxkit's MongoDB stores."""
+
+    def __init__(self, url: str, *, connect_timeout: float, app_name: str) -> None:
+        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
+        self.database: Database = self._client.get_database(database_name(url))
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client.close()
 
 
 def collection(database: Database, name: str, **options: Any) -> Collection:

@@ -32,7 +32,7 @@ import psycopg
 
 from outboxkit.check import CheckResult, check_memory, check_mongodb, check_postgresql
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.core.mongo import database_name, in_transaction, make_client
+from outboxkit.core.mongo import MongoConnection, in_transaction
 from outboxkit.core.pg import make_pool
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 from outboxkit.inbox import InboxSettings, InboxStore, InMemoryInboxStore, MongoInboxStore
@@ -224,22 +224,17 @@ class MongoBackend:
     async def transactions(
         self, *, source: str, pool_size: int, connect_timeout: float
     ) -> AsyncIterator[Transactions]:
-        client = make_client(
+        async with MongoConnection(
             self.url, connect_timeout=connect_timeout, app_name="outboxkit-service"
-        )
-        try:
-            outbox = MongoOutbox(source=source, database=database_name(self.url))
-            yield _MongoTransactions(client, outbox)
-        finally:
-            await client.close()
+        ) as conn:
+            outbox = MongoOutbox(source=source, database=conn.database.name)
+            yield _MongoTransactions(conn.client, outbox)
 
     async def migrate(self, connect_timeout: float) -> list[str]:
-        client = make_client(self.url, connect_timeout=connect_timeout, app_name="outboxkit")
-        try:
-            applied = await migrate_mongodb(client.get_database(database_name(self.url)))
-        finally:
-            await client.close()
-        return [m.label for m in applied]
+        async with MongoConnection(
+            self.url, connect_timeout=connect_timeout, app_name="outboxkit-migrate"
+        ) as conn:
+            return [m.label for m in await migrate_mongodb(conn.database)]
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_mongodb(settings)

@@ -653,7 +653,7 @@ def inbox_status(
         typer.Argument(
             metavar="MODULE:INBOX|NAME",
             help="The inbox: your Inbox object as module:attribute, or its name (then give "
-            "--topics)."
+            "--topics).",
         ),
     ],
     *,

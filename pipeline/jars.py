@@ -25,12 +25,12 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
+from outboxkit.core.maven import copy_dependencies
 from outboxkit.pipeline.exceptions import ConnectorUnavailableError
 
 log = logging.getLogger(__name__)
@@ -40,24 +40,6 @@ CONNECTOR_GROUP = "org.apache.spark"
 CONNECTOR_ARTIFACT = f"spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}"
 _MARKER = ".complete"
 MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
-
-_POM = """<?xml version="1.0" encoding="UTF-8"?>
-<!-- Written by outboxkit.pipeline.jars: used only to copy the connector's jars. -->
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>dev.outboxkit</groupId>
-  <artifactId>outboxkit-spark-kafka</artifactId>
-  <version>0</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>{group}</groupId>
-      <artifactId>{artifact}</artifactId>
-      <version>{version}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
 
 
 def spark_version() -> str:
@@ -145,21 +127,14 @@ def _maven_copy(
     work: Path, version: str, group: str = CONNECTOR_GROUP, artifact: str = CONNECTOR_ARTIFACT
 ) -> Path:
     """An artifact's runtime dependencies, in a Maven repository layout under ``work``."""
-    pom = work / f"pom-{version}.xml"
-    pom.write_text(_POM.format(group=group, artifact=artifact, version=version))
     layout = work / f"jars-{version}"
-    command = [
-        "mvn",
-        "-q",
-        "-B",
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        "-Dmdep.useRepositoryLayout=true",
-        f"-DoutputDirectory={layout}",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = copy_dependencies(
+        [(group, artifact, version)],
+        layout,
+        work=work,
+        name=f"{artifact}-{version}",
+        repository_layout=True,
+    )
     if result.returncode != 0:
         output = (result.stdout + result.stderr).strip()
         connector = f"{group}:{artifact}:jar:{version}"

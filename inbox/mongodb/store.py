@@ -21,23 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Self
 
 from bson import MinKey
 from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.core.mongo import (
     MAJORITY_WRITE,
-    Client,
     Document,
+    MongoConnection,
     collection,
-    database_name,
     guarded,
     in_transaction,
     is_transient,
     is_unavailable,
-    make_client,
 )
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
 from outboxkit.inbox.store import BatchOutcome, Delivery
@@ -50,7 +46,7 @@ class _HandlerFailedError(Exception):
         self.error = error
 
 
-class MongoInboxStore:
+class MongoInboxStore(MongoConnection):
     """Use as ``async with MongoInboxStore(url) as store:``. ``retention``: how long a dedupe
     record counts; a duplicate arriving later takes effect again (keep it longer than any
     redelivery or replay window)."""
@@ -63,25 +59,9 @@ class MongoInboxStore:
         retention: timedelta = timedelta(days=7),
         app_name: str = "outboxkit-inbox",
     ) -> None:
-        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
-        self.database = self._client.get_database(database_name(url))
+        super().__init__(url, connect_timeout=connect_timeout, app_name=app_name)
         self._records = collection(self.database, "inbox", write_concern=MAJORITY_WRITE)
         self.retention = retention
-
-    @property
-    def client(self) -> Client:
-        return self._client
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.close()
 
     async def process_batch(
         self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]

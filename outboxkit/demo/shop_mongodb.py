@@ -9,14 +9,13 @@ and its dates keep milliseconds, which is the resolution the demo's latencies ar
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from bson.decimal128 import Decimal128
 from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.backends import Transactions
-from outboxkit.core.mongo import Client, Database, database_name, make_client
+from outboxkit.core.mongo import Database, MongoConnection
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
 from outboxkit.demo.shop import (
     ORDERS_INBOX,
@@ -33,7 +32,7 @@ ORDERS = "demo.orders"
 PAYMENTS = "demo.payments"
 
 
-class MongoShop:
+class MongoShop(MongoConnection):
     """:class:`~outboxkit.demo.shop.Shop` on MongoDB. ``transactions`` (from
     :func:`outboxkit.backends.backend_for`) write the orders with their events and retry
     MongoDB's transient conflicts; a client of its own creates the collections and reads them
@@ -41,25 +40,14 @@ class MongoShop:
 
     def __init__(self, url: str, transactions: Transactions) -> None:
         self._transactions = transactions
-        self._name = database_name(url)
-        self._client: Client = make_client(url, connect_timeout=10.0, app_name="outboxkit-demo")
+        super().__init__(url, connect_timeout=10.0, app_name="outboxkit-demo")
+        self._name = self.database.name
         self._payments_outbox = MongoOutbox(source=PAYMENTS_SOURCE, database=self._name)
         # Handlers get the inbox's session; they find the shop's database through its client.
         self.payments_inbox = Inbox[AsyncClientSession](PAYMENTS_INBOX)
         self.payments_inbox.handler(OrderPlaced)(self.capture_payment)
         self.orders_inbox = Inbox[AsyncClientSession](ORDERS_INBOX)
         self.orders_inbox.handler(PaymentCaptured)(self.mark_paid)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.close()
 
     def _database(self, session: AsyncClientSession | None = None) -> Database:
         client = self._client if session is None else session.client

@@ -10,38 +10,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.maven import copy_dependencies
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
 _MARKER = ".complete"
 
-_POM = """<?xml version="1.0" encoding="UTF-8"?>
-<!-- Written by outboxkit.embedded.kafka_jars: used only to copy the broker's jars. -->
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>dev.outboxkit</groupId>
-  <artifactId>outboxkit-embedded-kafka</artifactId>
-  <version>0</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_2.13</artifactId>
-      <version>{version}</version>
-    </dependency>
-    <!-- The broker logs through SLF4J 1.7: bind it to log4j2, whose output the fixtures read. -->
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId>
-      <version>2.24.3</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
+#: The broker, and an SLF4J 1.7 binding to log4j2 for its logs (whose output the fixtures read).
+_ARTIFACTS = (
+    ("org.apache.kafka", "kafka_2.13", "{version}"),
+    ("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3"),
+)
 
 #: What to run when the jars are missing: a command every installation has.
 FETCH_HINT = "run `outboxkit dev jars` (needs Maven and Java 17)"
@@ -81,20 +63,9 @@ def fetch_kafka_jars(version: str = DEFAULT_KAFKA_VERSION) -> Path:
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="outboxkit-kafka-jars-", dir=dest.parent) as work:
-        pom = Path(work) / "pom.xml"
-        pom.write_text(_POM.format(version=version))
         jars = Path(work) / "jars"
-        command = [
-            "mvn",
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={jars}",
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        artifacts = [(g, a, v.format(version=version)) for g, a, v in _ARTIFACTS]
+        result = copy_dependencies(artifacts, jars, work=Path(work), name="embedded-kafka")
         if result.returncode != 0:
             output = (result.stdout + result.stderr).strip()
             raise ConfigurationError(

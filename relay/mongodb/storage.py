@@ -21,8 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 from uuid import UUID
 
 from pymongo import UpdateOne
@@ -31,13 +30,11 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from outboxkit.core.mongo import (
     MAJORITY_READ,
     MAJORITY_WRITE,
-    Client,
     Document,
+    MongoConnection,
     collection,
-    database_name,
     guarded,
     in_transaction,
-    make_client,
 )
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.positions import take_positions
@@ -67,7 +64,7 @@ _RECORD_FIELDS = {
 }
 
 
-class MongoOutboxStorage:
+class MongoOutboxStorage(MongoConnection):
     """Use as ``async with MongoOutboxStorage(url) as storage:``.
 
     ``retention``: keep published records this long (for ``outboxkit outbox replay``) instead
@@ -82,29 +79,13 @@ class MongoOutboxStorage:
         retention: timedelta | None = None,
         app_name: str = "outboxkit-relay",
     ) -> None:
-        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
-        self.database = self._client.get_database(database_name(url))
+        super().__init__(url, connect_timeout=connect_timeout, app_name=app_name)
         self._retention = retention
         self.outbox = collection(
             self.database, "outbox", read_concern=MAJORITY_READ, write_concern=MAJORITY_WRITE
         )
         self._keys = collection(self.database, "keys")
         self._topics = collection(self.database, "topics", write_concern=MAJORITY_WRITE)
-
-    @property
-    def client(self) -> Client:
-        return self._client
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.close()
 
     # -- OutboxStorage ----------------------------------------------------------------------
 
