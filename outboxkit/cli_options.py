@@ -41,6 +41,27 @@ DlqSuffix = Annotated[
     ),
 ]
 
+LogFormatOption = Annotated[
+    str,
+    typer.Option(envvar="OUTBOXKIT_LOG_FORMAT", metavar="console|json", help="Log format."),
+]
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        envvar="OUTBOXKIT_LOG_LEVEL",
+        metavar="debug|info|warning|error",
+        help="Log level; debug also shows the traceback of a failure.",
+    ),
+]
+HttpPort = Annotated[
+    int | None,
+    typer.Option(
+        envvar="OUTBOXKIT_HTTP_PORT",
+        metavar="PORT",
+        help="Serve /healthz and /metrics (Prometheus) on this port.",
+    ),
+]
+
 #: Flags that only shape one run of a command: no environment variable twin, on purpose.
 PER_INVOCATION = frozenset(
     {

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from outboxkit.relay import engine, worker
 from outboxkit.relay.blocks import MAX_LEVEL, Block, containing, fence_ids, plan
 from outboxkit.relay.records import TopicPartition
-from tests.unit.test_relay_engine import TOPIC, MakeHarness, make, tp, until
+from tests.unit.relay_engine_harness import TOPIC, MakeHarness, make, tp, until
 
-__all__ = ["make"]  # the fixture, shared with test_relay_engine.py
+__all__ = ["make"]  # the fixture, from relay_engine_harness (shared with test_relay_engine*.py)
 
 GROUP = "outboxkit.relay.default"
 

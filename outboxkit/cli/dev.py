@@ -1,4 +1,4 @@
-"""``outboxkit dev``: PostgreSQL and Kafka on this machine (:mod:`outboxkit.dev`)."""
+"""``outboxkit dev …``: PostgreSQL and Kafka on this machine (:mod:`outboxkit.dev`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""``outboxkit topics create`` and ``outboxkit topics describe``.
+"""``outboxkit topics create``, ``outboxkit topics describe`` and ``outboxkit topics sync``.
 
-outboxkit's workers never create topics (a typo must fail, not create a topic): this command
-does, once, on purpose. It is idempotent — existing topics are left as they are and reported —
-and creates each topic's dead-letter topic ``<topic><suffix>`` too, which an inbox needs.
+outboxkit's workers never create topics (a typo must fail, not create a topic): ``topics
+create`` does, once, on purpose. It is idempotent — existing topics are left as they are and
+reported — and creates each topic's dead-letter topic ``<topic><suffix>`` too, which an inbox needs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
+from aiokafka.errors import KafkaError
 
-from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Topics
+from outboxkit.cli.common import EXIT_FAILED, fail_config, load, run_storage
+from outboxkit.cli_options import BootstrapServers, DatabaseUrl, DlqSuffix, JsonOutput, Topics
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.kafka import (
     TopicSpec,
@@ -24,8 +26,16 @@ from outboxkit.core.kafka import (
     create_command,
     describe_topics,
     ensure_topics,
+    partition_counts,
 )
-from outboxkit.core.settings import KafkaSettings, load_settings
+from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
+from outboxkit.diagnose import preflight
+
+topics_app = typer.Typer(
+    help="Kafka topics: create them (with their dead-letter topics), describe them, record "
+    "their partition counts for writers.",
+    no_args_is_help=True,
+)
 
 TopicNames = Annotated[
     list[str] | None,
@@ -37,7 +47,9 @@ TopicNames = Annotated[
 ]
 
 
-def _settings(servers: str | None, topics: str | None, names: list[str] | None) -> KafkaSettings:
+def _kafka_settings(
+    servers: str | None, topics: str | None, names: list[str] | None
+) -> KafkaSettings:
     settings = load_settings(
         KafkaSettings,
         kafka_bootstrap_servers=servers,
@@ -72,6 +84,7 @@ def _describe_state(state: TopicState) -> str:
     return ", ".join(parts)
 
 
+@topics_app.command("create")
 def create(
     topic_names: TopicNames = None,
     *,
@@ -109,7 +122,7 @@ def create(
 ) -> None:
     """Create topics (and their dead-letter topics) that do not exist yet. Safe to run again:
     existing topics are reported and left as they are."""
-    settings = _settings(kafka_bootstrap_servers, topics, topic_names)
+    settings = _kafka_settings(kafka_bootstrap_servers, topics, topic_names)
     names = list(settings.topics)
     if dlq:
         names += [f"{t}{dlq_suffix}" for t in settings.topics if not t.endswith(dlq_suffix)]
@@ -133,6 +146,7 @@ def create(
         )
 
 
+@topics_app.command("describe")
 def describe(
     topic_names: TopicNames = None,
     *,
@@ -143,7 +157,7 @@ def describe(
 ) -> None:
     """Partitions, replication and configs of topics, and whether their dead-letter topics
     exist. Exit code 1 if a topic does not exist."""
-    settings = _settings(kafka_bootstrap_servers, topics, topic_names)
+    settings = _kafka_settings(kafka_bootstrap_servers, topics, topic_names)
 
     async def run() -> tuple[list[TopicState], list[str]]:
         async with admin_client(
@@ -174,3 +188,35 @@ def describe(
             f"{name}: missing (an inbox on {name.removesuffix(dlq_suffix)} needs it: "
             f"`{create_command([name], dlq_suffix)}`)"
         )
+
+
+@topics_app.command("sync")
+def topics_sync(
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Record the topics' partition counts (from Kafka) in the database, so that writers can
+    add events for them before a relay has started (the relay does this itself at start)."""
+    settings = load(
+        ConnectionSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+    )
+    if not settings.topics:
+        raise fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    asyncio.run(preflight(settings, topics=settings.topics))
+    try:
+        counts = asyncio.run(partition_counts(settings.kafka_bootstrap_servers, settings.topics))
+    except (ConfigurationError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    run_storage(database_url, lambda storage: storage.register_topics(counts))
+    if json_output:
+        typer.echo(json.dumps(counts, indent=2))
+    else:
+        for topic, partitions in sorted(counts.items()):
+            typer.echo(f"{topic}: {partitions} partitions")

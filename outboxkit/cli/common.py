@@ -1,0 +1,112 @@
+"""What the ``outboxkit`` commands share: exit codes, the ``--debug`` flag, loading settings
+(a bad one is exit code 2), logging, running a worker until a signal, and opening the outbox
+storage for one operation."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+from uuid import UUID
+
+import typer
+from pydantic_settings import BaseSettings
+
+from outboxkit.backends import backend_for
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.logs import configure_logging
+from outboxkit.core.settings import ConnectionSettings, load_settings
+from outboxkit.diagnose import preflight
+from outboxkit.probes import serve_probes
+from outboxkit.relay import OutboxStorage, StorageUnavailableError
+
+T = TypeVar("T")
+S = TypeVar("S", bound=BaseSettings)
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+#: Set by ``--debug`` (or ``OUTBOXKIT_LOG_LEVEL=debug``): show tracebacks.
+debug = False
+
+
+def fail_config(exc: ConfigurationError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(EXIT_CONFIG)
+
+
+def load(cls: type[S], **values: Any) -> S:
+    """Load and validate ``cls``; a bad setting ends the command with exit code 2."""
+    try:
+        return load_settings(cls, **values)
+    except ConfigurationError as exc:
+        raise fail_config(exc) from None
+
+
+def configure_worker_logging(log_format: str, log_level: str) -> None:
+    level = log_level.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise fail_config(
+            ConfigurationError(
+                f"OUTBOXKIT_LOG_LEVEL: {log_level!r} is not debug, info, warning or error"
+            )
+        )
+    global debug  # noqa: PLW0603
+    debug = debug or level == "DEBUG"
+    configure_logging("json" if log_format == "json" else "console", "DEBUG" if debug else level)
+
+
+class _Health(Protocol):
+    @property
+    def healthy(self) -> bool: ...
+
+
+class Worker(Protocol):
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def health(self) -> _Health: ...
+
+
+async def run_worker(worker: Worker, http_port: int | None) -> None:
+    """Run a worker until SIGTERM/SIGINT asks it to drain, with its probes if a port is given."""
+
+    def health() -> tuple[bool, object]:
+        state = worker.health()
+        return state.healthy, state
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    if http_port is not None:
+        await serve_probes(http_port, health)
+    await worker.run()
+
+
+def run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:
+    """Run ``action`` on the outbox storage of ``database_url`` (after the database checks)."""
+    settings = load(ConnectionSettings, database_url=database_url)
+
+    async def run() -> T:
+        await preflight(settings, kafka=False)
+        async with backend_for(settings.database_url).outbox_storage(settings) as storage:
+            return await action(storage)
+
+    try:
+        return asyncio.run(run())
+    except StorageUnavailableError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def parse_event_ids(values: list[str]) -> list[UUID]:
+    try:
+        return [UUID(value) for value in values]
+    except ValueError as exc:
+        raise fail_config(ConfigurationError(f"not an event id (UUID): {exc}")) from None
+
+
+def bootstrap(servers: str | None) -> list[str]:
+    return [s.strip() for s in (servers or "localhost:9092").split(",") if s.strip()]

@@ -1,0 +1,123 @@
+"""``outboxkit inbox dlq list`` and ``outboxkit inbox dlq replay``: the inbox's dead-letter
+topics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Annotated
+
+import typer
+from aiokafka.errors import KafkaError
+from rich.progress import Progress
+
+from outboxkit.cli.common import EXIT_FAILED, bootstrap, fail_config, parse_event_ids
+from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Limit, Topics
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.inbox import (
+    DeadLetter,
+    DeadLetterError,
+    read_dead_letters,
+    replay_dead_letters,
+    unique_dead_letters,
+)
+
+dlq_app = typer.Typer(
+    help="Dead-letter topics (<topic><suffix>): list what the inbox dead-lettered, replay it.",
+    no_args_is_help=True,
+)
+
+
+def _dlq_topics(topics: str | None, suffix: str) -> list[str]:
+    names = [t.strip() for t in (topics or "").split(",") if t.strip()]
+    if not names:
+        raise fail_config(
+            ConfigurationError("OUTBOXKIT_TOPICS is not set: give the inbox's topics (--topics)")
+        )
+    return [name if name.endswith(suffix) else f"{name}{suffix}" for name in names]
+
+
+def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list[DeadLetter]:
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(read_dead_letters(bootstrap(servers), topics, limit=limit))
+    except DeadLetterError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+@dlq_app.command("list")
+def dlq_list(
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    dlq_suffix: DlqSuffix = ".dlq",
+    limit: Limit = 100,
+    json_output: JsonOutput = False,
+) -> None:
+    """Dead-lettered records with their reason, error and source position, oldest first."""
+    letters = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), limit)
+    if json_output:
+        typer.echo(json.dumps([d.summary() for d in letters], indent=2))
+        return
+    if not letters:
+        typer.echo("no dead-lettered records")
+    first = {id(d) for d in unique_dead_letters(letters)}
+    for d in letters:
+        info = d.summary()
+        # Dead-lettering is at least once: a later copy of the same one is marked as such.
+        copy = "" if id(d) in first else " (a copy of an earlier dead letter)"
+        typer.echo(
+            f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
+            f"from {info['source']}: {info['reason']}: {info['error']}{copy}"
+        )
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    event_ids: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs) to replay.", show_default=False),
+    ] = None,
+    *,
+    replay_all: Annotated[
+        bool, typer.Option("--all", help="Replay every dead-lettered record.")
+    ] = False,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    dlq_suffix: DlqSuffix = ".dlq",
+    json_output: JsonOutput = False,
+) -> None:
+    """Publish dead-lettered events again to the partitions they came from (after fixing the
+    handler, say). Each takes effect once; a replayed event comes after newer ones of its key."""
+    if not event_ids and not replay_all:
+        raise fail_config(ConfigurationError("give event ids to replay, or --all"))
+    wanted = set(map(str, parse_event_ids(event_ids or [])))
+    letters = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), None)
+    if not replay_all:
+        letters = [d for d in letters if d.event_id in wanted]
+        missing = wanted - {d.event_id for d in letters}
+        if missing:
+            typer.echo(
+                f"error: no dead-lettered record with event id {', '.join(sorted(missing))}",
+                err=True,
+            )
+            raise typer.Exit(EXIT_FAILED)
+    letters = unique_dead_letters(letters)  # each dead-lettering once, not each copy of it
+    with Progress(disable=json_output, transient=True) as progress:
+        task = progress.add_task("replaying", total=len(letters))
+        try:
+            sent = asyncio.run(
+                replay_dead_letters(
+                    bootstrap(kafka_bootstrap_servers),
+                    letters,
+                    on_sent=lambda _: progress.advance(task),
+                )
+            )
+        except (DeadLetterError, KafkaError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_FAILED) from None
+    if json_output:
+        typer.echo(json.dumps({"replayed": [d.summary() for d in letters]}, indent=2))
+    else:
+        typer.echo(f"replayed {sent} record(s)")

@@ -1,0 +1,189 @@
+"""``outboxkit inbox run`` (an inbox worker), ``outboxkit inbox status``, and the
+``outboxkit inbox dlq`` group (:mod:`outboxkit.cli.dlq`)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from aiokafka.errors import KafkaError
+
+from outboxkit.backends import backend_for
+from outboxkit.cli.common import (
+    EXIT_FAILED,
+    bootstrap,
+    configure_worker_logging,
+    fail_config,
+    load,
+    run_worker,
+)
+from outboxkit.cli.dlq import dlq_app
+from outboxkit.cli_options import (
+    BootstrapServers,
+    DatabaseUrl,
+    HttpPort,
+    JsonOutput,
+    LogFormatOption,
+    LogLevelOption,
+    Topics,
+)
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.diagnose import preflight
+from outboxkit.inbox import Inbox, InboxSettings, InboxWorker
+from outboxkit.inbox.status import read_status
+
+inbox_app = typer.Typer(
+    help="Run an inbox worker (outboxkit inbox module:inbox), or inspect and replay its "
+    "dead-letter topics (outboxkit inbox dlq …).",
+    no_args_is_help=True,
+)
+
+
+@inbox_app.command("run")
+def inbox_command(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:INBOX",
+            help="Your Inbox object as module:attribute, e.g. payments.events:inbox",
+        ),
+    ],
+    *,
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    http_port: HttpPort = None,
+    log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Consume events and run the handlers of an Inbox until SIGTERM/SIGINT, then commit and
+    leave the group. Without --topics, the topics of the handlers' event types. Refuses to
+    start when the database, outboxkit's tables, the broker, a topic or its dead-letter topic
+    is missing."""
+    configure_worker_logging(log_format, log_level)
+    try:
+        inbox = _import_inbox(target)
+    except ConfigurationError as exc:
+        raise fail_config(exc) from None
+    settings = load(
+        InboxSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics or ",".join(inbox.topics) or None,
+    )
+    dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
+    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs]))
+
+    async def run() -> None:
+        async with backend_for(settings.database_url).inbox_store(settings) as store:
+            worker = InboxWorker(inbox, settings, store)
+            _collect_garbage_rarely()
+            await run_worker(worker, http_port)
+
+    asyncio.run(run())
+
+
+def _collect_garbage_rarely() -> None:
+    """Keep Python's cyclic garbage collector off an inbox worker's hot path. The worker
+    allocates a few dozen short-lived objects per record, which trigger a young-generation
+    collection every 700 allocations and a full one every few thousand records — about a third
+    of the worker's CPU, for next to no garbage (docs/inbox.md, "Throughput"). Freeze what the
+    process holds after starting (modules, schemas, pools), and collect every 50,000
+    allocations instead. This process is the worker's own; an app that embeds an inbox decides
+    for itself."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
+def _import_inbox(target: str) -> Inbox[Any]:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
+    # Like uvicorn: modules of the current directory import without PYTHONPATH.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    inbox = getattr(module, attribute, None)
+    if not isinstance(inbox, Inbox):
+        raise ConfigurationError(f"{target!r} is not an outboxkit.inbox.Inbox (got {inbox!r})")
+    return inbox
+
+
+inbox_app.add_typer(dlq_app, name="dlq")
+
+
+@inbox_app.command("status")
+def inbox_status(
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:INBOX|NAME",
+            help="The inbox: your Inbox object as module:attribute, or its name (then give "
+            "--topics).",
+        ),
+    ],
+    *,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    stall_after: Annotated[
+        float,
+        typer.Option(
+            envvar="OUTBOXKIT_STALL_AFTER",
+            metavar="SECONDS",
+            help="Seconds without progress, with records pending, that make a partition stalled.",
+        ),
+    ] = 60.0,
+    json_output: JsonOutput = False,
+) -> None:
+    """Each partition's offset, pending records, last progress and last error, from Kafka (the
+    workers write them with their offsets). Exit code 1 if a partition is stalled or parked."""
+    try:
+        imported = _import_inbox(target) if ":" in target else None
+    except ConfigurationError as exc:
+        raise fail_config(exc) from None
+    name = imported.name if imported is not None else target
+    names = [t.strip() for t in (topics or "").split(",") if t.strip()]
+    names = names or (imported.topics if imported is not None else [])
+    if not names:
+        raise fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        status = asyncio.run(
+            read_status(
+                bootstrap(kafka_bootstrap_servers),
+                f"outboxkit.inbox.{name}",
+                names,
+                stall_after=stall_after,
+            )
+        )
+    except (ConfigurationError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if json_output:
+        typer.echo(json.dumps(asdict(status) | {"ok": status.ok}, indent=2))
+    else:
+        typer.echo(f"group {status.group}: {status.members} worker(s)")
+        for p in status.partitions:
+            label = "PARKED " if p.parked else "STALLED" if p.stalled else "ok     "
+            since = "-" if p.seconds_since_progress is None else f"{p.seconds_since_progress} s"
+            line = f"{label} {p.partition} offset {p.offset} pending {p.pending}"
+            line += f", progress {since} ago"
+            if p.parked:
+                line += f"; parked: {p.parked}"
+            if p.last_error and not p.ok:
+                line += f"; last error: {p.last_error}"
+            typer.echo(line)
+    if not status.ok:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,78 @@
+"""``outboxkit check`` and ``outboxkit migrate``: before the workers start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from typing import Annotated
+
+import psycopg
+import typer
+from pymongo.errors import PyMongoError
+
+from outboxkit.backends import backend_for
+from outboxkit.check import explain_database_error, redact, run_checks
+from outboxkit.cli.common import EXIT_FAILED, load
+from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
+from outboxkit.core.settings import ConnectionSettings
+from outboxkit.migrations import MigrationError, load_migrations, script
+
+
+def check(
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Connect to the database and the broker and say what is wrong, if anything."""
+    settings = load(
+        ConnectionSettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+    )
+    # The checks report connection failures themselves; aiokafka would also log them.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    backend = backend_for(settings.database_url)
+    results = asyncio.run(run_checks(settings, backend.check(settings)))
+    if json_output:
+        typer.echo(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        for r in results:
+            typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<11} {r.summary}")
+            if r.fix:
+                typer.echo(f"     {'':<11} → {r.fix}")
+    if not all(r.ok for r in results):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def migrate_command(
+    database_url: DatabaseUrl = None,
+    sql: Annotated[
+        bool, typer.Option("--sql", help="Print the SQL instead of applying it (for Alembic & co).")
+    ] = False,
+) -> None:
+    """Create or upgrade outboxkit's tables (PostgreSQL) or collections and indexes (MongoDB).
+    Safe to run again and concurrently."""
+    if sql:
+        typer.echo(script(load_migrations()), nl=False)
+        return
+    settings = load(ConnectionSettings, database_url=database_url)
+    backend = backend_for(settings.database_url)
+    try:
+        applied = asyncio.run(backend.migrate(settings.connect_timeout))
+    except psycopg.Error as exc:
+        what, fix = explain_database_error(exc, redact(settings.database_url))
+        typer.echo(f"error: migrating failed: {what}", err=True)
+        if fix:
+            typer.echo(f"  → {fix}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (PyMongoError, MigrationError) as exc:
+        typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if applied:
+        typer.echo("applied " + ", ".join(applied))
+    else:
+        typer.echo("schema is up to date")

@@ -1,0 +1,94 @@
+"""``outboxkit outbox …``: inspect and repair the outbox (pending, failed, retry, skip, replay)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Annotated
+from uuid import UUID
+
+import typer
+
+from outboxkit.cli.common import EXIT_FAILED, parse_event_ids, run_storage
+from outboxkit.cli_options import DatabaseUrl, JsonOutput, Limit
+
+outbox_app = typer.Typer(
+    help="Inspect and repair the outbox: pending backlog, failed records, retry, skip, replay.",
+    no_args_is_help=True,
+)
+
+EventIds = Annotated[list[str], typer.Argument(metavar="EVENT_ID", help="Event ids (UUIDs).")]
+
+
+@outbox_app.command("pending")
+def outbox_pending(database_url: DatabaseUrl = None, json_output: JsonOutput = False) -> None:
+    """Pending and failed records per partition, and the age of the oldest pending one."""
+    backlog = run_storage(database_url, lambda s: s.backlog())
+    if json_output:
+        typer.echo(json.dumps([asdict(b) for b in backlog], default=str, indent=2))
+        return
+    if not backlog:
+        typer.echo("nothing pending")
+    now = datetime.now(UTC)
+    for b in backlog:
+        age = f"{(now - b.oldest_created_at).total_seconds():.1f} s" if b.oldest_created_at else "-"
+        typer.echo(
+            f"{b.topic}/{b.partition}: {b.pending} pending (oldest {age}), {b.failed} failed"
+        )
+
+
+@outbox_app.command("failed")
+def outbox_failed(
+    database_url: DatabaseUrl = None, limit: Limit = 100, json_output: JsonOutput = False
+) -> None:
+    """Records the broker refused (parked after retries), with their errors."""
+    records = run_storage(database_url, lambda s: s.list_records("failed", limit))
+    if json_output:
+        typer.echo(json.dumps([asdict(r) for r in records], default=str, indent=2))
+        return
+    if not records:
+        typer.echo("no failed records")
+    for r in records:
+        typer.echo(
+            f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={r.key!r} "
+            f"attempts={r.attempts}: {r.last_error}"
+        )
+
+
+def _repair(
+    database_url: str | None, ids: list[UUID], verb: str, method: str, json_output: bool
+) -> None:
+    count = run_storage(database_url, lambda s: getattr(s, method)(ids))
+    if count == 0:
+        typer.echo(f"error: no matching record for {', '.join(map(str, ids))}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    if json_output:
+        typer.echo(json.dumps({"action": method, "records": count}))
+    else:
+        typer.echo(f"{verb} {count} record(s)")
+
+
+@outbox_app.command("retry")
+def outbox_retry(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
+    """Put failed records back in line (their key stays blocked until they are published)."""
+    _repair(database_url, parse_event_ids(event_ids), "retrying", "retry_failed", json_output)
+
+
+@outbox_app.command("skip")
+def outbox_skip(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
+    """Drop failed records without publishing them; their keys flow again."""
+    _repair(database_url, parse_event_ids(event_ids), "skipped", "skip_failed", json_output)
+
+
+@outbox_app.command("replay")
+def outbox_replay(
+    event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
+) -> None:
+    """Publish kept (published) records again, after everything pending. Needs a retention
+    (OUTBOXKIT_RETENTION) so that published records are kept."""
+    _repair(database_url, parse_event_ids(event_ids), "replaying", "replay", json_output)

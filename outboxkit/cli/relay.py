@@ -1,0 +1,127 @@
+"""``outboxkit relay`` (run a relay worker) and ``outboxkit relay status``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from aiokafka.errors import KafkaError
+
+from outboxkit.backends import backend_for
+from outboxkit.cli.common import (
+    EXIT_FAILED,
+    configure_worker_logging,
+    load,
+    run_storage,
+    run_worker,
+)
+from outboxkit.cli_options import (
+    BootstrapServers,
+    DatabaseUrl,
+    HttpPort,
+    JsonOutput,
+    LogFormatOption,
+    LogLevelOption,
+    Topics,
+)
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.diagnose import preflight
+from outboxkit.relay import PartitionStatus, Relay, RelaySettings, group_status
+
+RelayName = Annotated[
+    str | None,
+    typer.Option(
+        envvar="OUTBOXKIT_RELAY_NAME",
+        metavar="NAME",
+        help="Relay name: group outboxkit.relay.<name>.",
+    ),
+]
+
+relay_app = typer.Typer(
+    help="Run a relay worker (outboxkit relay), or show who publishes what (outboxkit relay "
+    "status).",
+)
+
+
+@relay_app.callback(invoke_without_command=True)
+def relay(
+    ctx: typer.Context,
+    *,
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    relay_name: RelayName = None,
+    http_port: HttpPort = None,
+    log_format: LogFormatOption = "console",
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Publish the outbox to Kafka until SIGTERM/SIGINT, then drain and leave the group.
+    Refuses to start when the database, outboxkit's tables, the broker or a topic is missing."""
+    if ctx.invoked_subcommand is not None:
+        return
+    configure_worker_logging(log_format, log_level)
+    settings = load(
+        RelaySettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+        relay_name=relay_name,
+    )
+    asyncio.run(preflight(settings, topics=settings.topics))
+
+    async def run() -> None:
+        async with backend_for(settings.database_url).relay(settings) as (storage, wakeups):
+            await run_worker(Relay(settings, storage, wakeups), http_port)
+
+    asyncio.run(run())
+
+
+@relay_app.command("status")
+def relay_status(
+    database_url: DatabaseUrl = None,
+    kafka_bootstrap_servers: BootstrapServers = None,
+    topics: Topics = None,
+    relay_name: RelayName = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Each relay of the group (member id, client, host), the partitions it owns, and per
+    partition its backlog, oldest pending age and last publish time (from Kafka)."""
+    settings = load(
+        RelaySettings,
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap_servers,
+        topics=topics,
+        relay_name=relay_name,
+    )
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        status = run_storage(settings.database_url, lambda s: group_status(settings, s))
+    except (ConfigurationError, KafkaError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if json_output:
+        typer.echo(json.dumps(asdict(status), indent=2))
+        return
+    typer.echo(f"group {status.group}: {status.state}, {len(status.members)} member(s)")
+    for member in status.members:
+        typer.echo(f"member {member.member_id} (client {member.client_id}, host {member.host})")
+        for p in member.partitions:
+            typer.echo("  " + _describe_partition(p))
+    if status.unowned:
+        typer.echo("owned by no relay:")
+        for p in status.unowned:
+            typer.echo("  " + _describe_partition(p))
+
+
+def _describe_partition(p: PartitionStatus) -> str:
+    age = f"{p.oldest_pending_age:.1f} s" if p.pending else "-"
+    last = p.last_publish_at or "never"
+    block = f" (block {p.block})" if p.block else ""
+    return (
+        f"{p.partition}{block}: {p.pending} pending (oldest {age}), {p.failed} failed, "
+        f"last publish {last}"
+    )

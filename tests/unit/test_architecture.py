@@ -1,0 +1,41 @@
+"""docs/architecture.md is the map of the repository: every file it names exists, and every
+module of the foundation and of the engines is on it, so the map cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCUMENT = REPO / "docs" / "architecture.md"
+#: The foundation and the engines: each of their modules has its place on the map.
+MAPPED = ("core", "schemas", "relay", "inbox", "pipeline")
+_FOLDERS = (*MAPPED, "outboxkit", "tests", "bench", "docs", "examples", "compose")
+_PATH = re.compile(rf"(?<![\w/.-])((?:{'|'.join(_FOLDERS)})/[\w./-]*)")
+
+
+def _named_paths() -> list[str]:
+    return sorted({path.rstrip(".,;:") for path in _PATH.findall(DOCUMENT.read_text())})
+
+
+def test_the_architecture_names_the_files_of_each_step() -> None:
+    assert len(_named_paths()) > 50, _named_paths()
+
+
+@pytest.mark.parametrize("path", _named_paths())
+def test_every_file_the_architecture_names_exists(path: str) -> None:
+    assert (REPO / path).exists(), f"docs/architecture.md names {path}, which does not exist"
+
+
+def test_every_module_of_the_foundation_and_the_engines_is_on_the_map() -> None:
+    named = set(_named_paths())
+    modules = [
+        path.relative_to(REPO).as_posix()
+        for folder in MAPPED
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in {".py", ".sql"} and path.name not in {"__init__.py", "__main__.py"}
+    ]
+    missing = [module for module in modules if module not in named]
+    assert not missing, f"docs/architecture.md does not place {missing}"
