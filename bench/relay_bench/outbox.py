@@ -219,7 +219,7 @@ async def load_backlog(conn: psycopg.AsyncConnection[Any], table: str, rows: int
 
 
 def claim_query(table: str = "outboxkit.outbox") -> LiteralString:
-    return q(QUERIES["next_batch_delete"].replace("outboxkit.outbox", table))
+    return q(QUERIES["next_batch"].replace("outboxkit.outbox", table))
 
 
 def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str, Any]:
@@ -229,6 +229,7 @@ def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str,
         "partitions": list(partitions),
         "limit": limit,
         "scan": limit * 4,
+        "keep": False,
     }
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from bench.relay_bench.harness import DRAIN_TOPIC, Ctx, Result, say
-from bench.relay_bench.outbox import claim_query, load_backlog, q, scalar
+from bench.relay_bench.outbox import claim_params, claim_query, load_backlog, q, scalar
 from bench.relay_bench.phase_writer import postgres
 
 CLAIM_TABLE = "bench.claim_outbox"
@@ -58,16 +58,8 @@ def _ours(parts: int) -> Strategy:
         published: list[int] = []
         per_partition = max(1, batch // parts)
         while True:
-            cur = await conn.execute(
-                claim,
-                {
-                    "published": published,
-                    "topics": [DRAIN_TOPIC] * parts,
-                    "partitions": list(range(parts)),
-                    "limit": per_partition,
-                    "scan": per_partition * 4,
-                },
-            )
+            params = claim_params(DRAIN_TOPIC, range(parts), per_partition)
+            cur = await conn.execute(claim, {**params, "published": published})
             rows = await cur.fetchall()
             stats.statements += 1
             stats.fetched += len(rows)

@@ -20,8 +20,9 @@ SELECT t.topic, (%(key_hash)s::integer & 2147483647) %% t.partitions, %(key)s, %
 FROM outboxkit.topics t
 WHERE t.topic = %(topic)s
 
--- next_batch_delete --
--- One statement per relay cycle: delete what Kafka has accepted (%(published)s), then read the
+-- next_batch --
+-- One statement per relay cycle: settle what Kafka has accepted (%(published)s): delete it, or
+-- with a retention (%(keep)s) mark it published and keep it for replay; then read the
 -- head of every partition in (%(topics)s, %(partitions)s), oldest first, one record per key
 -- (the per-key barrier). The DELETE commits with the statement, before the relay publishes
 -- the next record of any key: a crash never puts an older record after a newer one (G2).
@@ -47,44 +48,14 @@ WHERE t.topic = %(topic)s
 -- yet): 16,000 rows x 100,000 rows, a partition stuck for 50 s to minutes on CPU (the drain
 -- benchmark's intermittent stall; test_relay_claim_plan.py). Whatever the plan, the read is now
 -- linear in the rows it looks at.
-WITH settled AS (
-    DELETE FROM outboxkit.outbox WHERE id = ANY(%(published)s::bigint[])
-)
-SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_values,
-       h.event_id, h.attempts, h.created_at
-FROM unnest(%(topics)s::text[], %(partitions)s::integer[]) AS p(topic, partition)
-CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(f.key), '{}') AS keys
-    FROM outboxkit.outbox f
-    WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
-) blocked
-CROSS JOIN LATERAL (
-    SELECT firsts.*
-    FROM (
-        SELECT DISTINCT ON (head.key) head.*
-        FROM (
-            SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
-                   o.header_values, o.event_id, o.attempts, o.created_at
-            FROM outboxkit.outbox o
-            WHERE o.topic = p.topic AND o.state = 'pending'
-              AND (o.partition, o.id) >= (p.partition, 0)
-              AND (o.partition, o.id) < (p.partition + 1, 0)
-              AND o.id <> ALL(%(published)s::bigint[])
-              AND o.key <> ALL(blocked.keys)
-            ORDER BY o.topic, o.partition, o.id
-            LIMIT %(scan)s
-        ) head
-        ORDER BY head.key, head.id
-    ) firsts
-    ORDER BY firsts.id
-    LIMIT %(limit)s
-) h
-
--- next_batch_keep --
--- next_batch_delete with a retention: published rows are kept (state 'published') for replay.
-WITH settled AS (
+-- The relay plans every execution (plan_cache_mode=force_custom_plan), so %(keep)s is a
+-- constant to the planner and the CTE it turns off is not run at all.
+WITH deleted AS (
+    DELETE FROM outboxkit.outbox
+    WHERE id = ANY(%(published)s::bigint[]) AND NOT %(keep)s::boolean
+), kept AS (
     UPDATE outboxkit.outbox SET state = 'published', published_at = now()
-    WHERE id = ANY(%(published)s::bigint[]) AND state = 'pending'
+    WHERE id = ANY(%(published)s::bigint[]) AND %(keep)s::boolean AND state = 'pending'
 )
 SELECT h.id, h.topic, h.partition, h.key, h.value, h.header_names, h.header_values,
        h.event_id, h.attempts, h.created_at

@@ -103,8 +103,9 @@ class PostgresOutboxStorage(PooledStore):
             "partitions": [tp.partition for tp in ordered],
             "limit": limit,
             "scan": limit * _SCAN_FACTOR,
+            "keep": keep,
         }
-        rows = await self._fetch("next_batch_keep" if keep else "next_batch_delete", params)
+        rows = await self._fetch("next_batch", params)
         return [
             OutboxRecord(
                 id=rid,

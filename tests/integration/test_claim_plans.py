@@ -54,13 +54,14 @@ async def test_postgresql_head_read_is_an_index_range_scan(pg_url: str) -> None:
             (TOPIC, HEAD),
         )
         await conn.execute("ANALYZE outboxkit.outbox")
-        query = _QUERIES["next_batch_delete"]
+        query = _QUERIES["next_batch"]
         params = {
             "published": [],
             "topics": [TOPIC],
             "partitions": [0],
             "limit": LIMIT,
             "scan": LIMIT * 4,
+            "keep": False,
         }
         cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", params)
         row = await cur.fetchone()
