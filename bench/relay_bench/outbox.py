@@ -3,9 +3,10 @@
 Every phase that needs an outbox (drain, latency, idle, churn) goes through it: create the
 schema, register a topic, write events the way a service does (the product's writer, one
 transaction each), keep a backlog aside and make it visible in one commit, count what is pending,
-and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one; a MongoDB
-one (``--database mongodb``) implements the same protocol. The ``writer`` and ``claims`` phases
-measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL class directly.
+and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one;
+``outbox_mongo.MongoBenchOutbox`` (``--database mongodb``) implements the same protocol. The
+``writer`` and ``claims`` phases measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL
+class directly.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class BenchOutbox(Protocol):
 
     async def diagnostics(self, topic: str) -> str:
         """What the database is doing now (when a partition stops moving)."""
+
+    async def close(self) -> None:
+        """Release what the object holds open (the bench ends)."""
 
 
 class _PgWriter:
@@ -191,6 +195,9 @@ class PostgresBenchOutbox:
     async def diagnostics(self, topic: str) -> str:
         async with await self.connect() as conn:
             return await db_diagnostics(conn, topic)
+
+    async def close(self) -> None:
+        """Every connection is opened and closed by the call that uses it."""
 
 
 async def scalar(conn: psycopg.AsyncConnection[Any], query: LiteralString, *args: Any) -> Any:
