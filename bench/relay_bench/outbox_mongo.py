@@ -15,18 +15,15 @@ the backend, not from the bench:
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import random
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE, make_event, say
-from bench.relay_bench.outbox import BENCH_DB, Writer
+from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE
+from bench.relay_bench.outbox import BENCH_DB, SEED_WRITERS, WriteMany, Writer, fill, seeded
 from outboxkit.core.mongo import (
     MAJORITY_WRITE,
     Client,
@@ -123,38 +120,28 @@ class MongoBenchOutbox:
     async def seed(self, rows: int, keys: int, topic: str = DRAIN_TOPIC) -> float:
         if self._seeded >= rows:
             return 0.0
-        rng = random.Random(11)
         outbox = MongoOutbox(source=SOURCE, database=self.dbname)
-        chunk, writers = 5000, 2
-        chunks = iter(range(0, rows, chunk))
         await self._outbox.delete_many({})
+        clients = [_client(self.url) for _ in range(SEED_WRITERS)]
 
-        async def write(client: Client) -> None:
-            for done in chunks:
-                events = [make_event(rng, keys, topic) for _ in range(min(chunk, rows - done))]
-
+        def writer(client: Client) -> WriteMany:
+            async def write(events: list[Event]) -> None:
                 work = functools.partial(outbox.add_many, events=events)
                 await in_transaction(client, work, unavailable=StorageUnavailableError)
 
-        clients = [_client(self.url) for _ in range(writers)]
-        start = time.perf_counter()
+            return write
+
         try:
-            await asyncio.gather(*(write(c) for c in clients))
+            elapsed = await fill(rows, keys, topic, [writer(c) for c in clients])
         finally:
             for c in clients:
                 await c.close()
-        elapsed = time.perf_counter() - start
         await self._seed.drop()
         await self._outbox.aggregate([{"$sort": {"position": 1, "_id": 1}}, {"$out": SEED}])
         await self._outbox.delete_many({})
         distinct = len(await self._seed.distinct("key"))
         self._seeded = rows
-        say(
-            f"backlog: {rows:,} documents written by MongoOutbox.add_many ({chunk}/transaction, "
-            f"{writers} clients) in {elapsed:.1f} s = {rows / elapsed:,.0f} rows/s; "
-            f"{distinct} distinct keys"
-        )
-        return rows / elapsed
+        return seeded(rows, elapsed, distinct, "documents written by MongoOutbox.add_many")
 
     async def load_backlog(self, rows: int) -> None:
         documents: list[Document] = (
