@@ -1,5 +1,6 @@
-"""The inbox that bench/inbox.py runs (``outboxkit inbox bench.inbox_app:inbox``): a handler
-that inserts one row per event."""
+"""The inboxes that bench/inbox.py runs: a handler that inserts one row (PostgreSQL,
+``outboxkit inbox bench.inbox_app:inbox``) or one document (MongoDB,
+``bench.inbox_app:mongo_inbox``) per event, in the transaction the inbox gives it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from typing import Any
 
 import psycopg
+from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.inbox import Inbox
 from outboxkit.schemas import Event
@@ -17,9 +19,19 @@ class Paid(Event, type="bench.paid", key_field="account"):
     amount: int
 
 
-inbox = Inbox(os.environ.get("BENCH_INBOX_NAME", "bench"))
+NAME = os.environ.get("BENCH_INBOX_NAME", "bench")
+
+inbox = Inbox(NAME)
+mongo_inbox = Inbox[AsyncClientSession](NAME)
 
 
 @inbox.handler(Paid)
 async def record(event: Paid, tx: psycopg.AsyncConnection[Any]) -> None:
     await tx.execute("INSERT INTO payments VALUES (%s, %s)", (event.id, event.amount))
+
+
+@mongo_inbox.handler(Paid)
+async def record_document(event: Paid, tx: AsyncClientSession) -> None:
+    # The database named by OUTBOXKIT_DATABASE_URL's path, the inbox's own.
+    payments = tx.client.get_default_database().get_collection("payments")
+    await payments.insert_one({"event_id": event.id, "amount": event.amount}, session=tx)

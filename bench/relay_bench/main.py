@@ -15,13 +15,16 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient
+from pymongo import MongoClient
 
 from bench.relay_bench.consumer import consumer_child
 from bench.relay_bench.harness import CpuMeter, Ctx, Result, print_table, say
 from bench.relay_bench.outbox import BenchOutbox, PostgresBenchOutbox
+from bench.relay_bench.outbox_mongo import MongoBenchOutbox
 from bench.relay_bench.phase_ceiling import phase_ceiling
 from bench.relay_bench.phase_churn import phase_churn
 from bench.relay_bench.phase_claims import phase_claims
@@ -31,6 +34,7 @@ from bench.relay_bench.phase_steady import phase_steady
 from bench.relay_bench.phase_writer import phase_writer
 from bench.relay_bench.relays import child_relay
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.embedded.mongodb import EmbeddedMongo
 
 PHASES: dict[str, Callable[[Ctx], Awaitable[None]]] = {
     "ceiling": phase_ceiling,
@@ -43,6 +47,16 @@ PHASES: dict[str, Callable[[Ctx], Awaitable[None]]] = {
 }
 #: Phases that need no outbox database.
 _KAFKA_ONLY = {"ceiling"}
+#: Phases that measure PostgreSQL itself (pgbench, WAL): nothing to run on another database.
+_POSTGRES_ONLY = {"writer", "claims"}
+DATABASES = ("postgresql", "mongodb")
+
+#: The embedded mongod's settings for the bench: the drain's backlog becomes visible in one
+#: transaction, as on PostgreSQL, which does not fit the 0.25 GB WiredTiger cache of a throwaway
+#: server ("transaction is too large and will not fit in the storage engine cache" at ~5K
+#: documents): 1 GB, and a transaction may fill the whole dirty-cache budget.
+MONGO_PARAMETERS = {"transactionTooLargeForCacheThreshold": "1.0"}
+MONGO_RUNTIME = {"wiredTigerEngineRuntimeConfig": "cache_size=1G"}
 
 #: PostgreSQL as production runs it (these are also the defaults): every commit is on disk.
 PG_SETTINGS = {
@@ -64,8 +78,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--only", default=",".join(PHASES), help="comma-separated phases to run")
     p.add_argument("--list", action="store_true", help="list the phases and exit")
-    p.add_argument("--database", choices=("postgresql",), default="postgresql")
+    p.add_argument(
+        "--database",
+        default="postgresql",
+        help="the outbox's database: postgresql, mongodb, or both (mongodb,postgresql: each "
+        "phase runs on one then the other, and the drain's MongoDB/PostgreSQL ratio is printed)",
+    )
     p.add_argument("--postgres", help="use this PostgreSQL (superuser URL) instead of starting one")
+    p.add_argument(
+        "--mongodb",
+        help="use this MongoDB replica set (mongodb://host:port/?replicaSet=…) instead of "
+        "starting one (the bench uses its database outboxkit_bench)",
+    )
     p.add_argument("--kafka", help="use this Kafka (bootstrap servers) instead of starting one")
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--keys", type=int, default=1000, help="distinct event keys")
@@ -123,6 +147,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.relays = [int(x) for x in str(args.relays).split(",") if x]
     args.churn_modes = [x.strip() for x in str(args.churn_modes).split(",") if x.strip()]
     args.phases = [x.strip() for x in str(args.only).split(",") if x.strip()]
+    args.databases = [x.strip() for x in str(args.database).split(",") if x.strip()]
+    if not args.databases or set(args.databases) - set(DATABASES):
+        p.error(f"--database: one or more of {', '.join(DATABASES)}")
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
@@ -130,30 +157,84 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def run_phases(
-    args: argparse.Namespace, outbox: BenchOutbox, bootstrap: str, cpu: CpuMeter, workdir: Path
+    args: argparse.Namespace,
+    outboxes: dict[str, BenchOutbox],
+    bootstrap: str,
+    cpu: CpuMeter,
+    workdir: Path,
 ) -> Ctx:
+    """Every phase asked for, each on every database in turn (the ceiling once: it is Kafka's).
+    Returns the first database's context; every context shares its results."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
-    ctx = Ctx(args, outbox, bootstrap, admin, workdir, cpu)
+    first, *others = outboxes
+    ctx = Ctx(args, outboxes[first], bootstrap, admin, workdir, cpu, database=first)
+    ctxs = [ctx] + [
+        Ctx(args, outboxes[db], bootstrap, admin, workdir, cpu, database=db, results=ctx.results)
+        for db in others
+    ]
+    for each in ctxs:
+        each.labelled = len(ctxs) > 1
+        each.run_id = f"{ctx.run_id}-{each.database[:2]}"
     try:
-        if set(args.phases) - _KAFKA_ONLY:
-            await outbox.prepare()
+        for each in ctxs:
+            if set(args.phases) - _KAFKA_ONLY - _POSTGRES_ONLY or (
+                each.database == "postgresql" and set(args.phases) & _POSTGRES_ONLY
+            ):
+                await each.outbox.prepare()
         for phase, run in PHASES.items():
             if phase not in args.phases:
                 continue
-            say(f"\n== {phase} ==")
-            start = time.perf_counter()
-            try:
-                await run(ctx)
-            except Exception as exc:
-                # One broken phase should not cost the figures of the others.
-                traceback.print_exc()
-                ctx.keep_workdir = True
-                ctx.add(Result(phase, "ERROR", type(exc).__name__, note=str(exc)[:200]))
-            say(f"({phase}: {time.perf_counter() - start:.0f} s)")
+            for each in ctxs[:1] if phase in _KAFKA_ONLY else ctxs:
+                await _run_phase(each, phase, run)
+                for other in ctxs:
+                    other.ceiling_plain = other.ceiling_plain or each.ceiling_plain
+                    other.ceiling_txn = other.ceiling_txn or each.ceiling_txn
+        compare_drains(ctxs)
     finally:
         await admin.close()
+        for outbox in outboxes.values():
+            await outbox.close()
     return ctx
+
+
+async def _run_phase(ctx: Ctx, phase: str, run: Callable[[Ctx], Awaitable[None]]) -> None:
+    where = f" ({ctx.database})" if phase not in _KAFKA_ONLY else ""
+    say(f"\n== {phase}{where} ==")
+    if phase in _POSTGRES_ONLY and ctx.database != "postgresql":
+        say(f"n/a on {ctx.database}: this phase measures PostgreSQL itself")
+        ctx.add(Result(phase, f"n/a on {ctx.database}", "-", note="measures PostgreSQL itself"))
+        return
+    start = time.perf_counter()
+    try:
+        await run(ctx)
+    except Exception as exc:
+        # One broken phase should not cost the figures of the others.
+        traceback.print_exc()
+        ctx.keep_workdir = True
+        ctx.add(Result(phase, "ERROR", type(exc).__name__, note=str(exc)[:200]))
+    say(f"({phase}{where}: {time.perf_counter() - start:.0f} s)")
+
+
+def compare_drains(ctxs: Sequence[Ctx]) -> None:
+    """MongoDB's drain rate over PostgreSQL's, per relay count, when both ran (target ≥ 0.5x)."""
+    by_db = {c.database: c for c in ctxs}
+    mongo, pg = by_db.get("mongodb"), by_db.get("postgresql")
+    if mongo is None or pg is None:
+        return
+    for n in sorted(mongo.drain_rates.keys() & pg.drain_rates.keys()):
+        ratio = mongo.drain_rates[n] / pg.drain_rates[n]
+        figure = f"{mongo.drain_rates[n]:,.0f} / {pg.drain_rates[n]:,.0f} ev/s"
+        say(f"drain, {n} relay(s): MongoDB / PostgreSQL = {figure} = {ratio:.2f}x")
+        mongo.add(
+            Result(
+                "drain",
+                f"{n} relay(s), MongoDB / PostgreSQL",
+                figure,
+                f"{ratio:.2f}x",
+                "target ≥ 0.5x",
+            )
+        )
 
 
 def report_slow_statements(log: Path, limit: int = 40) -> None:
@@ -180,6 +261,52 @@ def quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
+class Servers:
+    """The outbox databases: the one given by URL, or one started here (stopped with ``stack``)."""
+
+    def __init__(self, args: argparse.Namespace, stack: contextlib.ExitStack, cpu: CpuMeter):
+        self.args = args
+        self.stack = stack
+        self.cpu = cpu
+        self.needs_db = bool(set(args.phases) - _KAFKA_ONLY)
+        self.pg_log: Path | None = None
+        self.described: list[str] = []
+
+    def outbox(self, database: str) -> BenchOutbox:
+        return self.postgres() if database == "postgresql" else self.mongodb()
+
+    def postgres(self) -> BenchOutbox:
+        url = self.args.postgres or "postgresql://unused/"
+        if not self.args.postgres and self.needs_db:
+            pg = self.stack.enter_context(EmbeddedPostgres(settings=PG_SETTINGS))
+            url, self.pg_log = pg.url(), pg.log_path
+            assert pg.pid is not None
+            self.cpu.roots["postgres"] = [pg.pid]
+        self.described.append(
+            f"PostgreSQL {'at ' + self.args.postgres if self.args.postgres else 'embedded'} "
+            f"({', '.join(f'{k}={v}' for k, v in PG_SETTINGS.items())})"
+        )
+        return PostgresBenchOutbox(url)
+
+    def mongodb(self) -> BenchOutbox:
+        url = self.args.mongodb or "mongodb://unused/"
+        if not self.args.mongodb and self.needs_db:
+            mongo = self.stack.enter_context(EmbeddedMongo(fetch=True, parameters=MONGO_PARAMETERS))
+            url = mongo.url()
+            assert mongo.pid is not None
+            self.cpu.roots["mongodb"] = [mongo.pid]
+            client: MongoClient[dict[str, Any]]
+            with MongoClient(mongo.address, directConnection=True) as client:
+                client.admin.command({"setParameter": 1, **MONGO_RUNTIME})
+        self.described.append(
+            f"MongoDB {'at ' + self.args.mongodb if self.args.mongodb else 'embedded'} "
+            "(mongod 6.0.5, single-node replica set, "
+            f"{', '.join(f'{k}={v}' for k, v in {**MONGO_PARAMETERS, **MONGO_RUNTIME}.items())}"
+            "; writers commit with majority write concern, journaled)"
+        )
+        return MongoBenchOutbox(url)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child-relay"]:
@@ -202,16 +329,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
     cpu = CpuMeter()
     began = time.perf_counter()
-    pg_log: Path | None = None
     with contextlib.ExitStack() as stack:
-        if args.postgres:
-            admin_url = args.postgres
-        else:
-            pg = stack.enter_context(EmbeddedPostgres(settings=PG_SETTINGS))
-            admin_url = pg.url()
-            pg_log = pg.log_path
-            assert pg.pid is not None
-            cpu.roots["postgres"] = [pg.pid]
+        servers = Servers(args, stack, cpu)
+        outboxes = {db: servers.outbox(db) for db in args.databases}
         if args.kafka:
             bootstrap = args.kafka
         else:
@@ -220,21 +340,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             pid = kafka.nodes[0].pid
             if pid is not None:
                 cpu.roots["kafka"] = [pid]
-        outbox = PostgresBenchOutbox(admin_url)
         say(
             f"outboxkit relay benchmark: {os.cpu_count()} CPUs, load average "
-            f"{os.getloadavg()[0]:.1f}; PostgreSQL "
-            f"{'at ' + args.postgres if args.postgres else 'embedded'} "
-            f"({', '.join(f'{k}={v}' for k, v in PG_SETTINGS.items())}), Kafka "
+            f"{os.getloadavg()[0]:.1f}; {'; '.join(servers.described)}; Kafka "
             f"{'at ' + args.kafka if args.kafka else '1 embedded node'}; phases "
             f"{', '.join(args.phases)}; relays as {args.relay_mode}; relay settings "
             f"{args.relay_setting or 'defaults'}; workdir {workdir}"
         )
-        ctx = asyncio.run(run_phases(args, outbox, bootstrap, cpu, workdir))
-        if pg_log is not None:
-            report_slow_statements(pg_log)
+        ctx = asyncio.run(run_phases(args, outboxes, bootstrap, cpu, workdir))
+        if servers.pg_log is not None:
+            report_slow_statements(servers.pg_log)
             if ctx.keep_workdir:
-                shutil.copy(pg_log, workdir / "postgres.log")
+                shutil.copy(servers.pg_log, workdir / "postgres.log")
     say(f"\n== summary ({time.perf_counter() - began:.0f} s in all) ==")
     print_table(ctx.results)
     if ctx.keep_workdir:

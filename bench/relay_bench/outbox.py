@@ -3,9 +3,10 @@
 Every phase that needs an outbox (drain, latency, idle, churn) goes through it: create the
 schema, register a topic, write events the way a service does (the product's writer, one
 transaction each), keep a backlog aside and make it visible in one commit, count what is pending,
-and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one; a MongoDB
-one (``--database mongodb``) implements the same protocol. The ``writer`` and ``claims`` phases
-measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL class directly.
+and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one;
+``outbox_mongo.MongoBenchOutbox`` (``--database mongodb``) implements the same protocol. The
+``writer`` and ``claims`` phases measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL
+class directly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, LiteralString, Protocol
 from urllib.parse import urlsplit
 
@@ -74,6 +75,43 @@ class BenchOutbox(Protocol):
     async def diagnostics(self, topic: str) -> str:
         """What the database is doing now (when a partition stops moving)."""
 
+    async def close(self) -> None:
+        """Release what the object holds open (the bench ends)."""
+
+
+#: The drain's backlog is written in transactions of SEED_CHUNK events by SEED_WRITERS
+#: connections at once, with the product's writer (``add_many``).
+SEED_CHUNK, SEED_WRITERS = 5000, 2
+
+#: Writes a list of events in one transaction of its own connection.
+WriteMany = Callable[[list[Event]], Awaitable[None]]
+
+
+async def fill(rows: int, keys: int, topic: str, writers: Sequence[WriteMany]) -> float:
+    """``rows`` events of ``keys`` keys written by ``writers`` in parallel, SEED_CHUNK per
+    transaction; return the seconds it took."""
+    rng = random.Random(11)
+    chunks = iter(range(0, rows, SEED_CHUNK))
+
+    async def write(writer: WriteMany) -> None:
+        for done in chunks:
+            await writer(
+                [make_event(rng, keys, topic) for _ in range(min(SEED_CHUNK, rows - done))]
+            )
+
+    start = time.perf_counter()
+    await asyncio.gather(*(write(w) for w in writers))
+    return time.perf_counter() - start
+
+
+def seeded(rows: int, elapsed: float, distinct: int, what: str) -> float:
+    """Say how the backlog was written; return its rate (rows/s)."""
+    say(
+        f"backlog: {rows:,} {what} ({SEED_CHUNK}/transaction, {SEED_WRITERS} connections) in "
+        f"{elapsed:.1f} s = {rows / elapsed:,.0f} rows/s; {distinct} distinct keys"
+    )
+    return rows / elapsed
+
 
 class _PgWriter:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -116,27 +154,23 @@ class PostgresBenchOutbox:
     async def seed(self, rows: int, keys: int, topic: str = DRAIN_TOPIC) -> float:
         if self._seeded >= rows:
             return 0.0
-        rng = random.Random(11)
         outbox = PostgresOutbox(source=SOURCE)
-        chunk, writers = 5000, 2
-        chunks = iter(range(0, rows, chunk))
-
-        async def write(conn: psycopg.AsyncConnection[Any]) -> None:
-            for done in chunks:
-                events = [make_event(rng, keys, topic) for _ in range(min(chunk, rows - done))]
-                async with conn.transaction():
-                    await outbox.add_many(conn, events)
-
         async with await self.connect() as conn:
             await conn.execute("DELETE FROM outboxkit.outbox")
-            conns = [await self.connect() for _ in range(writers)]
-            start = time.perf_counter()
+            conns = [await self.connect() for _ in range(SEED_WRITERS)]
+
+            def writer(conn: psycopg.AsyncConnection[Any]) -> WriteMany:
+                async def write(events: list[Event]) -> None:
+                    async with conn.transaction():
+                        await outbox.add_many(conn, events)
+
+                return write
+
             try:
-                await asyncio.gather(*(write(c) for c in conns))
+                elapsed = await fill(rows, keys, topic, [writer(c) for c in conns])
             finally:
                 for c in conns:
                     await c.close()
-            elapsed = time.perf_counter() - start
             await conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
             await conn.execute("DROP TABLE IF EXISTS bench.seed")
             await conn.execute(
@@ -148,12 +182,7 @@ class PostgresBenchOutbox:
             await conn.execute("DELETE FROM outboxkit.outbox")
             distinct = await scalar(conn, "SELECT count(DISTINCT key) FROM bench.seed")
         self._seeded = rows
-        say(
-            f"backlog: {rows:,} rows written by PostgresOutbox.add_many ({chunk}/transaction, "
-            f"{writers} connections) in {elapsed:.1f} s = {rows / elapsed:,.0f} rows/s; "
-            f"{distinct} distinct keys"
-        )
-        return rows / elapsed
+        return seeded(rows, elapsed, distinct, "rows written by PostgresOutbox.add_many")
 
     async def load_backlog(self, rows: int, table: str = "outboxkit.outbox") -> None:
         async with await self.connect() as conn, conn.transaction():
@@ -191,6 +220,9 @@ class PostgresBenchOutbox:
     async def diagnostics(self, topic: str) -> str:
         async with await self.connect() as conn:
             return await db_diagnostics(conn, topic)
+
+    async def close(self) -> None:
+        """Every connection is opened and closed by the call that uses it."""
 
 
 async def scalar(conn: psycopg.AsyncConnection[Any], query: LiteralString, *args: Any) -> Any:

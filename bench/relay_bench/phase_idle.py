@@ -1,7 +1,9 @@
-"""Phase ``idle``: one event at a time into an idle relay, woken by the writer's NOTIFY.
+"""Phase ``idle``: one event at a time into an idle relay, woken by the writer's commit.
 
-Before each of ``--idle-events`` events the relay has declared every partition waiting; the
-event's commit wakes it. Commit → consumer and commit → relay send, as in ``steady``.
+Before each of ``--idle-events`` events the relay has declared every partition waiting (on
+MongoDB, which has no such declaration: nothing is pending); the event's commit wakes it
+(PostgreSQL: NOTIFY; MongoDB: the change stream). Commit → consumer and commit → relay send,
+as in ``steady``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from bench.relay_bench.harness import (
     stage_breakdown,
 )
 from bench.relay_bench.relays import running_relays
+
+WAKEUP = {"postgresql": "NOTIFY", "mongodb": "change stream"}
 
 
 async def phase_idle(ctx: Ctx) -> None:
@@ -77,7 +81,7 @@ async def phase_idle(ctx: Ctx) -> None:
     ctx.add(
         Result(
             "idle",
-            f"1 event at a time (NOTIFY) x{len(idle)}",
+            f"1 event at a time ({WAKEUP.get(ctx.database, 'wake-up')}) x{len(idle)}",
             latency_figures(idle),
             note=f"target p50 ≤ 5 ms; commit→send {pickup_figures(pickup.get('idle', []))}",
         )

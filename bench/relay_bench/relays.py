@@ -18,8 +18,9 @@ from typing import Any, Protocol, cast
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.relay_bench.harness import Ctx, group_state
+from outboxkit.backends import backend_for
 from outboxkit.embedded import free_port
-from outboxkit.relay import PostgresOutboxStorage, Relay, RelayMetrics, RelaySettings
+from outboxkit.relay import Relay, RelayMetrics, RelaySettings
 
 ENTRY = Path(__file__).resolve().parents[1] / "relay.py"
 
@@ -86,7 +87,8 @@ def relay_env(ctx: Ctx, topic: str, group: str, **extra: str) -> dict[str, str]:
 
 
 class InProcessRelays:
-    """``n`` Relay objects in this process, each with its own PostgresOutboxStorage."""
+    """``n`` Relay objects in this process, each with its own storage and wake-up source (what
+    ``backend_for`` gives the database's URL, as the CLI does)."""
 
     def __init__(self, ctx: Ctx, n: int, topic: str, group: str) -> None:
         self.settings = RelaySettings(
@@ -108,10 +110,9 @@ class InProcessRelays:
 
     async def start(self) -> None:
         for registry in self.registries:
-            storage = await self._stack.enter_async_context(
-                PostgresOutboxStorage(self.settings.database_url, pool_size=self.settings.pool_size)
-            )
-            relay = Relay(self.settings, storage, storage, metrics=RelayMetrics(registry))
+            backend = backend_for(self.settings.database_url)
+            storage, wakeups = await self._stack.enter_async_context(backend.relay(self.settings))
+            relay = Relay(self.settings, storage, wakeups, metrics=RelayMetrics(registry))
             self.relays.append(relay)
             self._tasks.append(asyncio.create_task(relay.run()))
 
