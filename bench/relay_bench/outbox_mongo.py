@@ -167,14 +167,14 @@ class MongoBenchOutbox:
                 {"$match": {"topic": topic, "state": "pending"}},
                 {"$group": {"_id": "$partition", "n": {"$sum": 1}}},
             ],
-            hint="outbox_pending_idx",
+            hint="outbox_head_idx",
         )
         return {int(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list()}
 
     async def relays_idle(self, topic: str, partitions: int) -> bool:
         """Nothing of ``topic`` pending (a MongoDB relay declares nothing when it waits)."""
         found = await self._outbox.find_one(
-            {"topic": topic, "state": "pending"}, {"_id": True}, hint="outbox_pending_idx"
+            {"topic": topic, "state": "pending"}, {"_id": True}, hint="outbox_head_idx"
         )
         return found is None
 

@@ -2,7 +2,8 @@
 (``create``, ``createIndexes``, …), each with a ``why``, applied in order.
 
 Every command is idempotent (``create`` of an existing collection is skipped, ``createIndexes``
-of an identical index does nothing), so two ``outboxkit migrate`` runs at once both succeed;
+of an identical index does nothing, ``dropIndexes`` of a dropped one is skipped), so two
+``outboxkit migrate`` runs at once both succeed;
 the applied versions are recorded in ``outboxkit.migrations`` with the file's checksum, which
 ``outboxkit check`` compares like on PostgreSQL.
 """
@@ -18,8 +19,9 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 from outboxkit.core.mongo import Database, collection
 from outboxkit.migrations import Migration, load_migrations, not_applied
 
-#: "NamespaceExists": the collection is there already.
-_NAMESPACE_EXISTS = 48
+#: "NamespaceExists": the collection is there already; "IndexNotFound": a concurrent migrate
+#: dropped it first.
+_ALREADY_DONE = {48, 27}
 
 
 async def applied_versions(db: Database) -> dict[int, str]:
@@ -57,5 +59,5 @@ async def _run(db: Database, command: dict[str, Any]) -> None:
     try:
         await db.command(command)
     except OperationFailure as exc:
-        if exc.code != _NAMESPACE_EXISTS:
+        if exc.code not in _ALREADY_DONE:
             raise

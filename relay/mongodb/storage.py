@@ -3,10 +3,10 @@
 Collections (``outboxkit migrate`` creates them and their indexes; see
 ``outboxkit/migrations/mongodb/``):
 
-- ``outboxkit.outbox``: one document per record; the relay reads the head of a partition by
-  ``(topic, partition, position, _id)`` from ``outbox_pending_idx``, a partial index that holds
-  pending records only, so the read stays an index range scan however many published or failed
-  records the collection keeps.
+- ``outboxkit.outbox``: one document per record; the relay chooses the head of a partition by
+  ``(topic, partition, position, _id, key)`` from ``outbox_head_idx`` alone, a partial index
+  that holds pending records only, so the choice stays an index range scan however many
+  published or failed records the collection keeps, and reads only the chosen documents.
 - ``outboxkit.keys``: the last position of each key (:mod:`.positions`).
 - ``outboxkit.topics``: partition counts, kept from Kafka's metadata by the relay.
 
@@ -51,6 +51,8 @@ T = TypeVar("T")
 #: fetch_pending reads this many records per record it may return: with repeated keys near the
 #: head, a wider window still fills the batch with distinct keys.
 _SCAN_FACTOR = 4
+#: The partial index of pending records the head read uses (migrations/mongodb/0002).
+HEAD_INDEX = "outbox_head_idx"
 
 _RECORD_FIELDS = {
     "topic": True,
@@ -121,10 +123,17 @@ class MongoOutboxStorage(MongoConnection):
         return [record for head in heads for record in head]
 
     async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        """The head of one partition (``next_batch`` reads each of its partitions so)."""
+        """The head of one partition (``next_batch`` reads each of its partitions so): chosen
+        from the index, then only the chosen documents fetched by ``_id``."""
         pipeline = self.head_pipeline(tp, await self._blocked_keys(tp), limit)
-        cursor = await _guard(self.outbox.aggregate(pipeline, hint="outbox_pending_idx"))
-        return [_record(doc) for doc in await _guard(cursor.to_list())]
+        cursor = await _guard(self.outbox.aggregate(pipeline, hint=HEAD_INDEX))
+        ids = [head["id"] for head in await _guard(cursor.to_list())]
+        if not ids:
+            return []
+        found = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
+        by_id = {doc["_id"]: doc for doc in await _guard(found.to_list())}
+        # A record the CLI skipped or retried meanwhile is simply not there.
+        return [_record(by_id[i]) for i in ids if i in by_id]
 
     async def _blocked_keys(self, tp: TopicPartition) -> list[bytes]:
         """Keys with a failed record (per-key order: nothing overtakes it). Few by construction,
@@ -133,23 +142,21 @@ class MongoOutboxStorage(MongoConnection):
         return list(await _guard(self.outbox.distinct("key", where)))
 
     def head_pipeline(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Document]:
-        """The read of ``tp``'s head, one record per key, done by mongod so that only those
-        cross the network: the first ``4 * limit`` pending records in position order (an
-        index range scan of outbox_pending_idx, no sort: the index is in order; blocked keys
-        left out so that they do not crowd the window), the oldest of each key, oldest first."""
+        """The choice of ``tp``'s head, one record per key, made by mongod from outbox_head_idx
+        alone (a covered read: every field it uses is in the index, no document is fetched):
+        the first ``4 * limit`` pending records in position order (an index range scan, no
+        sort: the index is in order; blocked keys left out so that they do not crowd the
+        window), the oldest of each key, oldest first, as ``{id, position}``."""
         match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
         if blocked:
             match["key"] = {"$nin": blocked}
-        order = {"position": 1, "_id": 1}
         return [
             {"$match": match},
-            {"$sort": order},
+            {"$sort": {"position": 1, "_id": 1}},
             {"$limit": limit * _SCAN_FACTOR},
-            {"$group": {"_id": "$key", "head": {"$first": "$$ROOT"}}},
-            {"$replaceRoot": {"newRoot": "$head"}},
-            {"$sort": order},
+            {"$group": {"_id": "$key", "id": {"$first": "$_id"}, "at": {"$first": "$position"}}},
+            {"$sort": {"at": 1, "id": 1}},
             {"$limit": limit},
-            {"$project": _RECORD_FIELDS},
         ]
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
@@ -194,7 +201,7 @@ class MongoOutboxStorage(MongoConnection):
         return int(result.deleted_count)
 
     async def backlog(self) -> list[PartitionBacklog]:
-        """Two covered index scans: pending records from outbox_pending_idx (the oldest by its
+        """Two covered index scans: pending records from outbox_head_idx (the oldest by its
         position, which is the server clock in µs when written), failed ones from
         outbox_failed_idx; neither reads a document."""
         by_partition = {"_id": {"topic": "$topic", "partition": "$partition"}}
@@ -204,7 +211,7 @@ class MongoOutboxStorage(MongoConnection):
                     {"$match": {"state": "pending"}},
                     {"$group": {**by_partition, "n": {"$sum": 1}, "oldest": {"$min": "$position"}}},
                 ],
-                hint="outbox_pending_idx",
+                hint=HEAD_INDEX,
             )
         )
         failed = await _guard(

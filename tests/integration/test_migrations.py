@@ -102,10 +102,10 @@ async def test_mongodb_migrate_then_again_is_a_no_op_and_check_agrees(
     }
     check = run_cli("check", env=env)
     assert check.returncode == 1
-    assert "migration(s) not applied: 0001_init" in check.stdout
+    assert "migration(s) not applied: 0001_init, 0002_head_index" in check.stdout
     first = run_cli("migrate", env=env)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "applied 0001_init"
+    assert first.stdout.strip() == "applied 0001_init, 0002_head_index"
     assert run_cli("migrate", env=env).stdout.strip() == "schema is up to date"
     check = run_cli("check", env=env)
     assert check.returncode == 0, check.stdout
@@ -117,9 +117,10 @@ async def test_mongodb_concurrent_migrations_both_succeed(mongo_url: str) -> Non
     db = client.get_database(database_name(mongo_url))
     try:
         results = await asyncio.gather(migrate_mongodb(db), migrate_mongodb(db))
-        assert sorted(m.version for r in results for m in r) == [1]
+        assert sorted(m.version for r in results for m in r) == [1, 2]  # each applied once
         indexes = await db.get_collection("outboxkit.outbox").index_information()
-        assert {"outbox_pending_idx", "outbox_failed_idx", "outbox_expires_ttl"} <= set(indexes)
+        assert {"outbox_head_idx", "outbox_failed_idx", "outbox_expires_ttl"} <= set(indexes)
+        assert "outbox_pending_idx" not in indexes  # replaced by outbox_head_idx (0002)
         assert await pending_mongodb_migrations(db) == []
     finally:
         await client.close()
