@@ -106,6 +106,23 @@ def _frame_totals(frame: Any) -> dict[tuple[Any, ...], int]:
     }
 
 
+PHASES = ("postgresql", "delta", "both", "kill")
+#: Records per micro-batch (``pipeline_max_offsets_per_trigger``) unless --setting says otherwise.
+BATCH = 100_000
+
+
+def _breakdown(report: Any) -> str:
+    """Where the micro-batches' time went: Spark's durationMs and the sinks, per batch."""
+    n = max(report.batches, 1)
+    spark = ", ".join(
+        f"{k} {v / n / 1000:.2f}"
+        for k, v in sorted(report.duration_ms.items(), key=lambda kv: -kv[1])
+        if v / n >= 5  # ms: leave out what never costs anything
+    )
+    steps = ", ".join(f"{k} {v / n:.2f}" for k, v in report.step_seconds.items())
+    return f"    s per batch: {spark}\n    addBatch steps: {steps}"
+
+
 def _compare(name: str, got: dict[tuple[Any, ...], int], want: dict[tuple[Any, ...], int]) -> None:
     lost = sum(max(0, n - got.get(k, 0)) for k, n in want.items())
     double = sum(max(0, n - want.get(k, 0)) for k, n in got.items())
@@ -122,10 +139,33 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--postgres", help="use this PostgreSQL (superuser URL)")
     parser.add_argument("--kafka", help="use this Kafka cluster (host:port)")
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated, of {','.join(PHASES)} (raw always runs: the ratios need it)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PipelineSettings field of every job (pipeline_max_offsets_per_trigger=200000)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark configuration for the session (spark-submit's --conf)",
+    )
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    extra: dict[str, Any] = dict(s.split("=", 1) for s in args.setting)
+    extra.setdefault("pipeline_max_offsets_per_trigger", BATCH)
 
     # The driver holds the dedupe state of a local run: more than pyspark's 1 GiB default.
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 4g pyspark-shell")
+    confs = "".join(f" --conf {c}" for c in args.conf)
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-memory 4g{confs} pyspark-shell")
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from outboxkit.demo.events import registry  # noqa: PLC0415
@@ -178,7 +218,9 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
             print(f"raw read rate: {raw:,.0f} records/s")
 
             for label, keep in (("postgresql", "postgres"), ("delta", "delta"), ("both", "")):
-                job_settings = settings(f"bench-{label}", pipeline_max_offsets_per_trigger=100_000)
+                if label not in phases:
+                    continue
+                job_settings = settings(f"bench-{label}", **extra)
                 job = order_totals(job_settings, table=f"totals_{label}")
                 outputs = [
                     type(o)(
@@ -197,9 +239,14 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                     f"pipeline into {label}: {report.input_rows:,} events in {elapsed:.1f} s "
                     f"({report.batches} batches) = {rate:,.0f} events/s = {rate / raw:.2f}x raw"
                 )
+                print(_breakdown(report))
+
+            if "kill" not in phases:
+                spark.stop()
+                return
 
             print("kill/restart:")
-            killed = settings("bench-kill", pipeline_max_offsets_per_trigger=100_000)
+            killed = settings("bench-kill", **extra)
             env = {
                 **os.environ,
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -209,7 +256,7 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                 "OUTBOXKIT_PIPELINE_NAME": killed.pipeline_name,
                 "OUTBOXKIT_PIPELINE_OUTPUT": killed.pipeline_output,
                 "OUTBOXKIT_PIPELINE_TRIGGER": "1",
-                "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "100000",
+                **{f"OUTBOXKIT_{k.upper()}": str(v) for k, v in extra.items()},
                 "OUTBOXKIT_SPARK_MASTER": args.master,
             }
             jars = workdir / "jars"
