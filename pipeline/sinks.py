@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -33,7 +33,7 @@ from psycopg import sql
 from outboxkit.pipeline.exceptions import PipelineError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 logger = structlog.get_logger("outboxkit.pipeline")
 
@@ -248,58 +248,9 @@ class DeltaSink:
         )
         return True
 
-    def _key_bounds(self, rows: DataFrame) -> list[Column]:
-        """``t.k BETWEEN min AND max`` of the batch, for each key without nulls in it: implied
-        by the merge condition, but Delta prunes the target's files with it (their min/max
-        statistics), so a batch of recent windows does not scan the whole table. Timestamps
-        and dates travel as integers (microseconds, days), never as Python datetimes."""
-        from pyspark.sql import functions as F  # noqa: PLC0415 (the [spark] extra)
-        from pyspark.sql.types import (  # noqa: PLC0415
-            DateType,
-            NumericType,
-            StringType,
-            TimestampType,
-        )
-
-        types = {f.name: f.dataType for f in rows.schema.fields}
-        out: dict[type, tuple[Callable[[Column], Column], Callable[[Column], Column]]] = {
-            TimestampType: (F.unix_micros, F.timestamp_micros),
-            DateType: (F.unix_date, F.date_from_unix_date),
-        }
-        same = (lambda c: c, lambda c: c)
-        keys = {
-            k: out.get(type(types[k]), same)
-            for k in self.keys
-            if isinstance(types.get(k), NumericType | StringType | DateType | TimestampType)
-        }
-        if not keys:
-            return []
-        aggregates = [F.count(F.lit(1)).alias("_rows")]
-        for i, (k, (encode, _)) in enumerate(keys.items()):
-            column = F.col(f"`{k}`")
-            aggregates += [
-                encode(F.min(column)).alias(f"_min{i}"),
-                encode(F.max(column)).alias(f"_max{i}"),
-                F.count(column).alias(f"_n{i}"),
-            ]
-        stats = rows.agg(*aggregates).first()
-        if stats is None or not stats["_rows"]:
-            return []
-        return [
-            F.col(f"t.`{k}`").between(
-                decode(F.lit(stats[f"_min{i}"])), decode(F.lit(stats[f"_max{i}"]))
-            )
-            for i, (k, (_, decode)) in enumerate(keys.items())
-            if stats[f"_n{i}"] == stats["_rows"]
-        ]
-
     def _merge(self, table: object, rows: DataFrame, app_id: str, batch_id: int) -> None:
-        from pyspark.sql import functions as F  # noqa: PLC0415 (the [spark] extra)
-
         spark = rows.sparkSession
-        on = F.expr(" AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys))
-        for bound in self._key_bounds(rows):
-            on = on & bound
+        on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.keys)
         updates = {
             c: (f"t.`{c}` + s.`{c}`" if c in self.add else f"s.`{c}`")
             for c in rows.columns
