@@ -25,9 +25,10 @@ DELTA_CONF = {
 PIPELINE_SQL_CONF = {
     # The decoder's Python pass is an Arrow UDF that Spark feeds every row of a micro-batch
     # (nulls for the rows decided on the JVM). Below this value Spark checks the Arrow batch's
-    # size after every row, which walks the whole list column (the headers) each time: quadratic
-    # in the rows per Arrow batch, and a quarter of the JVM's time on the demo stream. At
-    # Int.MaxValue the check is off; Arrow batches stay bounded by
+    # size after every row, which walks the list column (the headers, null on that path) back
+    # to its last non-null value each time: quadratic in the rows per Arrow batch, the JVM's
+    # largest single cost on the demo stream. At Int.MaxValue the check is off (+13% events/s,
+    # -15% CPU per event, docs/spark.md "Figures"); Arrow batches stay bounded by
     # spark.sql.execution.arrow.maxRecordsPerBatch (10,000 rows).
     "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
 }
