@@ -8,9 +8,14 @@ Starts its own PostgreSQL and one Apache Kafka node (or uses --postgres URL / --
 and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on the same topic:
 
 1. raw: ``count()`` of a batch ``kafka`` source (read_committed, headers), no decode;
+   then a warm-up (``--warmup`` records decoded, deduplicated and totalled by a batch query),
+   so that the first pipeline phase does not pay for the JIT alone;
 2. the demo's job (``outboxkit.demo.pipeline``), available-now with 100K records per
    micro-batch, into PostgreSQL only, into Delta only, into both: events/s = backlog / wall
-   time of the run, and the ratio to (1);
+   time of the run, and the ratio to (1); the CPU time of Spark's JVM and Python workers per
+   event (robust on a shared machine, unlike wall time); where the micro-batches' time went
+   (Spark's ``durationMs`` per batch, and ``addBatch`` per step: the quarantine sink, whose
+   first read also reads, decodes and deduplicates the batch, then each sink);
 3. kill/restart: the same job as ``python -m outboxkit.pipeline run`` with a 1 s trigger and
    100K records per batch, SIGKILLed after two committed batches, then resumed from its
    checkpoint (available-now); both sinks are compared with a batch recount of the distinct
@@ -106,6 +111,40 @@ def _frame_totals(frame: Any) -> dict[tuple[Any, ...], int]:
     }
 
 
+PHASES = ("postgresql", "delta", "both", "kill")
+#: Records per micro-batch (``pipeline_max_offsets_per_trigger``) unless --setting says otherwise.
+BATCH = 100_000
+#: Records of the warm-up (the JIT compiles the decoder's and the job's code paths).
+WARMUP = 300_000
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants, from ``/proc``: the
+    Spark JVM and its Python workers (Kafka and PostgreSQL are not counted)."""
+    total, pending = 0.0, [pid]
+    ticks = os.sysconf("SC_CLK_TCK")
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+    return total
+
+
+def _breakdown(report: Any) -> str:
+    """Where the micro-batches' time went: Spark's durationMs and the sinks, per batch."""
+    n = max(report.batches, 1)
+    spark = ", ".join(
+        f"{k} {v / n / 1000:.2f}"
+        for k, v in sorted(report.duration_ms.items(), key=lambda kv: -kv[1])
+        if v / n >= 5  # ms: leave out what never costs anything
+    )
+    steps = ", ".join(f"{k} {v / n:.2f}" for k, v in report.step_seconds.items())
+    return f"    s per batch: {spark}\n    addBatch steps: {steps}"
+
+
 def _compare(name: str, got: dict[tuple[Any, ...], int], want: dict[tuple[Any, ...], int]) -> None:
     lost = sum(max(0, n - got.get(k, 0)) for k, n in want.items())
     double = sum(max(0, n - want.get(k, 0)) for k, n in got.items())
@@ -122,15 +161,51 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--postgres", help="use this PostgreSQL (superuser URL)")
     parser.add_argument("--kafka", help="use this Kafka cluster (host:port)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help="records decoded, deduplicated and totalled (a batch query) to warm the JVM up "
+        "before the pipeline phases (0: none, the first phase then pays for it)",
+    )
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated, of {','.join(PHASES)} (raw always runs: the ratios need it)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PipelineSettings field of every job (pipeline_max_offsets_per_trigger=200000)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark configuration for the session (spark-submit's --conf)",
+    )
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    extra: dict[str, Any] = dict(s.split("=", 1) for s in args.setting)
+    extra.setdefault("pipeline_max_offsets_per_trigger", BATCH)
 
     # The driver holds the dedupe state of a local run: more than pyspark's 1 GiB default.
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 4g pyspark-shell")
+    confs = "".join(f" --conf {c}" for c in args.conf)
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-memory 4g{confs} pyspark-shell")
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from outboxkit.demo.events import registry  # noqa: PLC0415
     from outboxkit.demo.pipeline import order_totals, totals  # noqa: PLC0415
-    from outboxkit.pipeline import PipelineSettings, build_session, decode, run  # noqa: PLC0415
+    from outboxkit.pipeline import (  # noqa: PLC0415
+        PipelineSettings,
+        build_session,
+        decode,
+        run,
+        valid_events,
+    )
     from outboxkit.pipeline.jars import pipeline_jars  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="outboxkit-bench-spark-") as tmp:
@@ -168,17 +243,33 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                     .load()
                 )
 
+            jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
             raw = 0.0
             for attempt in (1, 2):  # the first read also warms the JVM up
+                cpu = _tree_cpu(jvm)
                 started = time.perf_counter()
                 count = source().count()
                 elapsed = time.perf_counter() - started
+                cpu = _tree_cpu(jvm) - cpu
                 raw = max(raw, count / elapsed)
-                print(f"raw kafka source count #{attempt}: {count:,} in {elapsed:.1f} s")
+                print(
+                    f"raw kafka source count #{attempt}: {count:,} in {elapsed:.1f} s "
+                    f"(Spark's CPU {cpu / max(count, 1) * 1e6:.1f} us/record)"
+                )
             print(f"raw read rate: {raw:,.0f} records/s")
+            if args.warmup:
+                started = time.perf_counter()
+                sample = decode(source().limit(args.warmup), registry).dropDuplicates(["event_id"])
+                totals(valid_events(sample)).write.format("noop").mode("overwrite").save()
+                print(
+                    f"JVM warm-up: decode, dedupe and totals of {args.warmup:,} records (batch) "
+                    f"in {time.perf_counter() - started:.1f} s"
+                )
 
             for label, keep in (("postgresql", "postgres"), ("delta", "delta"), ("both", "")):
-                job_settings = settings(f"bench-{label}", pipeline_max_offsets_per_trigger=100_000)
+                if label not in phases:
+                    continue
+                job_settings = settings(f"bench-{label}", **extra)
                 job = order_totals(job_settings, table=f"totals_{label}")
                 outputs = [
                     type(o)(
@@ -189,17 +280,25 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                     for o in job.outputs
                 ]
                 job = type(job)(job.registry, outputs, job.quarantine)
+                cpu = _tree_cpu(jvm)
                 started = time.perf_counter()
                 report = run(job, job_settings, spark=spark)
                 elapsed = time.perf_counter() - started
+                cpu = _tree_cpu(jvm) - cpu
                 rate = report.input_rows / elapsed
                 print(
                     f"pipeline into {label}: {report.input_rows:,} events in {elapsed:.1f} s "
-                    f"({report.batches} batches) = {rate:,.0f} events/s = {rate / raw:.2f}x raw"
+                    f"({report.batches} batches) = {rate:,.0f} events/s = {rate / raw:.2f}x raw; "
+                    f"Spark's CPU {cpu / max(report.input_rows, 1) * 1e6:.0f} us/event"
                 )
+                print(_breakdown(report))
+
+            if "kill" not in phases:
+                spark.stop()
+                return
 
             print("kill/restart:")
-            killed = settings("bench-kill", pipeline_max_offsets_per_trigger=100_000)
+            killed = settings("bench-kill", **extra)
             env = {
                 **os.environ,
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -209,7 +308,7 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                 "OUTBOXKIT_PIPELINE_NAME": killed.pipeline_name,
                 "OUTBOXKIT_PIPELINE_OUTPUT": killed.pipeline_output,
                 "OUTBOXKIT_PIPELINE_TRIGGER": "1",
-                "OUTBOXKIT_PIPELINE_MAX_OFFSETS_PER_TRIGGER": "100000",
+                **{f"OUTBOXKIT_{k.upper()}": str(v) for k, v in extra.items()},
                 "OUTBOXKIT_SPARK_MASTER": args.master,
             }
             jars = workdir / "jars"

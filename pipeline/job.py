@@ -139,6 +139,14 @@ class BatchWriter:
     def __init__(self, pipeline: Pipeline, settings: PipelineSettings) -> None:
         self.pipeline = pipeline
         self.settings = settings
+        self.seconds: dict[str, float] = {}
+        """Wall time spent in each step of every micro-batch so far (``quarantine``, then each
+        sink by name): the ``addBatch`` of the progress reports, broken down."""
+
+    def _timed(self, step: str, started: float, batch_id: int) -> None:
+        seconds = time.perf_counter() - started
+        self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+        logger.debug("step done", step=step, batch_id=batch_id, seconds=round(seconds, 3))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -156,7 +164,9 @@ class BatchWriter:
         try:
             quarantine = self.pipeline.quarantine
             if quarantine is not None:
+                started = time.perf_counter()
                 quarantine.write(quarantined(decoded, self.settings.pipeline_name), info)
+                self._timed("quarantine", started, batch_id)
             events = valid_events(decoded)
             for output in self.pipeline.outputs:
                 rows = output.transform(events)
@@ -167,12 +177,7 @@ class BatchWriter:
                     for sink in output.sinks:
                         started = time.perf_counter()
                         sink.write(rows, info)
-                        logger.debug(
-                            "sink done",
-                            sink=sink.name,
-                            batch_id=batch_id,
-                            seconds=round(time.perf_counter() - started, 3),
-                        )
+                        self._timed(sink.name, started, batch_id)
                 finally:
                     if several:
                         rows.unpersist()
@@ -180,8 +185,15 @@ class BatchWriter:
             decoded.unpersist()
 
 
-def start(spark: SparkSession, pipeline: Pipeline, settings: PipelineSettings) -> StreamingQuery:
-    """Prepare the sinks and start the pipeline's query (already running when returned)."""
+def start(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: PipelineSettings,
+    *,
+    writer: BatchWriter | None = None,
+) -> StreamingQuery:
+    """Prepare the sinks and start the pipeline's query (already running when returned);
+    ``writer``, the ``foreachBatch`` function, is made here unless given."""
     for model in pipeline.registry:
         why = why_not_jvm_decodable(model)
         if why:
@@ -196,18 +208,18 @@ def start(spark: SparkSession, pipeline: Pipeline, settings: PipelineSettings) -
     if not topics:
         raise PipelineError("no topics: set OUTBOXKIT_TOPICS or give the models a topic")
     stream = deduplicated(decode(read_kafka(spark, settings, topics), pipeline.registry), settings)
-    writer = (
+    stream_writer = (
         stream.writeStream.queryName(settings.pipeline_name)
         .option("checkpointLocation", f"{settings.checkpoint.rstrip('/')}/{settings.pipeline_name}")
         .outputMode("append")
-        .foreachBatch(BatchWriter(pipeline, settings))
+        .foreachBatch(writer or BatchWriter(pipeline, settings))
     )
     trigger = settings.pipeline_trigger
     if isinstance(trigger, str):
-        writer = writer.trigger(availableNow=True)
+        stream_writer = stream_writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=spark_duration(trigger))
-    return writer.start()
+        stream_writer = stream_writer.trigger(processingTime=spark_duration(trigger))
+    return stream_writer.start()
 
 
 @dataclass(frozen=True)
@@ -219,10 +231,21 @@ class QueryReport:
     input_rows: int
     late_rows: int
     """Rows dropped because their event time was behind the watermark (see docs/spark.md)."""
+    duration_ms: dict[str, int] = field(default_factory=dict)
+    """Spark's ``durationMs`` of the batches, summed: ``addBatch`` (reading, decoding,
+    deduplicating and every sink), ``latestOffset``, ``queryPlanning``, ``walCommit``,
+    ``commitOffsets``, ``triggerExecution`` (the whole micro-batch)…"""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """``addBatch`` broken down: seconds in the quarantine sink and in each sink, summed over
+    the batches. The first step also reads, decodes and deduplicates the batch."""
 
 
-def report(query: StreamingQuery) -> QueryReport:
+def report(query: StreamingQuery, writer: BatchWriter | None = None) -> QueryReport:
     progress = [p for p in query.recentProgress if p.numInputRows is not None]
+    durations: dict[str, int] = {}
+    for p in progress:
+        for key, value in (p.durationMs or {}).items():
+            durations[key] = durations.get(key, 0) + int(value)
     return QueryReport(
         name=query.name or str(query.id),
         batches=len(progress),
@@ -230,6 +253,8 @@ def report(query: StreamingQuery) -> QueryReport:
         late_rows=sum(
             op.numRowsDroppedByWatermark or 0 for p in progress for op in p.stateOperators
         ),
+        duration_ms=durations,
+        step_seconds=dict(writer.seconds) if writer else {},
     )
 
 
@@ -261,7 +286,12 @@ class ProgressLog(StreamingQueryListener):
             logger.error("query failed", id=str(event.id), error=event.exception)
 
 
-def await_query(query: StreamingQuery, *, stop: threading.Event | None = None) -> QueryReport:
+def await_query(
+    query: StreamingQuery,
+    *,
+    stop: threading.Event | None = None,
+    writer: BatchWriter | None = None,
+) -> QueryReport:
     """Wait until the query ends (available-now) or ``stop`` is set (then stop it).
 
     A failed query raises :class:`PipelineError`."""
@@ -275,7 +305,7 @@ def await_query(query: StreamingQuery, *, stop: threading.Event | None = None) -
     error = query.exception()
     if error is not None:
         raise PipelineError(f"query {query.name} failed: {error}")
-    result = report(query)
+    result = report(query, writer)
     logger.info("query finished", **result.__dict__)
     return result
 
@@ -295,6 +325,9 @@ def run(
     listener = ProgressLog()
     spark.streams.addListener(listener)
     try:
-        return await_query(start(spark, pipeline, settings), stop=stop)
+        writer = BatchWriter(pipeline, settings)
+        return await_query(
+            start(spark, pipeline, settings, writer=writer), stop=stop, writer=writer
+        )
     finally:
         spark.streams.removeListener(listener)

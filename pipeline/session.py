@@ -20,6 +20,20 @@ DELTA_CONF = {
 }
 
 
+#: SQL settings the pipeline sets on its session unless the session was given its own values
+#: (``spark-submit --conf``, or the builder's ``config``); measured in docs/spark.md, "Figures".
+PIPELINE_SQL_CONF = {
+    # The decoder's Python pass is an Arrow UDF that Spark feeds every row of a micro-batch
+    # (nulls for the rows decided on the JVM). Below this value Spark checks the Arrow batch's
+    # size after every row, which walks the list column (the headers, null on that path) back
+    # to its last non-null value each time: quadratic in the rows per Arrow batch, the JVM's
+    # largest single cost on the demo stream. At Int.MaxValue the check is off (+13% events/s,
+    # -15% CPU per event, docs/spark.md "Figures"); Arrow batches stay bounded by
+    # spark.sql.execution.arrow.maxRecordsPerBatch (10,000 rows).
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
+}
+
+
 def local_delta_conf(partitions: int) -> dict[str, str]:
     """Delta settings for a local session: its transaction log is read with as many tasks as
     the shuffle (Delta's default, 50, costs seconds per commit on two cores)."""
@@ -63,7 +77,12 @@ def use_this_python_for_workers() -> None:
 
 
 def configure_session(spark: SparkSession, *, shuffle_partitions: int | None = None) -> None:
-    """Runtime settings the pipeline relies on: event times and windows in UTC."""
+    """Runtime settings the pipeline relies on: event times and windows in UTC, and
+    :data:`PIPELINE_SQL_CONF` where the session has no value of its own."""
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    given = spark.sparkContext.getConf()
+    for key, value in PIPELINE_SQL_CONF.items():
+        if not given.contains(key):
+            spark.conf.set(key, value)
     if shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
