@@ -4,21 +4,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
-from bench.relay_bench.harness import Ctx, make_event, pct
+from bench.relay_bench.harness import LATENCY_TOPIC, Ctx, ensure_topic, make_event, pct
 from bench.relay_bench.outbox import Writer
-from bench.relay_bench.relays import ENTRY
+from bench.relay_bench.relays import ENTRY, Relays, running_relays
 
 
 async def consumer_child(bootstrap: str, topic: str, partitions: int, out: Path) -> None:
@@ -193,3 +194,16 @@ def split(
 
 def pickup_figures(values: Sequence[float]) -> str:
     return f"p50 {pct(values, 0.5) * 1000:.1f} ms, p99 {pct(values, 0.99) * 1000:.1f} ms"
+
+
+@contextlib.asynccontextmanager
+async def latency_run(ctx: Ctx, phase: str) -> AsyncIterator[tuple[LatencyConsumer, Relays]]:
+    """The latency topic ready and empty, its consumer started, one relay publishing it."""
+    await ensure_topic(ctx, LATENCY_TOPIC, ctx.args.partitions)
+    await ctx.outbox.register_topic(LATENCY_TOPIC, ctx.args.partitions)
+    await ctx.outbox.clear()
+    async with (
+        LatencyConsumer(ctx, LATENCY_TOPIC, phase) as consumer,
+        running_relays(ctx, 1, LATENCY_TOPIC, f"bench-{phase}-{ctx.run_id}") as relays,
+    ):
+        yield consumer, relays

@@ -14,34 +14,25 @@ import os
 import random
 import time
 
-from bench.relay_bench.consumer import Commits, LatencyConsumer, paced_writes, pickup_figures, split
+from bench.relay_bench.consumer import Commits, latency_run, paced_writes, pickup_figures, split
 from bench.relay_bench.harness import (
     LATENCY_TOPIC,
     Ctx,
     Result,
-    ensure_topic,
     latency_figures,
     relay_cpu_per_event,
     say,
     stage_breakdown,
 )
-from bench.relay_bench.relays import running_relays
 
 WAKEUP = {"postgresql": "NOTIFY", "mongodb": "change stream"}
 
 
 async def phase_idle(ctx: Ctx) -> None:
     args = ctx.args
-    await ensure_topic(ctx, LATENCY_TOPIC, args.partitions)
-    await ctx.outbox.register_topic(LATENCY_TOPIC, args.partitions)
-    await ctx.outbox.clear()
     commits = Commits()
     rng = random.Random(5)
-    group = f"bench-idle-{ctx.run_id}"
-    async with (
-        LatencyConsumer(ctx, LATENCY_TOPIC, "idle") as consumer,
-        running_relays(ctx, 1, LATENCY_TOPIC, group) as relays,
-    ):
+    async with latency_run(ctx, "idle") as (consumer, relays):
         [writer] = await ctx.outbox.writers(1)
         metrics0 = await relays.metrics_text()
         snap = ctx.cpu.snapshot({"relays": relays.pids, "bench": [os.getpid()]})

@@ -19,7 +19,7 @@ import random
 
 from bench.relay_bench.consumer import (
     Commits,
-    LatencyConsumer,
+    latency_run,
     paced_writes,
     pickup_figures,
     split,
@@ -30,7 +30,6 @@ from bench.relay_bench.harness import (
     Ctx,
     Result,
     bucket_quantile,
-    ensure_topic,
     histogram_buckets,
     latency_figures,
     pct,
@@ -38,23 +37,15 @@ from bench.relay_bench.harness import (
     say,
     stage_breakdown,
 )
-from bench.relay_bench.relays import running_relays
 
 HISTOGRAM = "outboxkit_relay_commit_to_ack_seconds"
 
 
 async def phase_steady(ctx: Ctx) -> None:
     args = ctx.args
-    await ensure_topic(ctx, LATENCY_TOPIC, args.partitions)
-    await ctx.outbox.register_topic(LATENCY_TOPIC, args.partitions)
-    await ctx.outbox.clear()
     commits = Commits()
     rng = random.Random(3)
-    group = f"bench-steady-{ctx.run_id}"
-    async with (
-        LatencyConsumer(ctx, LATENCY_TOPIC, "steady") as consumer,
-        running_relays(ctx, 1, LATENCY_TOPIC, group) as relays,
-    ):
+    async with latency_run(ctx, "steady") as (consumer, relays):
         writers = await ctx.outbox.writers(args.latency_writers)
         try:
             await paced_writes(

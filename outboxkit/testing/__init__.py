@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -99,43 +101,55 @@ def _servers(config: pytest.Config) -> str:
 # -- servers -----------------------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
+def _session_server(
+    request: pytest.FixtureRequest,
+    variable: str,
+    container: str,
+    embedded: Callable[[], AbstractContextManager[T]],
+    external: Callable[[str], T],
+) -> Iterator[T]:
+    """The server ``variable`` points at, else the ``container`` fixture's (docker), else an
+    embedded one."""
+    given = os.environ.get(variable)
+    if given:
+        yield external(given)
+    elif _servers(request.config) == "docker":
+        yield request.getfixturevalue(container)
+    else:
+        with embedded() as server:
+            yield server
+
+
 @pytest.fixture(scope="session")
 def outboxkit_postgres(request: pytest.FixtureRequest) -> Iterator[str]:
     """Admin URL of a PostgreSQL server for the whole session."""
-    external = os.environ.get("OUTBOXKIT_TEST_PG_URL")
-    if external:
-        yield external
-    elif _servers(request.config) == "docker":
-        yield request.getfixturevalue("outboxkit_postgres_container")
-    else:
-        with embedded_postgres() as url:
-            yield url
+    yield from _session_server(
+        request, "OUTBOXKIT_TEST_PG_URL", "outboxkit_postgres_container", embedded_postgres, str
+    )
 
 
 @pytest.fixture(scope="session")
 def outboxkit_kafka(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A Kafka-protocol broker for the whole session."""
-    external = os.environ.get("OUTBOXKIT_TEST_KAFKA")
-    if external:
-        yield Broker(external)
-    elif _servers(request.config) == "docker":
-        yield request.getfixturevalue("outboxkit_kafka_container")
-    else:
-        with embedded_broker(str(request.config.getini("outboxkit_broker")).strip()) as broker:
-            yield broker
+    kind = str(request.config.getini("outboxkit_broker")).strip()
+    yield from _session_server(
+        request,
+        "OUTBOXKIT_TEST_KAFKA",
+        "outboxkit_kafka_container",
+        lambda: embedded_broker(kind),
+        Broker,
+    )
 
 
 @pytest.fixture(scope="session")
 def outboxkit_mongodb(request: pytest.FixtureRequest) -> Iterator[str]:
     """URL (without a database) of a MongoDB replica set for the whole session."""
-    external = os.environ.get("OUTBOXKIT_TEST_MONGO_URL")
-    if external:
-        yield external
-    elif _servers(request.config) == "docker":
-        yield request.getfixturevalue("outboxkit_mongodb_container")
-    else:
-        with embedded_mongodb() as url:
-            yield url
+    yield from _session_server(
+        request, "OUTBOXKIT_TEST_MONGO_URL", "outboxkit_mongodb_container", embedded_mongodb, str
+    )
 
 
 def _need_docker() -> None:

@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from pymongo import UpdateOne
@@ -48,7 +48,7 @@ from outboxkit.relay.records import (
 
 T = TypeVar("T")
 
-#: fetch_pending reads this many records per record it may return: with repeated keys near the
+#: The head's choice reads this many records per record it may return: with repeated keys near the
 #: head, a wider window still fills the batch with distinct keys.
 _SCAN_FACTOR = 4
 #: The partial index of pending records the head read uses (migrations/mongodb/0002).
@@ -119,15 +119,15 @@ class MongoOutboxStorage(MongoConnection):
         # Settled first (the write is acknowledged before the reads start), so the reads find
         # the settled keys' next records and never the settled ones.
         await self.mark_published(published, keep=keep)
-        heads = await asyncio.gather(*(self.fetch_pending(tp, limit) for tp in tps))
-        return [record for head in heads for record in head]
-
-    async def fetch_pending(self, tp: TopicPartition, limit: int) -> list[OutboxRecord]:
-        """The head of one partition (``next_batch`` reads each of its partitions so): chosen
-        from the index, then only the chosen documents fetched by ``_id``."""
-        pipeline = self.head_pipeline(tp, await self._blocked_keys(tp), limit)
-        cursor = await _guard(self.outbox.aggregate(pipeline, hint=HEAD_INDEX))
-        ids = [head["id"] for head in await _guard(cursor.to_list())]
+        if not tps:
+            return []
+        # Three reads whatever the number of partitions: the blocked keys of all of them, the
+        # covered choice of each partition's head (concurrently), the chosen documents.
+        blocked = await self._blocked_keys(tps)
+        chosen = await asyncio.gather(
+            *(self._choose_head(tp, blocked.get(tp, []), limit) for tp in tps)
+        )
+        ids = [record_id for head in chosen for record_id in head]
         if not ids:
             return []
         found = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
@@ -135,11 +135,28 @@ class MongoOutboxStorage(MongoConnection):
         # A record the CLI skipped or retried meanwhile is simply not there.
         return [_record(by_id[i]) for i in ids if i in by_id]
 
-    async def _blocked_keys(self, tp: TopicPartition) -> list[bytes]:
-        """Keys with a failed record (per-key order: nothing overtakes it). Few by construction,
-        read from outbox_failed_idx."""
-        where = {"topic": tp.topic, "partition": tp.partition, "state": "failed"}
-        return list(await _guard(self.outbox.distinct("key", where)))
+    async def _choose_head(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Any]:
+        """The ``_id``s of ``tp``'s head, oldest first (see :meth:`head_pipeline`)."""
+        pipeline = self.head_pipeline(tp, blocked, limit)
+        cursor = await _guard(self.outbox.aggregate(pipeline, hint=HEAD_INDEX))
+        return [head["id"] for head in await _guard(cursor.to_list())]
+
+    async def _blocked_keys(
+        self, tps: Collection[TopicPartition]
+    ) -> dict[TopicPartition, list[bytes]]:
+        """Per partition, the keys with a failed record (per-key order: nothing overtakes it).
+        Few by construction, read from outbox_failed_idx in one query for all partitions."""
+        where = {
+            "state": "failed",
+            "$or": [{"topic": tp.topic, "partition": tp.partition} for tp in tps],
+        }
+        fields = {"_id": False, "topic": True, "partition": True, "key": True}
+        blocked: dict[TopicPartition, list[bytes]] = {}
+        for doc in await _guard(self.outbox.find(where, fields).to_list()):
+            keys = blocked.setdefault(TopicPartition(doc["topic"], doc["partition"]), [])
+            if doc["key"] not in keys:
+                keys.append(doc["key"])
+        return blocked
 
     def head_pipeline(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Document]:
         """The choice of ``tp``'s head, one record per key, made by mongod from outbox_head_idx

@@ -114,7 +114,7 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
     await outbox.insert_one(failed)
     try:
         async with MongoOutboxStorage(mongo_url) as storage:
-            blocked = await storage._blocked_keys(TP0)
+            blocked = (await storage._blocked_keys([TP0]))[TP0]
             assert blocked == [b"h0"]
             explained = await storage.database.command(
                 "explain",
@@ -126,7 +126,7 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
                 },
                 verbosity="executionStats",
             )
-            records = await storage.fetch_pending(TP0, LIMIT)
+            records = await storage.next_batch([TP0], LIMIT)
     finally:
         await client.close()
     # The $match, $sort and $limit before the $group run as one covered index read (the
