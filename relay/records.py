@@ -70,3 +70,6 @@ class PublishOutcome:
     published: list[OutboxRecord] = field(default_factory=list)
     #: Records the broker will never accept, with the error (counted against their attempts).
     rejected: list[tuple[OutboxRecord, str]] = field(default_factory=list)
+    #: The broker refused a record batch of several records for one of them: which one, only
+    #: publishing them again one record per record batch (``alone``) tells.
+    refused_batch: bool = False

@@ -149,6 +149,7 @@ class BlockWorker:
     _stage_name: str | None = None
     _stage_since: float = 0.0
     _publishing: StageTimes | None = None
+    _alone: bool = False
 
     def __post_init__(self) -> None:
         self._dirty = set(self.tps)  # look at everything first
@@ -393,7 +394,7 @@ class BlockWorker:
         try:
             try:
                 async with asyncio.timeout(ctx.settings.publish_timeout):
-                    outcome = await publisher.publish(batch, times)
+                    outcome = await publisher.publish(batch, times, alone=self._alone)
             except OwnershipLostError:
                 raise
             except Exception:
@@ -411,6 +412,11 @@ class BlockWorker:
             await ctx.budget.give(granted)
         # Kafka has them: the next cycle's statement settles them, then their keys move on.
         self._finished = outcome.published
+        # A refused record batch: the next attempt sends one record per record batch, to learn
+        # which record it was. After any refusal the producer's sequence numbers are off.
+        self._alone = outcome.refused_batch
+        if outcome.refused_batch or outcome.rejected:
+            await self._drop_publisher()
         if outcome.published:
             self._observe(outcome.published)
         give_up_any = False

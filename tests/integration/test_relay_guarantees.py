@@ -284,14 +284,24 @@ async def test_database_connections_killed_and_server_restarted(
     print(summary)
 
 
+@pytest.mark.parametrize("refused_by", ["producer", "broker"])
 async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
-    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    refused_by: str, db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """G8 (outbox side): an oversize record is retried with backoff, then parked as failed with
-    the error; later events of its key wait behind it, other keys flow; `retry`/`skip` unblock."""
-    topic = await make_topic("poison", partitions=1)
+    the error; later events of its key wait behind it, other keys flow; `retry`/`skip` unblock.
+    ``producer``: over the producer's max_request_size, refused before sending. ``broker``:
+    over the topic's max.message.bytes, so the broker refuses the whole record batch of the
+    partition it shares with a healthy record; the relay then sends one record per record batch
+    to find which record it was (``PublishOutcome.refused_batch``)."""
+    if refused_by == "producer":
+        topic = await make_topic("poison", partitions=1)
+        blob = "x" * 2_000_000
+    else:
+        topic = await make_topic("poison", partitions=1, config={"max.message.bytes": "20000"})
+        blob = "x" * 50_000
     await register_topic(db_url, topic, 1)
-    poison = Big(topic=topic, entity="poisoned", blob="x" * 2_000_000)
+    poison = Big(topic=topic, entity="poisoned", blob=blob)
     behind = Step(topic=topic, entity="poisoned", seq=1)
     other = Step(topic=topic, entity="healthy", seq=0)
     backend = backend_for(db_url)
@@ -311,8 +321,14 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
             assert failed.attempts == 3
             assert failed.last_error is not None
             assert "MessageSizeTooLargeError" in failed.last_error
-            waiting = await storage.list_records("pending", 10)
-            assert [r.event_id for r in waiting] == [behind.id], "its key waits behind it"
+
+            async def only_its_key_waits() -> bool:
+                waiting = await storage.list_records("pending", 10)
+                return [r.event_id for r in waiting] == [behind.id]
+
+            # A refusal by the broker dooms its Kafka transaction: the healthy record of the
+            # same transaction is published once the poison is parked, not before.
+            await wait_for(only_its_key_waits, within=30, what="other keys flowing")
             assert "record parked as failed" in relay.log()
 
             assert await storage.skip_failed([poison.id]) == 1

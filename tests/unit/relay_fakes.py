@@ -164,7 +164,9 @@ class FakePublisher:
     async def close(self) -> None:
         self.closed = True
 
-    async def publish(self, records: Sequence[OutboxRecord], times: StageTimes) -> PublishOutcome:
+    async def publish(
+        self, records: Sequence[OutboxRecord], times: StageTimes, *, alone: bool = False
+    ) -> PublishOutcome:
         broker = self.broker
         tps = frozenset(TopicPartition(r.topic, r.partition) for r in records)
         broker.calls.append(
