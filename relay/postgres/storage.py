@@ -40,6 +40,12 @@ CHANNEL = "outboxkit_outbox"
 #: 23 ms (docs/relay.md, "Drain with few keys").
 _SCAN_FACTOR = 2
 
+#: With at least _SPLIT_AFTER records to settle (a backlog), next_batch reads the partitions in
+#: _CLAIM_STATEMENTS concurrent statements: one statement runs on one server core, and while the
+#: relay claims, Kafka and the relay wait. Fewer records: one statement (less CPU per cycle).
+_CLAIM_STATEMENTS = 2
+_SPLIT_AFTER = 200
+
 
 class PostgresOutboxStorage(PooledStore):
     """Use as ``async with PostgresOutboxStorage(url) as storage:``."""
@@ -100,15 +106,22 @@ class PostgresOutboxStorage(PooledStore):
         keep: bool = False,
     ) -> list[OutboxRecord]:
         ordered = sorted(tps, key=lambda tp: (tp.topic, tp.partition))
-        params = {
-            "published": [r.id for r in published],
-            "topics": [tp.topic for tp in ordered],
-            "partitions": [tp.partition for tp in ordered],
-            "limit": limit,
-            "scan": limit * _SCAN_FACTOR,
-            "keep": keep,
-        }
-        rows = await self._fetch("next_batch", params)
+        statements = _CLAIM_STATEMENTS if len(published) >= _SPLIT_AFTER else 1
+        groups = [ordered[i::statements] for i in range(min(statements, len(ordered)))]
+        if len(groups) <= 1:
+            rows = await self._claim(ordered, [r.id for r in published], limit, keep)
+        else:
+            # A backlog: the partitions' reads split over concurrent statements, so that the
+            # server reads them on several cores. Each settles the published records of its
+            # own partitions (a record of no listed partition goes with the first).
+            group_of = {(tp.topic, tp.partition): i for i, g in enumerate(groups) for tp in g}
+            settle: list[list[Any]] = [[] for _ in groups]
+            for record in published:
+                settle[group_of.get((record.topic, record.partition), 0)].append(record.id)
+            parts = await asyncio.gather(
+                *(self._claim(g, ids, limit, keep) for g, ids in zip(groups, settle, strict=True))
+            )
+            rows = [row for part in parts for row in part]
         return [
             OutboxRecord(
                 id=rid,
@@ -134,6 +147,19 @@ class PostgresOutboxStorage(PooledStore):
                 created_at,
             ) in rows
         ]
+
+    async def _claim(
+        self, ordered: Sequence[TopicPartition], published: list[Any], limit: int, keep: bool
+    ) -> list[TupleRow]:
+        params = {
+            "published": published,
+            "topics": [tp.topic for tp in ordered],
+            "partitions": [tp.partition for tp in ordered],
+            "limit": limit,
+            "scan": limit * _SCAN_FACTOR,
+            "keep": keep,
+        }
+        return await self._fetch("next_batch", params)
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
         await self._execute(
