@@ -33,12 +33,14 @@ logger = logging.getLogger(__name__)
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 CHANNEL = "outboxkit_outbox"
 
-#: next_batch reads this many rows per record it may return: with repeated keys near the
-#: head, a wider window still fills the batch with distinct keys. Reading rows costs most of the
-#: statement's time (heap visits): with 1000 keys over 6 partitions, a window of twice the batch
-#: already finds every key of a partition, and 2 instead of 4 cut the drain's claim from 36 to
-#: 23 ms (docs/relay.md, "Drain with few keys").
+#: next_batch reads a window of a partition's first pending rows, twice as many as it may return
+#: and at least _SCAN_EXTRA more: with repeated keys near the head, a wider window still fills
+#: the batch with distinct keys. Reading rows costs most of the statement's time (heap visits):
+#: with 1000 keys over 6 partitions, twice the batch of 500 already finds every key of a
+#: partition, and 2 instead of 4 times cut the drain's claim from 36 to 23 ms (docs/relay.md,
+#: "Drain with few keys"); a small batch still looks _SCAN_EXTRA rows past itself.
 _SCAN_FACTOR = 2
+_SCAN_EXTRA = 150
 
 #: With at least _SPLIT_AFTER records to settle (a backlog), next_batch reads the partitions in
 #: _CLAIM_STATEMENTS concurrent statements: one statement runs on one server core, and while the
@@ -156,7 +158,7 @@ class PostgresOutboxStorage(PooledStore):
             "topics": [tp.topic for tp in ordered],
             "partitions": [tp.partition for tp in ordered],
             "limit": limit,
-            "scan": limit * _SCAN_FACTOR,
+            "scan": max(limit * _SCAN_FACTOR, limit + _SCAN_EXTRA),
             "keep": keep,
         }
         return await self._fetch("next_batch", params)
