@@ -50,6 +50,10 @@ RECORD_ERRORS: tuple[type[KafkaError], ...] = (
     TopicAuthorizationFailedError,
 )
 
+#: Bytes of the largest produce request (aiokafka's default): a larger record is rejected
+#: before sending.
+MAX_REQUEST_SIZE = 1024 * 1024
+
 #: Errors that say another producer took this block's transactional.id.
 FENCED_ERRORS: tuple[type[KafkaError], ...] = (
     ProducerFenced,
@@ -215,9 +219,10 @@ class KafkaPublisher:
             linger_ms=0,
             # One batch per partition per transaction: up to batch_size records of ~1 KB.
             max_batch_size=1024 * 1024,
+            max_request_size=MAX_REQUEST_SIZE,
             client_id=f"{settings.group_id}-{block}",
         )
-        self._max_request_size: int = self._producer._max_request_size
+        self._max_request_size = MAX_REQUEST_SIZE
 
     async def start(self) -> None:
         try:
