@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from outboxkit.core.kafka import leave_group
+from outboxkit.relay.batches import InFlightBudget, first_per_key
 from outboxkit.relay.blocks import Block, plan
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.fencing import Fencer, KafkaFencer
@@ -30,7 +31,7 @@ from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory
 from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
-from outboxkit.relay.worker import BlockWorker, InFlightBudget, WorkerContext, first_per_key
+from outboxkit.relay.worker import BlockWorker, WorkerContext
 
 logger = structlog.get_logger("outboxkit.relay")
 

@@ -92,6 +92,7 @@ class InMemoryOutboxStorage:
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
+        depth: int = 1,
     ) -> list[OutboxRecord]:
         self._settle(published, keep=keep)
         wanted = set(tps)
@@ -100,16 +101,22 @@ class InMemoryOutboxStorage:
             for row in self._rows.values()
             if row.state == "failed" and _tp(row.record) in wanted
         }
-        # The oldest record of each key, at most ``limit`` keys per partition (like PostgreSQL).
-        heads: dict[TopicPartition, dict[bytes, OutboxRecord]] = {tp: {} for tp in wanted}
+        # The oldest ``depth`` records of each key, at most ``limit`` keys per partition, in
+        # commit order (like PostgreSQL).
+        heads: dict[TopicPartition, dict[bytes, list[OutboxRecord]]] = {tp: {} for tp in wanted}
+        found: list[OutboxRecord] = []
         for row in sorted(self._rows.values(), key=lambda r: r.seq):
             tp = _tp(row.record)
             if row.state != "pending" or tp not in wanted or (tp, row.record.key) in blocked:
                 continue
             head = heads[tp]
-            if len(head) < limit:
-                head.setdefault(row.record.key, row.record)
-        return [record for head in heads.values() for record in head.values()]
+            if row.record.key not in head and len(head) >= limit:
+                continue
+            of_key = head.setdefault(row.record.key, [])
+            if len(of_key) < depth:
+                of_key.append(row.record)
+                found.append(row.record)
+        return found
 
     def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)

@@ -15,6 +15,7 @@ STAGES = {
     "wakeup": "from a writer's wake-up reaching the relay to the cycle that reads it",
     "pace": "waiting for batch_interval since the last cycle started (batching by time)",
     "claim": "the storage call: settle the last batch, read the partitions' heads",
+    "settle": "the storage call between two batches of one claim: settle the first",
     "send": "begin, AddPartitionsToTxn and Produce until every record is acknowledged",
     "commit": "EndTxn (the broker then writes the commit markers)",
     "confirm": "proving membership before a producer starts",

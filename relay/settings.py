@@ -27,6 +27,15 @@ class RelaySettings(WorkerSettings):
     batch_size: int = Field(
         default=500, ge=1, le=10_000, description="Records per partition per Kafka transaction"
     )
+    claim_depth: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Records of one key a claim reads at most. They go out one per key per "
+        "Kafka transaction (the per-key barrier), each transaction settled in the database "
+        "before the next, so a backlog with few keys needs a claim per this many transactions, "
+        "not one per transaction",
+    )
     partitions_per_transaction: int = Field(
         default=32,
         ge=1,

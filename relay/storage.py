@@ -48,6 +48,7 @@ class OutboxStorage(Protocol):
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
+        depth: int = 1,
     ) -> list[OutboxRecord]:
         """Settle ``published``, then read the heads of ``tps``. One call per relay cycle.
 
@@ -55,10 +56,12 @@ class OutboxStorage(Protocol):
            published (for replay). This is durable before the call returns: the relay then
            publishes their keys' next records, and a crash must not bring an older record
            back after a newer one (G2).
-        2. For each partition in ``tps``, return its oldest pending records in commit order, at
-           most ``limit`` per partition, skipping keys that a failed record blocks, and never a
-           record of ``published``. Records of one key may repeat (the engine keeps the oldest
-           of each key); returning only the oldest of each key saves a transfer.
+        2. For each partition in ``tps``, return its oldest pending records in commit order, of
+           at most ``limit`` keys per partition, skipping keys that a failed record blocks, and
+           never a record of ``published``. Of each key, its oldest record, and up to ``depth``
+           of its oldest records in order **with none skipped**: the engine publishes them one
+           per key per Kafka transaction, settling each before the next. A storage may return
+           fewer (one per key is always correct).
 
         Reads only: ownership is the caller's Kafka assignment. ``tps`` may be empty (settle
         only)."""

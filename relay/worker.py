@@ -2,8 +2,10 @@
 
     cycle:
         settle the last batch, read the heads of the partitions   (storage.next_batch, 1 call)
-        keep the first record of each key                         (per-key barrier, G2)
-        publish them: one Kafka transaction                       (publisher.publish)
+        up to claim_depth records per key, as batches by depth    (by_depth)
+        for each batch: one record per key                        (per-key barrier, G2)
+            settle the batch before (from the second on)          (storage.next_batch, settle only)
+            publish it: one Kafka transaction                     (publisher.publish)
 
 Settling a batch (deleting it, or marking it published) shares the next cycle's statement: it
 is durable before that statement returns, so before any later record of its keys is sent. A
@@ -31,6 +33,7 @@ import structlog
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from outboxkit.relay.batches import InFlightBudget, by_depth
 from outboxkit.relay.blocks import Block, fence_ids
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.fencing import Fencer
@@ -65,42 +68,6 @@ class NotConfirmedError(_RetryLater):
 
 
 RETRIABLE = (StorageUnavailableError, KafkaError, OSError, _RetryLater)
-
-
-def first_per_key(records: Sequence[OutboxRecord]) -> list[OutboxRecord]:
-    """The oldest record of each key, in the order given: at most one record per key in flight."""
-    seen: set[tuple[str, int, bytes]] = set()
-    batch = []
-    for record in records:
-        key = (record.topic, record.partition, record.key)
-        if key not in seen:
-            seen.add(key)
-            batch.append(record)
-    return batch
-
-
-class InFlightBudget:
-    """Bounds the records sent and not yet confirmed, over all blocks."""
-
-    def __init__(self, limit: int, metrics: RelayMetrics) -> None:
-        self._free = limit
-        self._limit = limit
-        self._changed = asyncio.Condition()
-        self._metrics = metrics
-
-    async def take(self, want: int) -> int:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._free > 0)
-            granted = min(want, self._free)
-            self._free -= granted
-            self._metrics.in_flight.set(self._limit - self._free)
-            return granted
-
-    async def give(self, count: int) -> None:
-        async with self._changed:
-            self._free += count
-            self._metrics.in_flight.set(self._limit - self._free)
-            self._changed.notify_all()
 
 
 class Confirm(Protocol):
@@ -360,24 +327,47 @@ class BlockWorker:
         try:
             with self._stage("claim"):
                 records = await ctx.storage.next_batch(
-                    look, limit, published=finished, keep=ctx.settings.retention is not None
+                    look,
+                    limit,
+                    published=finished,
+                    keep=ctx.settings.retention is not None,
+                    depth=ctx.settings.claim_depth,
                 )
         except BaseException:
             # Maybe not settled: settling twice is harmless, not settling is not.
             self._finished = finished + self._finished
             self._dirty |= look
             raise
-        batch = first_per_key(records)
+        ranks = by_depth(records)
         counts: dict[TopicPartition, int] = {}
-        for record in records:
+        for record in ranks[0] if ranks else ():
             tp = TopicPartition(record.topic, record.partition)
             counts[tp] = counts.get(tp, 0) + 1
         full = {tp for tp, n in counts.items() if n >= limit}
-        self._backlog = bool(full)
+        self._backlog = bool(full) or len(ranks) > 1
         self._dirty |= full
-        if batch:
+        for depth, batch in enumerate(ranks):
+            if depth:
+                # The last batch is in Kafka: settle it, durably, before its keys' next records
+                # go out (G2). Anything short of the whole batch (budget, rejections, a refused
+                # record batch) leaves the next records to the next claim.
+                if self.stop.is_set() or len(self._finished) != len(ranks[depth - 1]):
+                    break
+                await self._settle()
             await self._publish(batch, log)
-        await self._after_cycle(bool(batch))
+        await self._after_cycle(bool(ranks))
+
+    async def _settle(self) -> None:
+        """Settle what Kafka accepted, without reading (the claim usually does it on its way)."""
+        finished, self._finished = self._finished, []
+        try:
+            with self._stage("settle"):
+                await self.ctx.storage.next_batch(
+                    (), 1, published=finished, keep=self.ctx.settings.retention is not None
+                )
+        except BaseException:
+            self._finished = finished + self._finished
+            raise
 
     async def _publish(
         self, batch: list[OutboxRecord], log: structlog.typing.FilteringBoundLogger
@@ -527,12 +517,9 @@ class BlockWorker:
         being woken, close the producer."""
         ctx = self.ctx
         if self._finished:
-            finished, self._finished = self._finished, []
             try:
                 async with asyncio.timeout(ctx.settings.revoke_timeout):
-                    await ctx.storage.next_batch(
-                        (), 1, published=finished, keep=ctx.settings.retention is not None
-                    )
+                    await self._settle()
             except Exception as exc:  # published anyway; the next owner repeats them (G2 allows)
                 log.warning("could not settle the last batch", error=repr(exc))
         if self._waiting:

@@ -115,6 +115,7 @@ class MongoOutboxStorage(MongoConnection):
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
+        depth: int = 1,  # one per key: always correct (see OutboxStorage)
     ) -> list[OutboxRecord]:
         # Settled first (the write is acknowledged before the reads start), so the reads find
         # the settled keys' next records and never the settled ones.

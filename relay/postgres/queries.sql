@@ -23,14 +23,16 @@ WHERE t.topic = %(topic)s
 -- next_batch --
 -- One statement per relay cycle: settle what Kafka has accepted (%(published)s): delete it, or
 -- with a retention (%(keep)s) mark it published and keep it for replay; then read the
--- head of every partition in (%(topics)s, %(partitions)s), oldest first, one record per key
--- (the per-key barrier). The DELETE commits with the statement, before the relay publishes
+-- head of every partition in (%(topics)s, %(partitions)s), oldest first: the oldest records of
+-- at most %(limit)s keys per partition, at most %(depth)s of each key (the relay publishes them
+-- one per key per Kafka transaction, the per-key barrier, settling each before the next). The DELETE commits with the statement, before the relay publishes
 -- the next record of any key: a crash never puts an older record after a newer one (G2).
 -- Both parts see one snapshot, so the SELECT excludes the rows being deleted by id and finds
 -- their keys' next records.
 -- Per partition, the first %(scan)s pending rows are read in id order from the partial index
--- outbox_pending_idx, and only the oldest row of each key among them is returned, so rows a
--- batch cannot take are not shipped. No locks and no marks: only the partition's owner (its
+-- outbox_pending_idx; of each key among them the oldest %(depth)s are returned (a prefix in id
+-- order: a key's records come with none skipped), for the %(limit)s keys whose oldest row comes
+-- first. No locks and no marks: only the partition's owner (its
 -- Kafka assignment) reads here, and Kafka fences a stale owner. Keys with a failed record are
 -- skipped, so nothing overtakes a parked record of its key.
 -- The partition is bounded by a row comparison on (partition, id), not `partition = …`: with
@@ -66,25 +68,32 @@ CROSS JOIN LATERAL (
     WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
 ) blocked
 CROSS JOIN LATERAL (
-    SELECT firsts.*
+    SELECT ranked.id, ranked.topic, ranked.partition, ranked.key, ranked.value,
+           ranked.header_names, ranked.header_values, ranked.event_id, ranked.attempts,
+           ranked.created_at
     FROM (
-        SELECT DISTINCT ON (head.key) head.*
+        SELECT keyed.*, dense_rank() OVER (ORDER BY keyed.head_id) AS key_order
         FROM (
-            SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
-                   o.header_values, o.event_id, o.attempts, o.created_at
-            FROM outboxkit.outbox o
-            WHERE o.topic = p.topic AND o.state = 'pending'
-              AND (o.partition, o.id) >= (p.partition, 0)
-              AND (o.partition, o.id) < (p.partition + 1, 0)
-              AND o.id <> ALL(%(published)s::bigint[])
-              AND o.key <> ALL(blocked.keys)
-            ORDER BY o.topic, o.partition, o.id
-            LIMIT %(scan)s
-        ) head
-        ORDER BY head.key, head.id
-    ) firsts
-    ORDER BY firsts.id
-    LIMIT %(limit)s
+            SELECT head.*,
+                   row_number() OVER (PARTITION BY head.key ORDER BY head.id) AS depth,
+                   min(head.id) OVER (PARTITION BY head.key) AS head_id
+            FROM (
+                SELECT o.id, o.topic, o.partition, o.key, o.value, o.header_names,
+                       o.header_values, o.event_id, o.attempts, o.created_at
+                FROM outboxkit.outbox o
+                WHERE o.topic = p.topic AND o.state = 'pending'
+                  AND (o.partition, o.id) >= (p.partition, 0)
+                  AND (o.partition, o.id) < (p.partition + 1, 0)
+                  AND o.id <> ALL(%(published)s::bigint[])
+                  AND o.key <> ALL(blocked.keys)
+                ORDER BY o.topic, o.partition, o.id
+                LIMIT %(scan)s
+            ) head
+        ) keyed
+        WHERE keyed.depth <= %(depth)s
+    ) ranked
+    WHERE ranked.key_order <= %(limit)s
+    ORDER BY ranked.id
 ) h
 
 -- record_failure --

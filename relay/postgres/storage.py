@@ -106,12 +106,13 @@ class PostgresOutboxStorage(PooledStore):
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
+        depth: int = 1,
     ) -> list[OutboxRecord]:
         ordered = sorted(tps, key=lambda tp: (tp.topic, tp.partition))
         statements = _CLAIM_STATEMENTS if len(published) >= _SPLIT_AFTER else 1
         groups = [ordered[i::statements] for i in range(min(statements, len(ordered)))]
         if len(groups) <= 1:
-            rows = await self._claim(ordered, [r.id for r in published], limit, keep)
+            rows = await self._claim(ordered, [r.id for r in published], limit, keep, depth)
         else:
             # A backlog: the partitions' reads split over concurrent statements, so that the
             # server reads them on several cores. Each settles the published records of its
@@ -121,7 +122,10 @@ class PostgresOutboxStorage(PooledStore):
             for record in published:
                 settle[group_of.get((record.topic, record.partition), 0)].append(record.id)
             parts = await asyncio.gather(
-                *(self._claim(g, ids, limit, keep) for g, ids in zip(groups, settle, strict=True))
+                *(
+                    self._claim(g, ids, limit, keep, depth)
+                    for g, ids in zip(groups, settle, strict=True)
+                )
             )
             rows = [row for part in parts for row in part]
         return [
@@ -151,7 +155,12 @@ class PostgresOutboxStorage(PooledStore):
         ]
 
     async def _claim(
-        self, ordered: Sequence[TopicPartition], published: list[Any], limit: int, keep: bool
+        self,
+        ordered: Sequence[TopicPartition],
+        published: list[Any],
+        limit: int,
+        keep: bool,
+        depth: int,
     ) -> list[TupleRow]:
         params = {
             "published": published,
@@ -160,6 +169,7 @@ class PostgresOutboxStorage(PooledStore):
             "limit": limit,
             "scan": max(limit * _SCAN_FACTOR, limit + _SCAN_EXTRA),
             "keep": keep,
+            "depth": depth,
         }
         return await self._fetch("next_batch", params)
 

@@ -96,6 +96,26 @@ async def test_the_head_is_oldest_first_with_each_keys_oldest_record(relay: Rela
     assert await storage.next_batch([TopicPartition(TOPIC, 1)], 10) == []
 
 
+async def test_with_depth_each_key_comes_with_its_oldest_records_none_skipped(
+    relay: Relay,
+) -> None:
+    """``depth``: of each of the ``limit`` keys whose oldest record comes first, up to ``depth``
+    of its oldest records, in order, none skipped (the engine publishes them one per key per
+    transaction). A backend may return fewer: one per key is always correct."""
+    storage, _, tx = relay
+    await write(tx, *(Step(entity=A, seq=i) for i in range(5)))
+    await write(tx, Step(entity=B, seq=0), Step(entity=C, seq=0), Step(entity=B, seq=1))
+    found = await storage.next_batch([TP0], 2, depth=3)
+    of_key: dict[str, list[int]] = {}
+    for entity, seq in seqs(found):
+        of_key.setdefault(entity, []).append(seq)
+    assert set(of_key) == {A, B}, "the two keys whose oldest record comes first"
+    for entity, numbers in of_key.items():
+        assert numbers == list(range(len(numbers))), f"{entity}: oldest first, none skipped"
+        assert 1 <= len(numbers) <= 3
+    assert first_per_key(found) == [r for r in found if _seq(r) == 0]
+
+
 async def test_repeated_keys_at_the_head_do_not_starve_other_keys(relay: Relay) -> None:
     storage, _, tx = relay
     await write(tx, *(Step(entity=A, seq=i) for i in range(30)))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -87,7 +87,23 @@ class Harness:
             ownership_factory=self.ownership,
             fencer_factory=self.broker.fencer,
         )
+        self.broker.inspect = self.older_records_settled
         self.task: asyncio.Task[None] | None = None
+
+    def older_records_settled(self, batch: Sequence[OutboxRecord]) -> list[str]:
+        """The per-key barrier, checked as each batch goes out: every older record of a
+        record's key has been settled (deleted or marked published) in the outbox before it."""
+        unsettled = {
+            (r.partition, r.key): r.id
+            for r, state in sorted(self.storage.rows, key=lambda row: -cast(int, row[0].id))
+            if state != "published"
+        }
+        return [
+            f"record {r.id} sent before record {unsettled[(r.partition, r.key)]} of its key "
+            "was settled"
+            for r in batch
+            if cast(int, unsettled.get((r.partition, r.key), r.id)) < cast(int, r.id)
+        ]
 
     async def open(self) -> Harness:
         await self.storage.register_topics({TOPIC: self.partitions})

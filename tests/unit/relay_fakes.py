@@ -24,7 +24,7 @@ from uuid import UUID
 from aiokafka.errors import KafkaConnectionError
 
 from outboxkit.relay.blocks import Block
-from outboxkit.relay.exceptions import OwnershipLostError
+from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.memory import InMemoryOutboxStorage
 from outboxkit.relay.ownership import PartitionsCallback
 from outboxkit.relay.publisher import StageTimes
@@ -77,6 +77,8 @@ class FakeBroker:
         self.violations: list[str] = []
         #: Transactional ids initialised by the relay's fencer, in order.
         self.fenced_ids: list[str] = []
+        #: Called with each batch as it is published; returns the violations it finds.
+        self.inspect: Callable[[Sequence[OutboxRecord]], list[str]] | None = None
 
     def factory(self, block: Block) -> FakePublisher:
         publisher = FakePublisher(self, block)
@@ -181,6 +183,8 @@ class FakePublisher:
             broker.violations.append(f"two records of one key in one batch: {keys}")
         if not all(_holds(self.block, tp) for tp in tps):
             broker.violations.append(f"record of another partition sent to {self.block}")
+        if broker.inspect is not None:
+            broker.violations += broker.inspect(records)
         broker.in_flight += len(records)
         broker.max_in_flight = max(broker.max_in_flight, broker.in_flight)
         try:
@@ -310,6 +314,9 @@ class SpyStorage(InMemoryOutboxStorage):
         self.waiting_calls: list[tuple[TopicPartition, bool]] = []
         self.fetches: list[Fetch] = []
         self.fetch_errors: deque[BaseException] = deque()
+        #: next_batch calls (1-based) that fail, settling or not (odd: after settling).
+        self.fail_calls: set[int] = set()
+        self.calls = 0
         self.register_errors: deque[BaseException | None] = deque()
         self.register_error: BaseException | None = None
         self.register_calls = 0
@@ -329,10 +336,17 @@ class SpyStorage(InMemoryOutboxStorage):
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
+        depth: int = 1,
     ) -> list[OutboxRecord]:
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            # Half of them as a lost answer: the statement settled, the relay cannot know.
+            if self.calls % 2:
+                await super().next_batch((), 1, published=published, keep=keep)
+            raise StorageUnavailableError(f"call {self.calls} failed (fake)")
         if self.fetch_errors:
             raise self.fetch_errors.popleft()
-        found = await super().next_batch(tps, limit, published=published, keep=keep)
+        found = await super().next_batch(tps, limit, published=published, keep=keep, depth=depth)
         for tp in sorted(tps, key=lambda t: t.partition):
             count = sum(1 for r in found if (r.topic, r.partition) == (tp.topic, tp.partition))
             self.fetches.append(Fetch(tp, count, tp in self.declared))

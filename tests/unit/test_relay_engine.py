@@ -122,6 +122,7 @@ class Scenario:
     failures: list[Failure | None]  #: how the next publish calls fail
     written_first: int  #: records committed before the relay starts
     rebalance: bool  #: revoke and reassign everything after the rest is written
+    storage_failures: set[int]  #: storage calls that fail (odd: after settling)
 
 
 @st.composite
@@ -134,20 +135,26 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         failures=draw(st.lists(st.sampled_from([None, "error", "lost_ack"]), max_size=10)),
         written_first=draw(st.integers(0, len(keys))),
         rebalance=draw(st.booleans()),
+        storage_failures=draw(st.sets(st.integers(1, 30), max_size=4)),
     )
 
 
+@pytest.mark.parametrize("claim_depth", [1, 4], ids=["depth1", "depth4"])
 @pytest.mark.parametrize("per_transaction", [1, 32], ids=["partition", "block"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios())
 def test_per_key_order_holds_under_any_failures_and_rejections(
-    per_transaction: int, scenario: Scenario
+    per_transaction: int, claim_depth: int, scenario: Scenario
 ) -> None:
-    """Both partitions in one transaction per batch (a block) or one each."""
-    asyncio.run(_check_scenario(scenario, per_transaction))
+    """Both partitions in one transaction per batch (a block) or one each; one record of a key
+    per claim, or up to four (published one per transaction, each settled before the next);
+    publish failures, lost acknowledgements, rejections, storage failures before and after a
+    settle. The broker checks, batch by batch, that every older record of a key was settled
+    before a newer one went out (Harness.older_records_settled)."""
+    asyncio.run(_check_scenario(scenario, per_transaction, claim_depth))
 
 
-async def _check_scenario(s: Scenario, per_transaction: int) -> None:
+async def _check_scenario(s: Scenario, per_transaction: int, claim_depth: int) -> None:
     h = await Harness(
         batch_size=3,
         max_in_flight=4,
@@ -155,8 +162,10 @@ async def _check_scenario(s: Scenario, per_transaction: int) -> None:
         retry_backoff_max=0.001,
         sweep_interval=0.05,
         partitions_per_transaction=per_transaction,
+        claim_depth=claim_depth,
     ).open()
     h.broker.script.extend(s.failures)
+    h.storage.fail_calls = s.storage_failures
     records: list[OutboxRecord] = []
 
     def write(indexes: range) -> None:
