@@ -100,6 +100,9 @@ def replace(record: Record, old: bytes, new: bytes) -> Record:
     return key, payload.replace(old, new), headers
 
 
+LINE = b'{"sku":"s","quantity":2,"unit_price":"4.50"}'
+
+
 def corpus() -> list[tuple[str, Record]]:
     """(label, record): good records, written canonically or not, and garbage."""
     good = wire(order())
@@ -224,6 +227,27 @@ def corpus() -> list[tuple[str, Record]]:
             "shipped_on 31 April",
             replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-04-31T23:00:00Z"'),
         ),
+        # Every entry of an array checked at once (no lambda): each kind of bad entry.
+        ("a null line", replace(good, LINE, b"null")),
+        ("a null line after a good one", replace(good, LINE, LINE + b",null")),
+        ("second line quantity 0", replace(good, LINE, LINE + b"," + LINE.replace(b":2", b":0"))),
+        ("second line price 4.505", replace(good, LINE, LINE + b"," + LINE.replace(b"50", b"505"))),
+        ("line price with a comma", replace(good, b'"4.50"', b'"4,50"')),
+        ("line price 4,5 and 0", replace(good, LINE, LINE.replace(b"4.50", b"4,5") + b"," + LINE)),
+        ("line price empty", replace(good, b'"4.50"', b'""')),
+        ("line price null", replace(good, b'"4.50"', b"null")),
+        ("line sku null", replace(good, b'"sku":"s"', b'"sku":null')),
+        ("line quantity null", replace(good, b'"quantity":2', b'"quantity":null')),
+        ("line price -0.00", replace(good, b'"4.50"', b'"-0.00"')),
+        ("line price 0.5 (1 place)", replace(good, b'"4.50"', b'"0.5"')),
+        ("no lines", replace(good, LINE, b"")),
+        ("a null label", replace(shipped, b'"fragile",', b'"fragile",null,')),
+        ("user header CE_X", (key, value, [*headers, ("CE_X", b"1")])),
+        ("user header Content-Type", (key, value, [*headers, ("Content-Type", b"1")])),
+        ("user header name with a newline", (key, value, [*headers, ("a\nce_x", b"1")])),
+        ("user header value with a newline", (key, value, [*headers, ("h", b"a\nb")])),
+        ("user header value cut UTF-8", (key, value, [*headers, ("h", b"\xc3"), ("g", b"A")])),
+        ("user header value empty", (key, value, [*headers, ("h", b"")])),
         # Oversize for its column: valid for Pydantic, not representable in Spark.
         (
             "amount too large for decimal(38,2)",
