@@ -90,26 +90,47 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
         valid[name] = F.coalesce(
             column.isNotNull() & canonical & payload_checks(model, column), F.lit(False)
         )
-    any_valid = F.lit(False)
-    for check in valid.values():
-        any_valid = any_valid | check
     checked = parsed_df.select(
         "*",
         *(check.alias(f"_v_{name}") for name, check in valid.items()),
-    ).withColumn(
-        "_undecided",
-        ~F.col("_ok") | (F.col("_reason").isNull() & ~_any(f"_v_{n}" for n in valid)),
+    )
+    # The last reason, a value that is not UTF-8, only where no payload was accepted: to_json
+    # writes valid UTF-8, so a value equal to it is valid (and need not be scanned).
+    accepted = _any(f"_v_{n}" for n in valid)
+    not_utf8 = F.col("_not_utf8")
+    checked = (
+        checked.withColumn(
+            "_not_utf8",
+            F.col("_ok") & F.col("_reason").isNull() & ~accepted & ~F.is_valid_utf8(F.col("value")),
+        )
+        .withColumn(
+            "_reason",
+            F.when(not_utf8, F.lit(str(DecodeErrorReason.INVALID_VALUE))).otherwise(
+                F.col("_reason")
+            ),
+        )
+        .withColumn(
+            "_message",
+            F.when(not_utf8, F.lit("the record value is not valid UTF-8")).otherwise(
+                F.col("_message")
+            ),
+        )
+        .withColumn("_undecided", ~F.col("_ok") | (F.col("_reason").isNull() & ~accepted))
     )
 
     decoder = PythonDecoder(registry)
     make_udf: Any = arrow_udf  # typed by the function's hints (pyspark's stubs cannot say so)
     python = make_udf(decoder.function(), decoder.schema)
     undecided = F.col("_undecided")
-    with_python = checked.withColumn(
+    # Spark copies every row the Python pass reads twice (into a queue, then joined with the
+    # pass's result): the JVM's outcome first, so that those rows hold neither the raw bytes
+    # nor the parsed payload of a record decided on the JVM.
+    jvm = checked.select(*_jvm_outcome(models, valid.keys()))
+    with_python = jvm.withColumn(
         "_py",
         python(
             undecided,
-            *(F.when(undecided, F.col(c)) for c in ("key", "value", "headers", "topic")),
+            *(F.when(undecided, F.col(c)) for c in ("key", "_value", "_headers", "topic")),
         ),
     )
     return with_python.select(*_output(models, valid.keys()))
@@ -160,12 +181,7 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
             DecodeErrorReason.INVALID_VALUE,
             F.lit("the record has no value (a tombstone?)"),
         ),
-        (
-            ~F.is_valid_utf8(value),
-            DecodeErrorReason.INVALID_VALUE,
-            F.lit("the record value is not valid UTF-8"),
-        ),
-    ]
+    ]  # then a value that is not valid UTF-8: see decode
     reason = F.lit(None).cast("string")
     message = F.lit(None).cast("string")
     for condition, why, text in reversed(cases):
@@ -175,46 +191,68 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
     return F.when(ok, reason), F.when(ok, message)
 
 
-def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
+def _jvm_outcome(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
+    """What the JVM decided: envelope and event columns (``_e_…``), the reason, and the raw
+    value and headers only where the record may be quarantined (or goes to the Python pass)."""
     undecided = F.col("_undecided")
-    py = F.col("_py")
     valid = ~undecided & F.col("_reason").isNull()
     key_text = F.col("key").cast("string")
-    jvm_envelope = {
+    envelope_values = {
         "event_id": F.col("_id"),
         "event_type": F.col("_type"),
         "event_version": F.col("_version").cast("int"),
         "event_key": key_text,
         "occurred_at": F.col("_time"),
     }
-    columns = [
-        F.when(undecided, py[name]).when(valid, jvm_envelope[name]).alias(name)
-        for name in ENVELOPE_COLUMNS
-    ]
+    columns = [F.when(valid, envelope_values[n]).alias(f"_e_{n}") for n in ENVELOPE_COLUMNS]
     envelope = read_envelope(F.col("headers"))
     for name, model in models.items():
-        if name in jvm_models:
-            parsed = F.col(f"_p_{name}")
-            fields = {
-                "id": F.col("_id"),
-                "key": key_text,
-                "topic": F.col("topic"),
-                "occurred_at": F.col("_time"),
-                "headers": envelope.user_headers,
-            }
-            payload = typed_payload(model, parsed)
-            struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
-            columns.append(
-                F.when(undecided, py[name]).when(F.col(f"_v_{name}"), struct).alias(name)
+        if name not in jvm_models:
+            continue
+        fields = {
+            "id": F.col("_id"),
+            "key": key_text,
+            "topic": F.col("topic"),
+            "occurred_at": F.col("_time"),
+            "headers": envelope.user_headers,
+        }
+        payload = typed_payload(model, F.col(f"_p_{name}"))
+        struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
+        columns.append(F.when(F.col(f"_v_{name}"), struct).alias(f"_e_{name}"))
+    raw = undecided | F.col("_reason").isNotNull()
+    return [
+        *columns,
+        undecided,
+        F.col("_reason"),
+        F.col("_message"),
+        F.col("key"),
+        F.when(raw, F.col("value")).alias("_value"),
+        F.when(raw, F.col("headers")).alias("_headers"),
+        *(F.col(c) for c in RAW_COLUMNS[3:]),
+    ]
+
+
+def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
+    """The decoded columns: the Python pass's outcome where the JVM left the record undecided."""
+    undecided = F.col("_undecided")
+    py = F.col("_py")
+    columns = [
+        F.when(undecided, py[name]).otherwise(F.col(f"_e_{name}")).alias(name)
+        for name in ENVELOPE_COLUMNS
+    ]
+    for name in models:
+        by_python = F.when(undecided, py[name])
+        columns.append(
+            (by_python.otherwise(F.col(f"_e_{name}")) if name in jvm_models else by_python).alias(
+                name
             )
-        else:
-            columns.append(F.when(undecided, py[name]).alias(name))
+        )
     reason = F.when(undecided, py["error_reason"]).otherwise(F.col("_reason"))
     quarantined = reason.isNotNull()
     columns += [
         F.col("key"),
-        F.when(quarantined, F.col("value")).alias("value"),
-        F.when(quarantined, F.col("headers")).alias("headers"),
+        F.when(quarantined, F.col("_value")).alias("value"),
+        F.when(quarantined, F.col("_headers")).alias("headers"),
         *(F.col(c) for c in RAW_COLUMNS[3:]),
         reason.alias("error_reason"),
         F.when(undecided, py["error_message"]).otherwise(F.col("_message")).alias("error_message"),
