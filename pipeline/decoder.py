@@ -122,15 +122,11 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
     make_udf: Any = arrow_udf  # typed by the function's hints (pyspark's stubs cannot say so)
     python = make_udf(decoder.function(), decoder.schema)
     undecided = F.col("_undecided")
-    # Spark copies every row the Python pass reads twice (into a queue, then joined with the
-    # pass's result): the JVM's outcome first, so that those rows hold neither the raw bytes
-    # nor the parsed payload of a record decided on the JVM.
-    jvm = checked.select(*_jvm_outcome(models, valid.keys()))
-    with_python = jvm.withColumn(
+    with_python = checked.withColumn(
         "_py",
         python(
             undecided,
-            *(F.when(undecided, F.col(c)) for c in ("key", "_value", "_headers", "topic")),
+            *(F.when(undecided, F.col(c)) for c in ("key", "value", "headers", "topic")),
         ),
     )
     return with_python.select(*_output(models, valid.keys()))
@@ -191,68 +187,46 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
     return F.when(ok, reason), F.when(ok, message)
 
 
-def _jvm_outcome(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
-    """What the JVM decided: envelope and event columns (``_e_…``), the reason, and the raw
-    value and headers only where the record may be quarantined (or goes to the Python pass)."""
+def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
     undecided = F.col("_undecided")
+    py = F.col("_py")
     valid = ~undecided & F.col("_reason").isNull()
     key_text = F.col("key").cast("string")
-    envelope_values = {
+    jvm_envelope = {
         "event_id": F.col("_id"),
         "event_type": F.col("_type"),
         "event_version": F.col("_version").cast("int"),
         "event_key": key_text,
         "occurred_at": F.col("_time"),
     }
-    columns = [F.when(valid, envelope_values[n]).alias(f"_e_{n}") for n in ENVELOPE_COLUMNS]
-    envelope = read_envelope(F.col("headers"))
-    for name, model in models.items():
-        if name not in jvm_models:
-            continue
-        fields = {
-            "id": F.col("_id"),
-            "key": key_text,
-            "topic": F.col("topic"),
-            "occurred_at": F.col("_time"),
-            "headers": envelope.user_headers,
-        }
-        payload = typed_payload(model, F.col(f"_p_{name}"))
-        struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
-        columns.append(F.when(F.col(f"_v_{name}"), struct).alias(f"_e_{name}"))
-    raw = undecided | F.col("_reason").isNotNull()
-    return [
-        *columns,
-        undecided,
-        F.col("_reason"),
-        F.col("_message"),
-        F.col("key"),
-        F.when(raw, F.col("value")).alias("_value"),
-        F.when(raw, F.col("headers")).alias("_headers"),
-        *(F.col(c) for c in RAW_COLUMNS[3:]),
-    ]
-
-
-def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> list[Column]:
-    """The decoded columns: the Python pass's outcome where the JVM left the record undecided."""
-    undecided = F.col("_undecided")
-    py = F.col("_py")
     columns = [
-        F.when(undecided, py[name]).otherwise(F.col(f"_e_{name}")).alias(name)
+        F.when(undecided, py[name]).when(valid, jvm_envelope[name]).alias(name)
         for name in ENVELOPE_COLUMNS
     ]
-    for name in models:
-        by_python = F.when(undecided, py[name])
-        columns.append(
-            (by_python.otherwise(F.col(f"_e_{name}")) if name in jvm_models else by_python).alias(
-                name
+    envelope = read_envelope(F.col("headers"))
+    for name, model in models.items():
+        if name in jvm_models:
+            parsed = F.col(f"_p_{name}")
+            fields = {
+                "id": F.col("_id"),
+                "key": key_text,
+                "topic": F.col("topic"),
+                "occurred_at": F.col("_time"),
+                "headers": envelope.user_headers,
+            }
+            payload = typed_payload(model, parsed)
+            struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
+            columns.append(
+                F.when(undecided, py[name]).when(F.col(f"_v_{name}"), struct).alias(name)
             )
-        )
+        else:
+            columns.append(F.when(undecided, py[name]).alias(name))
     reason = F.when(undecided, py["error_reason"]).otherwise(F.col("_reason"))
     quarantined = reason.isNotNull()
     columns += [
         F.col("key"),
-        F.when(quarantined, F.col("_value")).alias("value"),
-        F.when(quarantined, F.col("_headers")).alias("headers"),
+        F.when(quarantined, F.col("value")).alias("value"),
+        F.when(quarantined, F.col("headers")).alias("headers"),
         *(F.col(c) for c in RAW_COLUMNS[3:]),
         reason.alias("error_reason"),
         F.when(undecided, py["error_message"]).otherwise(F.col("_message")).alias("error_message"),
