@@ -65,7 +65,7 @@ def all_match(pattern: str) -> Rule:
         joined = F.array_join(a, ",", "")
         commas = F.length(joined) - F.length(F.replace(joined, F.lit(","), F.lit("")))
         return (F.size(a) == 0) | (
-            joined.rlike(f"^({pattern})?(,({pattern})?)*$")
+            joined.rlike(rf"^({pattern})?(,({pattern})?)*\z")
             & (commas == F.size(a) - 1)
             & ~F.coalesce(F.array_contains(a, F.lit("")), F.lit(False))
         )

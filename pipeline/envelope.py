@@ -35,13 +35,13 @@ REQUIRED = [
     WireHeader.SCHEMA_VERSION.value,
     WireHeader.CONTENT_TYPE.value,
 ]
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\z"
 # format_time's output; years 0002-9998 keep clear of Python's datetime range.
 _TIME = (
     r"^(?!0000|0001|9999)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z$"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z\z"
 )
-_VERSION = r"^[1-9][0-9]{0,9}$"
+_VERSION = r"^[1-9][0-9]{0,9}\z"
 
 
 #: A protocol header's name among user header names joined with newlines (lower-cased). A name

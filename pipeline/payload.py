@@ -115,9 +115,9 @@ _YEAR = r"(?!0000|0001|9999)[0-9]{4}"
 _DATE = rf"{_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
 _OFFSET = r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_DATETIME = rf"^{_DATE}T{_TIME}{_OFFSET}$"
+_DATETIME = rf"^{_DATE}T{_TIME}{_OFFSET}\z"
 _DATETIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"
-_DECIMAL = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
+_DECIMAL = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?\z"
 
 
 class NotJvmDecodable(Exception):
@@ -296,14 +296,14 @@ def _plain(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
         _no_constraints(metadata, where)
         return _Field(
             StringType(),
-            lambda c: c.rlike(f"^{_DATE}$") & F.try_to_date(c, "yyyy-MM-dd").isNotNull(),
+            lambda c: c.rlike(rf"^{_DATE}\z") & F.try_to_date(c, "yyyy-MM-dd").isNotNull(),
             lambda c: F.try_to_date(c, "yyyy-MM-dd"),
         )
     if issubclass(annotation, UUID):
         _no_constraints(metadata, where)
         return _Field(
             StringType(),
-            lambda c: c.rlike(f"^{_UUID_BODY}$"),
+            lambda c: c.rlike(rf"^{_UUID_BODY}\z"),
             _same,
             each=all_match(_UUID_BODY),
             cast=StringType(),
@@ -424,7 +424,7 @@ def _decimal(metadata: tuple[Any, ...], where: str) -> _Field:
 
     def check(c: Column) -> Column:
         if pattern is not None:
-            rules = [c.rlike(f"^{pattern}$")]
+            rules = [c.rlike(rf"^{pattern}\z")]
         else:
             whole, fraction = parts(c)
             # Exactly representable in the column (no rounding, no overflow)…

@@ -201,6 +201,12 @@ def corpus() -> list[tuple[str, Record]]:
         ("ce_time 30 February", swap(good, "ce_time", b"2026-02-30T10:00:00.000000Z")),
         ("ce_time year 0", swap(good, "ce_time", b"0000-01-01T00:00:00.000000Z")),
         ("ce_schemaversion 01", swap(good, "ce_schemaversion", b"01")),
+        # Java's $ also matches before a final newline; Python's fullmatch does not.
+        ("ce_id, then a newline", swap(good, "ce_id", headers[1][1] + b"\n")),  # type: ignore[operator]
+        ("ce_time, then a newline", swap(good, "ce_time", b"2026-03-01T10:30:15.250000Z\n")),
+        ("ce_schemaversion, then a newline", swap(good, "ce_schemaversion", b"1\n")),
+        ("line price, then a newline", replace(good, b'"4.50"', b'"4.50\\n"')),
+        ("shipped_on, then a newline", replace(shipped, b'00:00Z"', b'00:00Z\\n"')),
         ("empty ce_type", swap(good, "ce_type", b"")),
         ("negative amount", replace(good, b'"9.00"', b'"-9.00"')),
         ("three decimal places", replace(good, b'"9.00"', b'"9.001"')),
