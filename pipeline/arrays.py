@@ -3,10 +3,11 @@
 Spark interprets its lambda functions (``forall``, ``transform``…) instead of generating code
 for them, and a projection that holds one is not compiled as a whole (the demo's ``forall``
 over each order's ``lines`` kept four of the decoder's projections interpreted; without them
-decoding takes a fifth less CPU, docs/spark.md "Figures"). These functions say the same with expressions Spark compiles: the smallest or
-largest entry (``array_min`` / ``array_max``), a set difference, a sort, and one regular
-expression over the entries joined. Each is true when *every non-null entry* passes (nulls are
-checked apart, with :func:`no_nulls`); an empty array passes.
+decoding takes a fifth less CPU, docs/spark.md "Figures"). These functions say the same
+with expressions Spark compiles: the smallest or largest entry (``array_min`` /
+``array_max``), a set difference, a sort, and one regular expression over the entries joined.
+Each is true when *every non-null entry* passes (nulls are checked apart, with
+:func:`no_nulls`); an empty array passes.
 """
 
 from __future__ import annotations
