@@ -90,15 +90,32 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
         valid[name] = F.coalesce(
             column.isNotNull() & canonical & payload_checks(model, column), F.lit(False)
         )
-    any_valid = F.lit(False)
-    for check in valid.values():
-        any_valid = any_valid | check
     checked = parsed_df.select(
         "*",
         *(check.alias(f"_v_{name}") for name, check in valid.items()),
-    ).withColumn(
-        "_undecided",
-        ~F.col("_ok") | (F.col("_reason").isNull() & ~_any(f"_v_{n}" for n in valid)),
+    )
+    # The last reason, a value that is not UTF-8, only where no payload was accepted: to_json
+    # writes valid UTF-8, so a value equal to it is valid (and need not be scanned).
+    accepted = _any(f"_v_{n}" for n in valid)
+    not_utf8 = F.col("_not_utf8")
+    checked = (
+        checked.withColumn(
+            "_not_utf8",
+            F.col("_ok") & F.col("_reason").isNull() & ~accepted & ~F.is_valid_utf8(F.col("value")),
+        )
+        .withColumn(
+            "_reason",
+            F.when(not_utf8, F.lit(str(DecodeErrorReason.INVALID_VALUE))).otherwise(
+                F.col("_reason")
+            ),
+        )
+        .withColumn(
+            "_message",
+            F.when(not_utf8, F.lit("the record value is not valid UTF-8")).otherwise(
+                F.col("_message")
+            ),
+        )
+        .withColumn("_undecided", ~F.col("_ok") | (F.col("_reason").isNull() & ~accepted))
     )
 
     decoder = PythonDecoder(registry)
@@ -160,12 +177,7 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
             DecodeErrorReason.INVALID_VALUE,
             F.lit("the record has no value (a tombstone?)"),
         ),
-        (
-            ~F.is_valid_utf8(value),
-            DecodeErrorReason.INVALID_VALUE,
-            F.lit("the record value is not valid UTF-8"),
-        ),
-    ]
+    ]  # then a value that is not valid UTF-8: see decode
     reason = F.lit(None).cast("string")
     message = F.lit(None).cast("string")
     for condition, why, text in reversed(cases):

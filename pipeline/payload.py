@@ -69,6 +69,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from outboxkit.pipeline.arrays import all_compare, all_finite, all_match, all_members, no_nulls
 from outboxkit.pipeline.schema import DEFAULT_SCALE, MAX_PRECISION
 from outboxkit.schemas import Event
 from outboxkit.schemas.event import ENVELOPE_FIELDS
@@ -108,15 +109,15 @@ _NEUTRAL_CONFIG = frozenset(
     }
 )
 
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # Years 0002-9998 only: an offset can move an instant of year 1 or 9999 out of range.
 _YEAR = r"(?!0000|0001|9999)[0-9]{4}"
 _DATE = rf"{_YEAR}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
 _OFFSET = r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_DATETIME = rf"^{_DATE}T{_TIME}{_OFFSET}$"
+_DATETIME = rf"^{_DATE}T{_TIME}{_OFFSET}\z"
 _DATETIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"
-_DECIMAL = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
+_DECIMAL = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?\z"
 
 
 class NotJvmDecodable(Exception):
@@ -134,6 +135,13 @@ class _Field:
     key: str = ""
     name: str = ""
     children: tuple[_Field, ...] = field(default=())
+    each: Callable[[Column], Column] | None = None
+    """``check`` over a whole array of values, without a lambda (see :func:`_items`): true when
+    every non-null entry passes (a struct's: every entry, none of which may be null); ``None``
+    when only a lambda can say it."""
+    cast: DataType | None = None
+    """The type ``typed`` gives: on accepted values ``typed(c)`` is ``c.try_cast(cast)``, so
+    that an array of them is typed with one cast; ``None`` when it is not a cast."""
 
 
 def jvm_decodable(model: type[Event]) -> bool:
@@ -252,13 +260,25 @@ def _plain(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
         return _members(tuple(m.value for m in annotation), metadata, where)
     if issubclass(annotation, bool):
         _no_constraints(metadata, where)
-        return _Field(BooleanType(), _true, _same)
+        return _Field(BooleanType(), _true, _same, each=_true, cast=BooleanType())
     if issubclass(annotation, int):
         bounds = _bounds(metadata, where, allowed=())
-        return _Field(LongType(), lambda c: _all([b(c) for b in bounds]), _same)
+        return _Field(
+            LongType(),
+            lambda c: _all([_compare(*b)(c) for b in bounds]),
+            _same,
+            each=lambda a: _all([all_compare(*b)(a) for b in bounds]),
+            cast=LongType(),
+        )
     if issubclass(annotation, float):
         bounds = _bounds(metadata, where, allowed=())
-        return _Field(DoubleType(), lambda c: _all([_finite(c), *(b(c) for b in bounds)]), _same)
+        return _Field(
+            DoubleType(),
+            lambda c: _all([_finite(c), *(_compare(*b)(c) for b in bounds)]),
+            _same,
+            each=lambda a: _all([all_finite(a), *(all_compare(*b)(a) for b in bounds)]),
+            cast=DoubleType(),
+        )
     if issubclass(annotation, Decimal):
         return _decimal(metadata, where)
     if annotation is AwareDatetime or (
@@ -276,15 +296,27 @@ def _plain(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
         _no_constraints(metadata, where)
         return _Field(
             StringType(),
-            lambda c: c.rlike(f"^{_DATE}$") & F.try_to_date(c, "yyyy-MM-dd").isNotNull(),
+            lambda c: c.rlike(rf"^{_DATE}\z") & F.try_to_date(c, "yyyy-MM-dd").isNotNull(),
             lambda c: F.try_to_date(c, "yyyy-MM-dd"),
         )
     if issubclass(annotation, UUID):
         _no_constraints(metadata, where)
-        return _Field(StringType(), lambda c: c.rlike(_UUID), _same)
+        return _Field(
+            StringType(),
+            lambda c: c.rlike(rf"^{_UUID_BODY}\z"),
+            _same,
+            each=all_match(_UUID_BODY),
+            cast=StringType(),
+        )
     if annotation is str:
         lengths = _lengths(metadata, where)
-        return _Field(StringType(), lambda c: _all([b(F.char_length(c)) for b in lengths]), _same)
+        return _Field(
+            StringType(),
+            lambda c: _all([b(F.char_length(c)) for b in lengths]),
+            _same,
+            each=None if lengths else _true,
+            cast=StringType(),
+        )
     raise NotJvmDecodable(f"{where}: {getattr(annotation, '__name__', annotation)!r}")
 
 
@@ -299,7 +331,20 @@ def _struct(model: type[BaseModel], where: str) -> _Field:
     def typed(c: Column) -> Column:
         return F.when(c.isNotNull(), F.struct(*(f.typed(c[f.key]).alias(f.key) for f in children)))
 
-    return _Field(parse, check, typed, children=children)
+    each = None
+    if all(f.each is not None and not (f.nullable and f.children) for f in children):
+
+        def each(a: Column) -> Column:
+            # a[key] is the array of that field's values (null where the field is).
+            return _all([_items(f)(a[f.key]) for f in children])
+
+    casts = [f.cast for f in children]
+    cast = (
+        StructType([StructField(f.key, t) for f, t in zip(children, casts, strict=True) if t])
+        if all(casts)
+        else None
+    )
+    return _Field(parse, check, typed, children=children, each=each, cast=cast)
 
 
 def _array(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) -> _Field:
@@ -313,23 +358,45 @@ def _array(annotation: Any, origin: Any, metadata: tuple[Any, ...], where: str) 
     element = _map(args[0], (), f"{where}[]")
     lengths = _lengths(metadata, where)
 
-    def check(c: Column) -> Column:
-        items = F.forall(c, lambda x: _checked(element, x))
-        return _all([items, *(b(F.size(c)) for b in lengths)])
+    items = _items(element)
 
+    def check(c: Column) -> Column:
+        return _all([items(c), *(b(F.size(c)) for b in lengths)])
+
+    if element.cast is None:
+        return _Field(
+            ArrayType(element.parse, containsNull=True),
+            check,
+            lambda c: F.transform(c, element.typed),
+        )
+    cast = ArrayType(element.cast, containsNull=True)
     return _Field(
-        ArrayType(element.parse, containsNull=True),
-        check,
-        lambda c: F.transform(c, element.typed),
+        ArrayType(element.parse, containsNull=True), check, lambda c: c.try_cast(cast), cast=cast
     )
+
+
+def _items(element: _Field) -> Callable[[Column], Column]:
+    """True when every entry of an array passes ``element``'s checks (nulls only if nullable).
+
+    Without a lambda where the element allows it (``each``, see :mod:`.arrays`): Spark
+    interprets lambda functions and a projection holding one is not compiled as a whole."""
+    each = element.each
+    if each is None or (element.nullable and element.children):
+        return lambda c: F.forall(c, lambda x: _checked(element, x))
+    if element.nullable or any(not f.nullable for f in element.children):
+        return each  # nulls allowed, or rejected by a required field's own check
+    return lambda c: no_nulls(c) & each(c)
 
 
 def _members(values: tuple[Any, ...], metadata: tuple[Any, ...], where: str) -> _Field:
     _no_constraints(metadata, where)
-    if values and all(type(v) is str for v in values):
-        return _Field(StringType(), lambda c: c.isin(*values), _same)
-    if values and all(type(v) is int for v in values):
-        return _Field(LongType(), lambda c: c.isin(*values), _same)
+    kinds: list[tuple[type, DataType]] = [(str, StringType()), (int, LongType())]
+    for python_type, kind in kinds:
+        if values and all(type(v) is python_type for v in values):
+            members = F.array(*(F.lit(v) for v in values)).cast(ArrayType(kind))
+            return _Field(
+                kind, lambda c: c.isin(*values), _same, each=all_members(members), cast=kind
+            )
     raise NotJvmDecodable(f"{where}: members that are not all strings or all integers")
 
 
@@ -349,21 +416,43 @@ def _decimal(metadata: tuple[Any, ...], where: str) -> _Field:
         fraction = F.regexp_extract(c, r"\.([0-9]*?)0*$", 1)
         return F.char_length(whole), F.char_length(fraction)
 
-    def check(c: Column) -> Column:
-        whole, fraction = parts(c)
-        # Exactly representable in the column (no rounding, no overflow)…
-        rules = [c.rlike(_DECIMAL), whole <= precision - scale, fraction <= scale]
-        # …and Pydantic's own digit rules, on the normalised value.
-        if max_digits is not None:
-            rules.append(F.greatest(whole + fraction, F.lit(1)) <= max_digits)
-        if places is not None:
-            rules.append(fraction <= places)
-            if max_digits is not None:
-                rules.append(whole <= max_digits - places)
-        value = c.try_cast(spark_type)
-        return _all([*rules, value.isNotNull(), *(b(value) for b in bounds)])
+    # With decimal_places (precision = max_digits or 38) Pydantic's digit rules are the column's:
+    # one regular expression says it all; max_digits alone also limits whole + fraction digits.
+    joint = places is None and max_digits is not None
+    pattern = None if joint else _decimal_pattern(precision - scale, scale)
 
-    return _Field(StringType(), check, lambda c: c.try_cast(spark_type))
+    def check(c: Column) -> Column:
+        if pattern is not None:
+            rules = [c.rlike(rf"^{pattern}\z")]
+        else:
+            whole, fraction = parts(c)
+            # Exactly representable in the column (no rounding, no overflow)…
+            rules = [c.rlike(_DECIMAL), whole <= precision - scale, fraction <= scale]
+            # …and Pydantic's own digit rule, on the normalised value.
+            rules.append(F.greatest(whole + fraction, F.lit(1)) <= F.lit(max_digits))
+        value = c.try_cast(spark_type)
+        return _all([*rules, value.isNotNull(), *(_compare(*b)(value) for b in bounds)])
+
+    def each(a: Column) -> Column:
+        assert pattern is not None
+        values = a.try_cast(ArrayType(spark_type))
+        return all_match(pattern)(a) & _all([all_compare(*b)(values) for b in bounds])
+
+    return _Field(
+        StringType(),
+        check,
+        lambda c: c.try_cast(spark_type),
+        each=each if pattern is not None else None,
+        cast=spark_type,
+    )
+
+
+def _decimal_pattern(whole: int, fraction: int) -> str:
+    """A decimal string ``-?digits[.digits]`` (no leading zeros) with at most ``whole`` digits
+    before the point and ``fraction`` after it once trailing zeros are dropped, as Pydantic
+    normalises it."""
+    integer = f"[1-9][0-9]{{0,{whole - 1}}}|0" if whole > 0 else "0"
+    return rf"-?({integer})(\.(?=[0-9])[0-9]{{0,{fraction}}}0*)?"
 
 
 # --- constraints ----------------------------------------------------------------------------------
@@ -379,12 +468,16 @@ def _compare(op: str, bound: object) -> _Rule:
     return rule
 
 
-def _bounds(metadata: tuple[Any, ...], where: str, *, allowed: tuple[str, ...]) -> list[_Rule]:
-    rules: list[_Rule] = []
+def _bounds(
+    metadata: tuple[Any, ...], where: str, *, allowed: tuple[str, ...]
+) -> list[tuple[str, object]]:
+    """The ``gt ge lt le`` constraints as (op, bound); any other constraint but ``allowed``
+    ones makes the field Python-decoded."""
+    rules: list[tuple[str, object]] = []
     for item in metadata:
         op = {at.Gt: "gt", at.Ge: "ge", at.Lt: "lt", at.Le: "le"}.get(type(item))
         if op is not None and _number(getattr(item, op)):
-            rules.append(_compare(op, getattr(item, op)))
+            rules.append((op, getattr(item, op)))
         elif not _general_only(item, allowed):
             raise NotJvmDecodable(f"{where}: constraint {item!r}")
     return rules

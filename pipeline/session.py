@@ -31,6 +31,11 @@ PIPELINE_SQL_CONF = {
     # -15% CPU per event, docs/spark.md "Figures"); Arrow batches stay bounded by
     # spark.sql.execution.arrow.maxRecordsPerBatch (10,000 rows).
     "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
+    # HotSpot never compiles a method over 8000 bytes of bytecode (DontCompileHugeMethods), and
+    # the decoder's projections, compiled as a whole stage, make processNext larger than that:
+    # it ran interpreted, a third of the decoding's CPU. At 8000 Spark compiles such a stage
+    # operator by operator instead (Spark's own advice for HotSpot; docs/spark.md "Figures").
+    "spark.sql.codegen.hugeMethodLimit": "8000",
 }
 
 

@@ -100,6 +100,9 @@ def replace(record: Record, old: bytes, new: bytes) -> Record:
     return key, payload.replace(old, new), headers
 
 
+LINE = b'{"sku":"s","quantity":2,"unit_price":"4.50"}'
+
+
 def corpus() -> list[tuple[str, Record]]:
     """(label, record): good records, written canonically or not, and garbage."""
     good = wire(order())
@@ -198,6 +201,12 @@ def corpus() -> list[tuple[str, Record]]:
         ("ce_time 30 February", swap(good, "ce_time", b"2026-02-30T10:00:00.000000Z")),
         ("ce_time year 0", swap(good, "ce_time", b"0000-01-01T00:00:00.000000Z")),
         ("ce_schemaversion 01", swap(good, "ce_schemaversion", b"01")),
+        # Java's $ also matches before a final newline; Python's fullmatch does not.
+        ("ce_id, then a newline", swap(good, "ce_id", headers[1][1] + b"\n")),  # type: ignore[operator]
+        ("ce_time, then a newline", swap(good, "ce_time", b"2026-03-01T10:30:15.250000Z\n")),
+        ("ce_schemaversion, then a newline", swap(good, "ce_schemaversion", b"1\n")),
+        ("line price, then a newline", replace(good, b'"4.50"', b'"4.50\\n"')),
+        ("shipped_on, then a newline", replace(shipped, b'00:00Z"', b'00:00Z\\n"')),
         ("empty ce_type", swap(good, "ce_type", b"")),
         ("negative amount", replace(good, b'"9.00"', b'"-9.00"')),
         ("three decimal places", replace(good, b'"9.00"', b'"9.001"')),
@@ -224,6 +233,27 @@ def corpus() -> list[tuple[str, Record]]:
             "shipped_on 31 April",
             replace(shipped, b'"2026-02-28T23:00:00Z"', b'"2026-04-31T23:00:00Z"'),
         ),
+        # Every entry of an array checked at once (no lambda): each kind of bad entry.
+        ("a null line", replace(good, LINE, b"null")),
+        ("a null line after a good one", replace(good, LINE, LINE + b",null")),
+        ("second line quantity 0", replace(good, LINE, LINE + b"," + LINE.replace(b":2", b":0"))),
+        ("second line price 4.505", replace(good, LINE, LINE + b"," + LINE.replace(b"50", b"505"))),
+        ("line price with a comma", replace(good, b'"4.50"', b'"4,50"')),
+        ("line price 4,5 and 0", replace(good, LINE, LINE.replace(b"4.50", b"4,5") + b"," + LINE)),
+        ("line price empty", replace(good, b'"4.50"', b'""')),
+        ("line price null", replace(good, b'"4.50"', b"null")),
+        ("line sku null", replace(good, b'"sku":"s"', b'"sku":null')),
+        ("line quantity null", replace(good, b'"quantity":2', b'"quantity":null')),
+        ("line price -0.00", replace(good, b'"4.50"', b'"-0.00"')),
+        ("line price 0.5 (1 place)", replace(good, b'"4.50"', b'"0.5"')),
+        ("no lines", replace(good, LINE, b"")),
+        ("a null label", replace(shipped, b'"fragile",', b'"fragile",null,')),
+        ("user header CE_X", (key, value, [*headers, ("CE_X", b"1")])),
+        ("user header Content-Type", (key, value, [*headers, ("Content-Type", b"1")])),
+        ("user header name with a newline", (key, value, [*headers, ("a\nce_x", b"1")])),
+        ("user header value with a newline", (key, value, [*headers, ("h", b"a\nb")])),
+        ("user header value cut UTF-8", (key, value, [*headers, ("h", b"\xc3"), ("g", b"A")])),
+        ("user header value empty", (key, value, [*headers, ("h", b"")])),
         # Oversize for its column: valid for Pydantic, not representable in Spark.
         (
             "amount too large for decimal(38,2)",
