@@ -262,6 +262,7 @@ def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str,
         "limit": limit,
         "scan": limit * 4,
         "keep": False,
+        "depth": 1,  # one record per key: the strategies compared claim one per key
     }
 
 
