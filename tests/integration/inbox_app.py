@@ -103,6 +103,7 @@ class CrashAfterCommit:
         self._store = store
         self._probability = probability
         self._open = 0
+        self._armed = False
 
     async def process_batch(
         self, consumer: str, deliveries: Sequence[Delivery[Any]]
@@ -112,8 +113,12 @@ class CrashAfterCommit:
             outcome = await self._store.process_batch(consumer, deliveries)
         finally:
             self._open -= 1
-        if any(outcome.ran) and not self._open and random.random() < self._probability:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if any(outcome.ran):
+            # Drawn once, the crash waits for the first such commit with nothing else open
+            # (with partitions in parallel, a fresh draw each time crashed too rarely).
+            self._armed = self._armed or random.random() < self._probability
+            if self._armed and not self._open:
+                os.kill(os.getpid(), signal.SIGKILL)
         return outcome
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
