@@ -222,7 +222,6 @@ class KafkaPublisher:
             max_request_size=MAX_REQUEST_SIZE,
             client_id=f"{settings.group_id}-{block}",
         )
-        self._max_request_size = MAX_REQUEST_SIZE
 
     async def start(self) -> None:
         try:
@@ -273,30 +272,21 @@ class KafkaPublisher:
                     size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
                         record.key, record.value, headers
                     )
-                    if size > self._max_request_size:
+                    if size > MAX_REQUEST_SIZE:
                         error = MessageSizeTooLargeError(
                             f"the record is {size} bytes serialized, over the producer's "
-                            f"max_request_size ({self._max_request_size})"
+                            f"max_request_size ({MAX_REQUEST_SIZE})"
                         )
                         outcome.rejected.append((record, describe(error)))
                         continue
-                    fits = (
-                        bool(members)
-                        and not alone
-                        and batch.append(
-                            key=record.key, value=record.value, timestamp=None, headers=headers
-                        )
-                        is not None
-                    )
-                    if not fits:
-                        if members:  # full, or one record per batch: hand it over
-                            future = await producer.send_batch(batch, topic, partition=partition)
-                            sent.groups.append((members, future))
-                            batch, members = producer.create_batch(), []
-                        # The first record of a batch always fits.
-                        batch.append(
-                            key=record.key, value=record.value, timestamp=None, headers=headers
-                        )
+                    entry = {"key": record.key, "value": record.value, "headers": headers}
+                    if members and (alone or batch.append(timestamp=None, **entry) is None):
+                        # Full, or one record per batch: hand it over, start another.
+                        future = await producer.send_batch(batch, topic, partition=partition)
+                        sent.groups.append((members, future))
+                        batch, members = producer.create_batch(), []
+                    if not members:  # the first record of a batch always fits
+                        batch.append(timestamp=None, **entry)
                     members.append(record)
                 if members:
                     future = await producer.send_batch(batch, topic, partition=partition)
