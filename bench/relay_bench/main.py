@@ -141,7 +141,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CHECKPOINT right before each claim run, so its WAL includes a full-page image of "
         "every page it touches (default: before the fill, so the WAL holds no FPIs)",
     )
-    p.add_argument("--profile-dir", type=Path, help="run subprocess relays under cProfile")
+    p.add_argument(
+        "--profile-dir", type=Path, help="run subprocess relays under cProfile (CPU time)"
+    )
     p.add_argument("--child-consumer", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.relays = [int(x) for x in str(args.relays).split(",") if x]
