@@ -3,7 +3,9 @@
 Before each of ``--idle-events`` events the relay has declared every partition waiting (on
 MongoDB, which has no such declaration: nothing is pending); the event's commit wakes it
 (PostgreSQL: NOTIFY; MongoDB: the change stream). Commit → consumer and commit → relay send,
-as in ``steady``.
+as in ``steady``. And Kafka's part alone, the floor under the relay's, measured first: one
+transactional producer, one record per transaction every 20 ms (begin + AddPartitionsToTxn +
+Produce until acknowledged, then EndTxn).
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ import asyncio
 import contextlib
 import os
 import random
+import statistics
 import time
+
+from aiokafka import AIOKafkaProducer
 
 from bench.relay_bench.consumer import Commits, latency_run, paced_writes, pickup_figures, split
 from bench.relay_bench.harness import (
+    CEILING_TOPIC,
     LATENCY_TOPIC,
     Ctx,
     Result,
+    ensure_topic,
     latency_figures,
     relay_cpu_per_event,
     say,
@@ -32,6 +39,8 @@ async def phase_idle(ctx: Ctx) -> None:
     args = ctx.args
     commits = Commits()
     rng = random.Random(5)
+    # First, so that the broker is as warm for the relay as for this measurement.
+    whole, send, commit = await _kafka_alone(ctx)
     async with latency_run(ctx, "idle") as (consumer, relays):
         [writer] = await ctx.outbox.writers(1)
         metrics0 = await relays.metrics_text()
@@ -69,11 +78,47 @@ async def phase_idle(ctx: Ctx) -> None:
         f"{pickup_figures(pickup.get('idle', []))}; missing {missing}; {cpu} (idle time included)"
     )
     say(f"  relay {stages}")
+    floor = f"Kafka alone: a one-record transaction p50 {whole:.2f} ms"
+    say(f"  {floor} (begin, AddPartitionsToTxn, Produce {send:.2f} ms; EndTxn {commit:.2f} ms)")
     ctx.add(
         Result(
             "idle",
             f"1 event at a time ({WAKEUP.get(ctx.database, 'wake-up')}) x{len(idle)}",
             latency_figures(idle),
-            note=f"target p50 ≤ 5 ms; commit→send {pickup_figures(pickup.get('idle', []))}",
+            note=f"target p50 ≤ 5 ms; commit→send {pickup_figures(pickup.get('idle', []))}; "
+            f"{floor}",
         )
     )
+
+
+async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float, float]:
+    """p50 milliseconds of a one-record transaction, of its send and of its commit."""
+    await ensure_topic(ctx, CEILING_TOPIC, ctx.args.partitions)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=ctx.bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=f"bench-idle-floor-{ctx.run_id}",
+        linger_ms=0,
+    )
+    await producer.start()
+    wholes, sends, commits = [], [], []
+    try:
+        for i in range(transactions + 20):  # the first 20 warm up
+            await asyncio.sleep(0.02)
+            began = time.perf_counter()
+            await producer.begin_transaction()
+            sent = await producer.send(
+                CEILING_TOPIC, b"{}", key=b"floor", partition=i % ctx.args.partitions
+            )
+            await sent
+            acked = time.perf_counter()
+            await producer.commit_transaction()
+            ended = time.perf_counter()
+            if i >= 20:
+                wholes.append((ended - began) * 1000)
+                sends.append((acked - began) * 1000)
+                commits.append((ended - acked) * 1000)
+    finally:
+        await producer.stop()
+    return statistics.median(wholes), statistics.median(sends), statistics.median(commits)
