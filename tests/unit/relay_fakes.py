@@ -188,6 +188,9 @@ class FakePublisher:
         broker.in_flight += len(records)
         broker.max_in_flight = max(broker.max_in_flight, broker.in_flight)
         try:
+            # A real publish always waits for the broker: whatever else the relay runs (another
+            # block, the listener, a revocation) gets to run meanwhile, as it would.
+            await asyncio.sleep(0)
             await broker.gate.wait()
             failure = broker._failure(self.block)
             if failure == "hang":
