@@ -4,8 +4,6 @@ sat idle and died meanwhile (a server restart)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import psycopg
 import pytest
 
@@ -14,29 +12,24 @@ from outboxkit.relay import PostgresOutboxStorage
 from outboxkit.relay.exceptions import StorageUnavailableError
 
 
-async def _kill_pooled_connection(url: str, storage: PostgresOutboxStorage) -> None:
-    async with storage._connection() as conn:
-        pid = conn.info.backend_pid
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
-        await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-
-async def test_a_connection_idle_longer_than_the_bound_is_checked_and_replaced(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("check_after_idle", "checked"),
+    [(0.0, True), (60.0, False)],
+    ids=["idle-past-the-bound", "used-moments-ago"],
+)
+async def test_a_dead_pooled_connection_is_replaced_by_the_check_or_after_its_failure(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, check_after_idle: float, checked: bool
 ) -> None:
-    monkeypatch.setattr(pg, "CHECK_AFTER_IDLE", 0.2)
+    """Idle past the bound (0 s: every use): the check finds the connection dead and the pool
+    hands out a new one. Used moments ago: no check, the statement meets the dead connection and
+    fails as a retriable error, and the pool replaces it."""
+    monkeypatch.setattr(pg, "CHECK_AFTER_IDLE", check_after_idle)
     async with PostgresOutboxStorage(pg_url, pool_size=1) as storage:
-        await _kill_pooled_connection(pg_url, storage)
-        await asyncio.sleep(0.3)
-        assert await storage.backlog() == []  # the check found it dead: a new connection
-
-
-async def test_a_connection_used_moments_ago_is_not_checked_and_its_failure_is_retriable(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pg, "CHECK_AFTER_IDLE", 60.0)
-    async with PostgresOutboxStorage(pg_url, pool_size=1) as storage:
-        await _kill_pooled_connection(pg_url, storage)
-        with pytest.raises(StorageUnavailableError):
-            await storage.backlog()  # no check: the statement meets the dead connection
-        assert await storage.backlog() == []  # the pool replaced it
+        async with storage._connection() as conn:
+            pid = conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        if not checked:
+            with pytest.raises(StorageUnavailableError):
+                await storage.backlog()
+        assert await storage.backlog() == []
