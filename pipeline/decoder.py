@@ -204,18 +204,17 @@ def _output(models: Mapping[str, type[Event]], jvm_models: Collection[str]) -> l
         for name in ENVELOPE_COLUMNS
     ]
     envelope = read_envelope(F.col("headers"))
+    fields = [
+        F.col("_id").alias("id"),
+        key_text.alias("key"),
+        F.col("topic").alias("topic"),
+        F.col("_time").alias("occurred_at"),
+        envelope.user_headers.alias("headers"),
+    ]
     for name, model in models.items():
         if name in jvm_models:
-            parsed = F.col(f"_p_{name}")
-            fields = {
-                "id": F.col("_id"),
-                "key": key_text,
-                "topic": F.col("topic"),
-                "occurred_at": F.col("_time"),
-                "headers": envelope.user_headers,
-            }
-            payload = typed_payload(model, parsed)
-            struct = F.struct(*(c.alias(n) for n, c in fields.items()), *payload)
+            payload = typed_payload(model, F.col(f"_p_{name}"))
+            struct = F.struct(*fields, *payload)
             columns.append(
                 F.when(undecided, py[name]).when(F.col(f"_v_{name}"), struct).alias(name)
             )
