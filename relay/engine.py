@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
+from aiokafka.errors import KafkaError
 
 from outboxkit.core.kafka import leave_group
 from outboxkit.relay.batches import InFlightBudget, first_per_key
@@ -82,6 +83,12 @@ class Ownership(Protocol):
     @property
     def member_id(self) -> str | None:
         """This member's id in the group, once joined."""
+
+    async def members(self) -> list[str]:
+        """The member ids of the group now."""
+
+    async def evict(self, member_id: str) -> bool:
+        """Remove another member from the group now; false if it is no longer a member."""
 
     async def stop(self) -> None:
         """Leave (revocation drains first)."""
@@ -172,6 +179,7 @@ class Relay:
         self._backlog: dict[TopicPartition, PartitionBacklog] = {}
         self._backlog_at = 0.0
         self._worker_failed = asyncio.Event()
+        self._assigned = asyncio.Event()
         self._worker_error: BaseException | None = None
         self._ownership: Ownership | None = None
         self._fencer: Fencer | None = None
@@ -220,6 +228,10 @@ class Relay:
             ]
             if self.settings.retention is not None:
                 side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
+            if self.settings.departed_check_interval > 0:
+                side_tasks.append(
+                    asyncio.create_task(self._remove_departed(ownership), name="departed")
+                )
             done, _ = await asyncio.wait([stopping, *side_tasks], return_when="FIRST_COMPLETED")
             for task in done:
                 if task.get_name() == "partition worker" and self._worker_error is not None:
@@ -265,6 +277,7 @@ class Relay:
     async def assign(self, partitions: frozenset[TopicPartition]) -> None:
         """Start publishing ``partitions`` (and restart any block whose worker was fenced)."""
         self.metrics.rebalances.inc()
+        self._assigned.set()
         if self._ownership is not None:
             # Kafka rebalances when a subscribed topic gains partitions: writers must learn the
             # new count. Best effort; the next rebalance or restart tries again.
@@ -431,6 +444,39 @@ class Relay:
                     seconds_since_success=round(max(since), 1) if since else None,
                     failing_for=round(now - min(w.failing_since or now for w in failing), 1),
                 )
+
+    async def _remove_departed(self, ownership: Ownership) -> None:
+        """Announce this relay's member id to the storage, and remove from the group the members
+        whose process the storage saw end (:meth:`OutboxStorage.departed_members`): Kafka would
+        wait for each until its session timeout, and every rebalance with it, so relays that
+        restart faster than that would keep the group rebalancing. Removing a member that is
+        in fact alive costs it a rejoin, never a guarantee (fencing, G4)."""
+        group = self.settings.group_id
+        while True:
+            # Right after an assignment (a new member id is announced at once), else each interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.departed_check_interval):
+                    await self._assigned.wait()
+            self._assigned.clear()
+            member = ownership.member_id
+            if member is None:
+                continue
+            try:
+                await self.storage.announce_member(group, member)
+                departed = await self.storage.departed_members(group, member)
+                if not departed:
+                    continue
+                present = set(await ownership.members())
+                for gone in departed:
+                    if gone in present and await ownership.evict(gone):
+                        self.metrics.departed_removed.inc()
+                        logger.warning(
+                            "removed a dead relay from the group: its database session ended",
+                            member=gone,
+                        )
+            except (StorageUnavailableError, KafkaError, OSError) as exc:
+                # The session timeout still applies: this only comes sooner.
+                logger.info("could not check for dead relays", error=repr(exc))
 
     async def _clean_up(self) -> None:
         assert self.settings.retention is not None

@@ -44,6 +44,8 @@ class InMemoryOutboxStorage:
         self._topics: dict[str, int] = {}
         self._waiting: set[TopicPartition] = set()
         self._wakeups: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
+        #: (group, member id) → whether the announcing process's session is still there.
+        self._members: dict[tuple[str, str], bool] = {}
 
     # -- the writer's side (tests) ---------------------------------------------------------
 
@@ -75,6 +77,14 @@ class InMemoryOutboxStorage:
     def signal_reconnect(self) -> None:
         """Act as if the notification listener reconnected (notifications may be lost)."""
         self._wakeups.put_nowait(None)
+
+    def end_session(self, group: str, member_id: str) -> None:
+        """Tests: the relay that announced ``member_id`` lost its database session (it died)."""
+        self._members[group, member_id] = False
+
+    def announced(self, group: str) -> list[str]:
+        """Tests: the member ids of ``group`` announced and not yet reported departed."""
+        return sorted(member for g, member in self._members if g == group)
 
     @property
     def rows(self) -> list[tuple[OutboxRecord, RecordState]]:
@@ -214,6 +224,19 @@ class InMemoryOutboxStorage:
             self._rows[record.id] = _Row(record, self._next_id, row.event_type, datetime.now(UTC))
             self._next_id += 1
         return len(kept)
+
+    async def announce_member(self, group: str, member_id: str) -> None:
+        self._members.setdefault((group, member_id), True)
+
+    async def departed_members(self, group: str, own_member_id: str) -> list[str]:
+        gone = [
+            member
+            for (g, member), alive in self._members.items()
+            if g == group and member != own_member_id and not alive
+        ]
+        for member in gone:
+            del self._members[group, member]
+        return gone
 
 
 def _tp(record: OutboxRecord) -> TopicPartition:

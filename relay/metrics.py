@@ -59,6 +59,12 @@ class RelayMetrics:
         self.rebalances = Counter(
             "outboxkit_relay_rebalances", "Partition assignments received", registry=reg
         )
+        self.departed_removed = Counter(
+            "outboxkit_relay_departed_members_removed",
+            "Dead relays this relay removed from the group (their database session had ended) "
+            "before their Kafka session timed out",
+            registry=reg,
+        )
         self.wakeups = Counter(
             "outboxkit_relay_wakeups",
             "Reasons a partition looked for work: notify (a writer), sweep (fallback timer), "

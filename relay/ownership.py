@@ -17,6 +17,11 @@ every partition is revoked and drained before the rebalance continues, as Kafka 
 
 aiokafka awaits the rebalance callbacks but logs and swallows what they raise, so they never
 raise: a failure to drain is logged, and correctness rests on fencing, not on the callback.
+
+A dead member is waited for until its session times out; a relay that learns of the death
+sooner (from the database, :meth:`OutboxStorage.departed_members`) removes it with
+:meth:`KafkaOwnership.evict`: a LeaveGroup sent on its behalf, which Kafka accepts from any
+client. Removing a live member is safe too (it rejoins, and fencing stops its old producer).
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import InconsistentGroupProtocolError, KafkaError
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.errors import InconsistentGroupProtocolError, KafkaError, for_code
+from aiokafka.protocol.group import LeaveGroupRequest
 
 from outboxkit.core.kafka import missing_topics
 from outboxkit.relay.assignor import BlockAssignor
@@ -40,6 +49,8 @@ from outboxkit.relay.settings import RelaySettings
 logger = structlog.get_logger("outboxkit.relay")
 
 PartitionsCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
+
+_UNKNOWN_MEMBER_ID = 25
 
 #: A refused join (another relay version holds the group) is logged at most this often.
 _REFUSED_LOG_EVERY = 30.0
@@ -80,6 +91,7 @@ class KafkaOwnership:
         #: Monotonic time of the last completed assignment.
         self.assigned_at: float | None = None
         self._refused_logged = 0.0
+        self._admin: AIOKafkaAdminClient | None = None
 
     @property
     def member_id(self) -> str | None:
@@ -160,10 +172,42 @@ class KafkaOwnership:
             return False
         return True
 
+    async def members(self) -> list[str]:
+        """The member ids of the group now (in any state, a rebalance included)."""
+        _, members = await describe_group(await self._admin_client(), self._settings.group_id)
+        return [member.member_id for member in members]
+
+    async def evict(self, member_id: str) -> bool:
+        """Remove ``member_id`` from the group now; false if it is no longer a member."""
+        admin = await self._admin_client()
+        group = self._settings.group_id
+        node = await admin.find_coordinator(group)
+        response = await admin._send_request(LeaveGroupRequest(group, member_id), node)
+        if response.error_code == 0:
+            return True
+        error = for_code(response.error_code)
+        if error.errno == _UNKNOWN_MEMBER_ID:
+            return False
+        raise error()
+
+    async def _admin_client(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._settings.kafka_bootstrap_servers,
+                client_id=f"{self._settings.group_id}-admin",
+            )
+            await admin.start()
+            self._admin = admin
+        return self._admin
+
     async def stop(self) -> None:
         """Leave the group (revocation drains first). A static member (``instance_id``) does
         not leave: Kafka keeps its partitions for it until the session timeout."""
-        await self._consumer.stop()
+        try:
+            await self._consumer.stop()
+        finally:
+            if self._admin is not None:
+                await self._admin.close()
 
     async def _assigned(self, assigned: set[KafkaTP]) -> None:
         self._consumer.pause(*assigned)
@@ -188,6 +232,38 @@ class KafkaOwnership:
         if gone:
             logger.info("partitions revoked", partitions=sorted(map(str, gone)))
             await self._on_revoked(gone)
+
+
+@dataclass
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    assigned: list[TopicPartition]
+
+
+async def describe_group(
+    admin: AIOKafkaAdminClient, group_id: str
+) -> tuple[str, list[GroupMember]]:
+    """Kafka's state of ``group_id`` (Stable, PreparingRebalance, …, Dead) and its members."""
+    members: list[GroupMember] = []
+    state = "Dead"
+    for response in await admin.describe_consumer_groups([group_id]):
+        for group in response.groups:
+            # (error_code, group_id, state, protocol_type, protocol, members[, …]); a member is
+            # (member_id, [group_instance_id,] client_id, client_host, metadata, assignment).
+            state = str(group[2])
+            for member in group[5]:
+                assigned: list[TopicPartition] = []
+                if member[-1]:
+                    decoded = ConsumerProtocolMemberAssignment.decode(member[-1])
+                    assigned = [
+                        TopicPartition(tp.topic, tp.partition) for tp in decoded.partitions()
+                    ]
+                members.append(
+                    GroupMember(str(member[0]), str(member[-4]), str(member[-3]), assigned)
+                )
+    return state, members
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -16,12 +16,11 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from outboxkit.core.kafka import partition_counts
+from outboxkit.core.kafka import admin_client, partition_counts
 from outboxkit.relay.blocks import plan
 from outboxkit.relay.engine import PartitionStatus
+from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.storage import OutboxStorage
@@ -55,51 +54,26 @@ async def group_status(settings: RelaySettings, storage: OutboxStorage) -> Group
     servers = settings.kafka_bootstrap_servers
     counts = await partition_counts(servers, settings.topics)
     tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
-    state, members = await _describe(servers, settings.group_id)
+    async with admin_client(servers) as admin:
+        state, members = await describe_group(admin, settings.group_id)
     backlog, last = await asyncio.gather(storage.backlog(), _last_records(servers, tps))
     statuses = _statuses(tps, backlog, last)
     owned: set[TopicPartition] = set()
     result = GroupStatus(settings.group_id, state)
-    for member_id, client_id, host, assigned in members:
-        mine = sorted(set(assigned) & set(tps), key=lambda tp: (tp.topic, tp.partition))
+    for member in members:
+        mine = sorted(set(member.assigned) & set(tps), key=lambda tp: (tp.topic, tp.partition))
         owned.update(mine)
         for block in plan(mine, counts, settings.max_block_level):
             for tp in block.partitions(counts[block.topic]):
                 statuses[tp].block = str(block)
         result.members.append(
-            MemberStatus(member_id, client_id, host, [statuses[tp] for tp in mine])
+            MemberStatus(
+                member.member_id, member.client_id, member.host, [statuses[tp] for tp in mine]
+            )
         )
     result.members.sort(key=lambda m: m.member_id)
     result.unowned = [statuses[tp] for tp in tps if tp not in owned]
     return result
-
-
-async def _describe(
-    servers: Sequence[str], group_id: str
-) -> tuple[str, list[tuple[str, str, str, list[TopicPartition]]]]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=list(servers), client_id="outboxkit-status")
-    await admin.start()
-    try:
-        responses = await admin.describe_consumer_groups([group_id])
-    finally:
-        await admin.close()
-    members: list[tuple[str, str, str, list[TopicPartition]]] = []
-    state = "Dead"
-    for response in responses:
-        for group in response.groups:
-            # (error_code, group_id, state, protocol_type, protocol, members[, …]); a member is
-            # (member_id, [group_instance_id,] client_id, client_host, metadata, assignment).
-            state = str(group[2])
-            for member in group[5]:
-                member_id, client_id, host = member[0], member[-4], member[-3]
-                assigned: list[TopicPartition] = []
-                if member[-1]:
-                    decoded = ConsumerProtocolMemberAssignment.decode(member[-1])
-                    assigned = [
-                        TopicPartition(tp.topic, tp.partition) for tp in decoded.partitions()
-                    ]
-                members.append((str(member_id), str(client_id), str(host), assigned))
-    return state, members
 
 
 async def _last_records(

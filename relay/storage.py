@@ -87,6 +87,17 @@ class OutboxStorage(Protocol):
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         """Publish kept (published) records again, after everything pending."""
 
+    async def announce_member(self, group: str, member_id: str) -> None:
+        """This process is ``member_id`` of consumer group ``group`` from now on, replacing the
+        member id it announced before, for as long as it keeps its database session. Called
+        again at every check (it also makes sure that session is still there)."""
+
+    async def departed_members(self, group: str, own_member_id: str) -> list[str]:
+        """Members of ``group`` announced by a process whose database session has ended since
+        (it died, or lost the database): the relay asks Kafka to remove them at once rather
+        than at their session timeout. Each is returned once. A storage that cannot tell
+        returns none (MongoDB: its sessions hold no lock a process's end releases)."""
+
 
 class WakeupSource(Protocol):
     """Wake-ups on commit (guarantee G5). A hint, never the truth: the relay reads the storage

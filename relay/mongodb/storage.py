@@ -269,6 +269,12 @@ class MongoOutboxStorage(MongoConnection):
         )
         return int(result.deleted_count)
 
+    async def announce_member(self, group: str, member_id: str) -> None:
+        """Nothing to hold: no MongoDB session state ends with the process that held it."""
+
+    async def departed_members(self, group: str, own_member_id: str) -> list[str]:
+        return []  # a dead relay leaves the group at its Kafka session timeout
+
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         """Copies with new positions: published after everything already pending of their key,
         never ahead of newer events. The event id stays, so inboxes that saw it absorb it."""

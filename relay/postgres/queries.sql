@@ -170,3 +170,23 @@ SELECT topic, partition, key, value, header_names, header_values, event_id, even
 FROM outboxkit.outbox
 WHERE state = 'published' AND event_id = ANY(%(event_ids)s)
 ORDER BY id
+
+-- announce_member --
+-- Run on the relay's presence session, which holds the advisory lock %(lock_key)s from now on
+-- (migrations/postgresql/0006_relay_members.sql); replaces the member id it announced before.
+WITH gone AS (
+    DELETE FROM outboxkit.relay_members
+    WHERE group_id = %(previous_group)s AND member_id = %(previous)s
+)
+INSERT INTO outboxkit.relay_members (group_id, member_id, lock_key)
+VALUES (%(group)s, %(member)s, %(lock_key)s)
+ON CONFLICT (group_id, member_id) DO UPDATE SET lock_key = EXCLUDED.lock_key
+
+-- departed_members --
+-- Members of the group whose presence session has ended: nobody holds their lock, so this
+-- statement gets it (and releases it when it ends, autocommit). They are forgotten here; the
+-- caller removes those still in Kafka's group. Run on the relay's own presence session, which
+-- would get its own lock again (advisory locks are reentrant): its row is skipped.
+DELETE FROM outboxkit.relay_members
+WHERE group_id = %(group)s AND member_id <> %(own)s AND pg_try_advisory_xact_lock(lock_key)
+RETURNING member_id

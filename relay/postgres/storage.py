@@ -1,8 +1,9 @@
 """PostgreSQL implementation of :class:`~outboxkit.relay.storage.OutboxStorage`.
 
 Queries run on a small connection pool in autocommit mode (each is one statement; none holds a
-lock past its own execution). Notifications arrive on one dedicated session connection: never
-through a pooler in transaction mode, where ``LISTEN`` does not work.
+lock past its own execution). Notifications arrive on one dedicated session connection, and the
+relay's presence (:mod:`.presence`) lives on another: never through a pooler in transaction
+mode, where ``LISTEN`` and session-level advisory locks do not work.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from datetime import timedelta
+from types import TracebackType
 from typing import Any
 from uuid import UUID
 
@@ -20,6 +22,7 @@ from psycopg.rows import TupleRow
 from outboxkit.core.pg import PooledStore
 from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.postgres.presence import PostgresPresence
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -69,6 +72,9 @@ class PostgresOutboxStorage(PooledStore):
         #: Per partition, the transaction-id horizon of the relay's last idle declaration.
         self._horizons: dict[TopicPartition, str] = {}
         self._application_name = application_name
+        self._presence = PostgresPresence(
+            url, application_name=application_name, connect_timeout=connect_timeout
+        )
         super().__init__(
             url,
             pool_size=pool_size,
@@ -79,6 +85,17 @@ class PostgresOutboxStorage(PooledStore):
             # while it was empty ran for minutes on the first backlog (queries.sql, next_batch).
             custom_plans=True,
         )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._presence.close()
+        finally:
+            await super().__aexit__(exc_type, exc, tb)
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
         async with self._connection() as conn:
@@ -222,6 +239,12 @@ class PostgresOutboxStorage(PooledStore):
                         await conn.execute("SELECT 1")
             except psycopg.OperationalError as exc:
                 logger.warning("listener connection lost, reconnecting: %s", exc)
+
+    async def announce_member(self, group: str, member_id: str) -> None:
+        await self._presence.announce(group, member_id)
+
+    async def departed_members(self, group: str, own_member_id: str) -> list[str]:
+        return await self._presence.departed(group, own_member_id)
 
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         return await self._execute("purge_published", {"older_than": older_than, "limit": limit})

@@ -245,6 +245,9 @@ class ManualOwnership:
         self.confirms: Callable[[frozenset[TopicPartition]], bool] = lambda _: True
         self.confirmations: list[frozenset[TopicPartition]] = []
         self.callback_errors: list[Exception] = []
+        #: The group's other members (the test adds them); evict() removes them.
+        self.others: set[str] = set()
+        self.evicted: list[str] = []
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
 
@@ -274,6 +277,16 @@ class ManualOwnership:
     @property
     def member_id(self) -> str | None:
         return "manual-member" if self.started else None
+
+    async def members(self) -> list[str]:
+        return sorted(self.others | {"manual-member"})
+
+    async def evict(self, member_id: str) -> bool:
+        if member_id not in self.others:
+            return False
+        self.others.discard(member_id)
+        self.evicted.append(member_id)
+        return True
 
     async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
         self.confirmations.append(partitions)

@@ -125,6 +125,43 @@ async def test_revoke_during_retries_returns_without_another_attempt(make: MakeH
     assert took < 2.5, f"revoke took {took:.2f} s: it waited for revoke_timeout"
 
 
+# -- takeover: dead members leave the group at once ------------------------------------------
+
+
+async def test_members_whose_database_session_ended_are_removed_from_the_group(
+    make: MakeHarness,
+) -> None:
+    """The relay announces its own member id, and removes from the group exactly the members
+    whose announcing process's session ended, once each; a live one and one already gone from
+    the group are left alone (the session timeout would otherwise hold every rebalance)."""
+    h = await make(departed_check_interval=0.01)
+    group = h.settings.group_id
+    for member in ["dead", "alive", "left"]:
+        await h.storage.announce_member(group, member)
+    h.ownership.others = {"dead", "alive"}  # "left" is no longer in Kafka's group
+    await h.start()
+    await until(lambda: "manual-member" in h.storage.announced(group), "its own announcement")
+
+    h.storage.end_session(group, "dead")
+    h.storage.end_session(group, "left")
+    await until(lambda: h.ownership.evicted == ["dead"], "the dead member removed")
+    await until(lambda: "left" not in h.storage.announced(group), "the departed forgotten")
+    assert h.ownership.others == {"alive"}
+    assert h.metric("outboxkit_relay_departed_members_removed_total") == 1
+
+
+async def test_no_member_is_removed_with_the_check_off(make: MakeHarness) -> None:
+    h = await make(departed_check_interval=0)
+    await h.storage.announce_member(h.settings.group_id, "dead")
+    h.storage.end_session(h.settings.group_id, "dead")
+    h.ownership.others = {"dead"}
+    await h.start()
+    h.add(0)
+    await until(lambda: len(h.broker.ids()) == 1, "a record published")
+    assert h.ownership.evicted == []
+    assert h.storage.announced(h.settings.group_id) == ["dead"]
+
+
 # -- G5: wake-ups ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,129 @@
+"""Relays tell each other, through PostgreSQL, that one of them has died.
+
+Kafka learns that a consumer-group member died only when its session times out, and each
+rebalance waits for every member until then. PostgreSQL learns it at once: the kernel closes a
+killed process's sockets, and the server ends its sessions and releases their advisory locks.
+Each relay holds a session-level advisory lock, keyed by its member id, on one connection of its
+own (its *presence session*) and records the member id in ``outboxkit.relay_members``; a lock
+that another session can take belongs to a session that has ended
+(migrations/postgresql/0006_relay_members.sql).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+import psycopg
+
+from outboxkit.core.sql import load_queries
+from outboxkit.relay.exceptions import StorageUnavailableError
+
+_QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
+
+#: Departures are not trusted for this long after this relay's own presence session (re)opened:
+#: after a database restart every relay's session ended, and the first to reconnect would see
+#: the others as gone before they had a chance to reconnect (they check every second).
+RECONNECT_GRACE = 3.0
+
+
+def member_lock_key(group: str, member_id: str) -> int:
+    """A stable signed 64-bit advisory-lock key for ``member_id`` of ``group``."""
+    digest = hashlib.blake2b(f"{group}\0{member_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresPresence:
+    """This relay's presence session, and the check for the sessions of others."""
+
+    def __init__(self, url: str, *, application_name: str, connect_timeout: float) -> None:
+        self._url = url
+        self._application_name = application_name
+        self._connect_timeout = connect_timeout
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._opened_at = 0.0
+        #: (group, member id, lock key) announced on the current session.
+        self._announced: tuple[str, str, int] | None = None
+        self._lock = asyncio.Lock()
+
+    async def announce(self, group: str, member_id: str) -> None:
+        """Hold ``member_id``'s lock from now on (releasing the one announced before). Called
+        again at every check: it makes sure the session is still there, and opens a new one
+        (announcing again) if it is not."""
+        async with self._lock:
+            try:
+                await self._announce(group, member_id)
+            except psycopg.OperationalError as exc:
+                await self.close()
+                raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+
+    async def _announce(self, group: str, member_id: str) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            try:
+                if self._announced is not None and self._announced[:2] == (group, member_id):
+                    await conn.execute("SELECT 1")  # still the session that holds the lock
+                    return
+            except psycopg.OperationalError:
+                conn = None  # ended (a database restart): open another at once
+        if conn is None or conn.closed or conn.broken:
+            await self.close()
+            conn = await psycopg.AsyncConnection.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=max(1, round(self._connect_timeout)),
+                application_name=f"{self._application_name}-presence",
+            )
+            self._conn, self._opened_at = conn, time.monotonic()
+        key = member_lock_key(group, member_id)
+        previous = self._announced
+        if previous is not None:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", [previous[2]])
+            self._announced = None
+        # A survivor's check holds the lock for the length of one statement: try again at the
+        # next check rather than wait here.
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        row = await cur.fetchone()
+        if not row or not row[0]:
+            return
+        await conn.execute(
+            _QUERIES["announce_member"],
+            {
+                "group": group,
+                "member": member_id,
+                "lock_key": key,
+                "previous_group": previous[0] if previous else None,
+                "previous": previous[1] if previous else None,
+            },
+        )
+        self._announced = (group, member_id, key)
+
+    async def departed(self, group: str, own_member_id: str) -> list[str]:
+        """Members of ``group`` whose presence session has ended (forgotten from now on). None
+        while this relay's own session is missing or younger than :data:`RECONNECT_GRACE`: a
+        relay that lost the database cannot tell whether the others lost it too."""
+        async with self._lock:
+            conn = self._conn
+            if (
+                conn is None
+                or self._announced is None
+                or time.monotonic() - self._opened_at < RECONNECT_GRACE
+            ):
+                return []
+            try:
+                cur = await conn.execute(
+                    _QUERIES["departed_members"], {"group": group, "own": own_member_id}
+                )
+                rows = await cur.fetchall()
+            except psycopg.OperationalError as exc:
+                await self.close()
+                raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
+        return [str(member_id) for (member_id,) in rows]
+
+    async def close(self) -> None:
+        """End the presence session: to the others, this relay has now departed."""
+        conn, self._conn, self._announced = self._conn, None, None
+        if conn is not None:
+            await conn.close()
