@@ -228,7 +228,9 @@ class Relay:
             ]
             if self.settings.retention is not None:
                 side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
-            if self.settings.departed_check_interval > 0:
+            # A static member keeps its place while it restarts: removing it would be the very
+            # rebalance static membership avoids.
+            if self.settings.departed_check_interval > 0 and self.settings.instance_id is None:
                 side_tasks.append(
                     asyncio.create_task(self._remove_departed(ownership), name="departed")
                 )

@@ -124,7 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-writers", type=int, default=16, help="writer connections")
     p.add_argument("--idle-events", type=int, default=20)
     p.add_argument("--idle-gap", type=float, default=0.3, help="idle seconds before each event")
-    p.add_argument("--churn-modes", default="dynamic,static", help="membership cases")
+    p.add_argument("--churn-modes", default="dynamic,kafka-only,static", help="membership cases")
     p.add_argument("--churn-rate", type=float, default=300, help="churn: events/s")
     p.add_argument("--churn-seconds", type=float, default=60)
     p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills")

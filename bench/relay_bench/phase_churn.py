@@ -4,9 +4,15 @@ Writers commit ``--churn-rate`` events/s for ``--churn-seconds`` while, every ``
 seconds, the next relay (round robin) is killed with SIGKILL and started again at once. Then the
 killing stops and everything is read back. Figures: commit → consumer p50/p99/max, the longest a
 partition received nothing while events were being written (its outage), and events missing.
-Two cases: dynamic membership (the default: a killed relay's member stays in the group until its
-session times out) and static membership (``OUTBOXKIT_INSTANCE_ID``: the restarted relay takes
-its member's place, and its partitions, without a rebalance).
+Three cases (``--churn-modes``):
+
+- ``dynamic``, the default configuration: dynamic membership, and a survivor removes a killed
+  relay's member from the group as soon as PostgreSQL has ended its session
+  (``OUTBOXKIT_DEPARTED_CHECK_INTERVAL``);
+- ``kafka-only``: dynamic membership with that check off, so a killed relay's member stays in
+  the group until its session times out, and every rebalance waits for it;
+- ``static``: static membership (``OUTBOXKIT_INSTANCE_ID``): the restarted relay takes its
+  member's place, and its partitions, without a rebalance.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from bench.relay_bench.relays import SubprocessRelays, wait_ready
 
 RELAYS = 3
 
+_MODES = {
+    "dynamic": "dynamic membership",
+    "kafka-only": "dynamic membership, database check off",
+    "static": "static membership",
+}
+
 
 async def phase_churn(ctx: Ctx) -> None:
     args = ctx.args
@@ -52,6 +64,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
         group,
         instance_ids=mode == "static",
         session_timeout=str(session),
+        departed_check_interval="0" if mode == "kafka-only" else "1",
         heartbeat_interval=str(min(1.0, session / 3)),
     )
     commits = Commits()
@@ -104,7 +117,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     values = latency.get("churn", [])
     outage, worst_partition = _longest_outage(arrivals, commits, began, ended)
     say(
-        f"churn ({mode} membership, session timeout {session:g} s): {kills} kills in "
+        f"churn ({_MODES[mode]}, session timeout {session:g} s): {kills} kills in "
         f"{args.churn_seconds:.0f} s, {len(values)} events; commit→consumer "
         f"{latency_figures(values)}; longest partition outage {outage:.1f} s (partition "
         f"{worst_partition}); missing {missing}"
@@ -112,7 +125,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     ctx.add(
         Result(
             "churn",
-            f"{mode} membership, kill+restart every {args.churn_every:g} s",
+            f"{_MODES[mode]}, kill+restart every {args.churn_every:g} s",
             latency_figures(values),
             f"p99 {(_p99(values) / session):.1f}x session timeout",
             f"session timeout {session:g} s; longest partition outage {outage:.1f} s; "

@@ -222,7 +222,8 @@ async def _all_published(ports: list[int]) -> bool:
 async def test_every_connection_says_whose_it_is(
     pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    """pg_stat_activity tells the relay's pool and listener and the inbox's pool apart."""
+    """pg_stat_activity tells the relay's pool, listener and presence session and the inbox's
+    pool apart."""
     topic = await make_topic("named", partitions=1)
     relay = RelayProcess(tmp_path, relay_env(pg_url, kafka_bootstrap, topic)).start()
 
@@ -234,7 +235,12 @@ async def test_every_connection_says_whose_it_is(
             )
             return {str(row[0]) for row in await cur.fetchall()}
 
-    expected = {"outboxkit-relay", "outboxkit-relay-listener", "outboxkit-inbox"}
+    expected = {
+        "outboxkit-relay",
+        "outboxkit-relay-listener",
+        "outboxkit-relay-presence",
+        "outboxkit-inbox",
+    }
     try:
         async with PostgresInboxStore(pg_url, pool_size=1, connect_timeout=5) as inbox:
             await inbox.count("nobody")  # opens a pooled connection

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -150,14 +151,24 @@ async def test_members_whose_database_session_ended_are_removed_from_the_group(
     assert h.metric("outboxkit_relay_departed_members_removed_total") == 1
 
 
-async def test_no_member_is_removed_with_the_check_off(make: MakeHarness) -> None:
-    h = await make(departed_check_interval=0)
+@pytest.mark.parametrize(
+    "settings",
+    [{"departed_check_interval": 0}, {"departed_check_interval": 0.01, "instance_id": "relay-1"}],
+    ids=["check-off", "static-membership"],
+)
+async def test_no_member_is_removed_with_the_check_off_or_static_membership(
+    make: MakeHarness, settings: dict[str, Any]
+) -> None:
+    """A static member keeps its place while it restarts: removing it is the rebalance static
+    membership avoids."""
+    h = await make(**settings)
     await h.storage.announce_member(h.settings.group_id, "dead")
     h.storage.end_session(h.settings.group_id, "dead")
     h.ownership.others = {"dead"}
     await h.start()
     h.add(0)
     await until(lambda: len(h.broker.ids()) == 1, "a record published")
+    await asyncio.sleep(0.1)  # ten check intervals: nothing to wait for, it must not happen
     assert h.ownership.evicted == []
     assert h.storage.announced(h.settings.group_id) == ["dead"]
 
