@@ -9,6 +9,8 @@ Collections (``outboxkit migrate`` creates them and their indexes; see
   published or failed records the collection keeps, and reads only the chosen documents.
 - ``outboxkit.keys``: the last position of each key (:mod:`.positions`).
 - ``outboxkit.topics``: partition counts, kept from Kafka's metadata by the relay.
+- ``outboxkit.relay_members``: the relays' member ids, each named by a client of its process
+  (:mod:`.presence`).
 
 No operation here holds a transaction across a Kafka send: the relay reads (majority read
 concern: never a write a failover could roll back), publishes, then deletes or marks what Kafka
@@ -21,6 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -38,6 +41,7 @@ from outboxkit.core.mongo import (
 )
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.positions import take_positions
+from outboxkit.relay.mongodb.presence import MongoPresence
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -88,6 +92,20 @@ class MongoOutboxStorage(MongoConnection):
         )
         self._keys = collection(self.database, "keys")
         self._topics = collection(self.database, "topics", write_concern=MAJORITY_WRITE)
+        self._presence = MongoPresence(
+            url, self.database, app_name=app_name, connect_timeout=connect_timeout
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._presence.close()
+        finally:
+            await super().__aexit__(exc_type, exc, tb)
 
     # -- OutboxStorage ----------------------------------------------------------------------
 
@@ -270,10 +288,10 @@ class MongoOutboxStorage(MongoConnection):
         return int(result.deleted_count)
 
     async def announce_member(self, group: str, member_id: str) -> None:
-        """Nothing to hold: no MongoDB session state ends with the process that held it."""
+        await self._presence.announce(group, member_id)
 
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
-        return []  # a dead relay leaves the group at its Kafka session timeout
+        return await self._presence.departed(group, own_member_id)
 
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         """Copies with new positions: published after everything already pending of their key,

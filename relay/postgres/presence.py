@@ -1,38 +1,27 @@
-"""Relays tell each other, through PostgreSQL, that one of them has died.
-
-Kafka learns that a consumer-group member died only when its session times out, and each
-rebalance waits for every member until then. PostgreSQL learns it at once: the kernel closes a
-killed process's sockets, and the server ends its sessions and releases their advisory locks.
-Each relay holds a session-level advisory lock, keyed by its member id, on one connection of its
-own (its *presence session*) and records the member id in ``outboxkit.relay_members``; a lock
-that another session can take belongs to a session that has ended
-(migrations/postgresql/0006_relay_members.sql).
+"""PostgreSQL presence (:mod:`outboxkit.relay.presence`): each relay holds a session-level
+advisory lock, keyed by its member id, on one connection of its own (its *presence session*) and
+records the member id in ``outboxkit.relay_members``; a lock that another session can take
+belongs to a session that has ended (migrations/postgresql/0006_relay_members.sql).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from typing import Any
 
 import psycopg
 
 from outboxkit.core.sql import load_queries
+from outboxkit.relay import presence
 from outboxkit.relay.exceptions import StorageUnavailableError
 
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 
-#: Departures are not trusted for this long after this relay's own presence session (re)opened:
-#: after a database restart every relay's session ended, and the first to reconnect would see
-#: the others as gone before they had a chance to reconnect (they check every second).
-RECONNECT_GRACE = 3.0
-
 
 def member_lock_key(group: str, member_id: str) -> int:
     """A stable signed 64-bit advisory-lock key for ``member_id`` of ``group``."""
-    digest = hashlib.blake2b(f"{group}\0{member_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    return int.from_bytes(presence.member_digest(group, member_id), "big", signed=True)
 
 
 class PostgresPresence:
@@ -102,14 +91,14 @@ class PostgresPresence:
 
     async def departed(self, group: str, own_member_id: str) -> list[str]:
         """Members of ``group`` whose presence session has ended (forgotten from now on). None
-        while this relay's own session is missing or younger than :data:`RECONNECT_GRACE`: a
-        relay that lost the database cannot tell whether the others lost it too."""
+        while this relay's own session is missing or younger than ``RECONNECT_GRACE``: a relay
+        that lost the database cannot tell whether the others lost it too."""
         async with self._lock:
             conn = self._conn
             if (
                 conn is None
                 or self._announced is None
-                or time.monotonic() - self._opened_at < RECONNECT_GRACE
+                or time.monotonic() - self._opened_at < presence.RECONNECT_GRACE
             ):
                 return []
             try:

@@ -1,0 +1,152 @@
+"""MongoDB presence (:mod:`outboxkit.relay.presence`): each relay keeps a client of its own whose
+appName names its member id, and records the member id in ``outboxkit.relay_members``. The
+driver holds connections to every replica-set member for as long as the process lives (its
+monitors), and mongod drops a connection from ``$currentOp`` the moment its socket closes: a
+recorded member whose appName no connection carries has ended.
+
+``$currentOp`` of every user needs the ``inprog`` privilege (e.g. the ``clusterMonitor`` role).
+Without it, or through ``mongos`` (each router lists only its own connections), the check is
+off: a dead relay then leaves the group at its Kafka session timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import structlog
+from pymongo.errors import OperationFailure
+
+from outboxkit.core.mongo import Client, Database, collection, guarded, make_client
+from outboxkit.relay import presence
+from outboxkit.relay.exceptions import StorageUnavailableError
+
+logger = structlog.get_logger("outboxkit.relay")
+
+T = TypeVar("T")
+
+_UNAUTHORIZED = 13
+
+
+class MongoPresence:
+    """This relay's presence client, and the check for the presence of others."""
+
+    def __init__(
+        self, url: str, database: Database, *, app_name: str, connect_timeout: float
+    ) -> None:
+        self._url = url
+        self._client_of: Client = database.client
+        self._members = collection(database, "relay_members")
+        self._prefix = f"{app_name}-presence-"
+        self._connect_timeout = connect_timeout
+        self._presence: Client | None = None
+        #: (group, member id) announced with the current presence client.
+        self._announced: tuple[str, str] | None = None
+        #: Why the check is off on this deployment (found once), or None.
+        self._unsupported: str | None = None
+        self._lock = asyncio.Lock()
+
+    def _app_name(self, group: str, member_id: str) -> str:
+        return self._prefix + presence.member_digest(group, member_id).hex()
+
+    async def announce(self, group: str, member_id: str) -> None:
+        """Be ``member_id`` from now on: a presence client named after it, and its record."""
+        async with self._lock:
+            if self._announced == (group, member_id):
+                return  # the driver keeps the client's connections, and restores them
+            previous = self._announced
+            await self.close()
+            client = make_client(
+                self._url,
+                connect_timeout=self._connect_timeout,
+                app_name=self._app_name(group, member_id),
+            )
+            self._presence = client
+            await _guard(client.admin.command("ping"))
+            if previous is not None:
+                await _guard(self._members.delete_one({"_id": _id(*previous)}))
+            await _guard(
+                self._members.replace_one(
+                    {"_id": _id(group, member_id)},
+                    {"app_name": self._app_name(group, member_id), "at": datetime.now(UTC)},
+                    upsert=True,
+                )
+            )
+            self._announced = (group, member_id)
+
+    async def departed(self, group: str, own_member_id: str) -> list[str]:
+        """Recorded members of ``group`` that no connection names any more (forgotten from now
+        on). None while this relay's own presence is not listed, right after mongod restarted
+        (unlike PostgreSQL sessions, the driver's connections come back by themselves, so
+        mongod's uptime tells), or where the check is off (see the module)."""
+        async with self._lock:
+            if self._unsupported is not None or self._announced is None:
+                return []
+            recorded = await _guard(self._members.find({"_id.group": group}).to_list())
+            candidates = {
+                doc["_id"]["member"]: doc["app_name"]
+                for doc in recorded
+                if doc["_id"]["member"] != own_member_id
+            }
+            if not candidates:
+                return []
+            own = self._app_name(group, own_member_id)
+            live = await self._live_app_names([own, *candidates.values()])
+            if live is None or own not in live:
+                return []  # this view is not to be trusted (see _live_app_names)
+            gone = [member for member, app in candidates.items() if app not in live]
+            for member in gone:
+                await _guard(self._members.delete_one({"_id": _id(group, member)}))
+            return gone
+
+    async def _live_app_names(self, app_names: list[str]) -> set[str] | None:
+        """Which of ``app_names`` the primary's connections carry; None when that cannot be
+        trusted: the check is off here, or mongod started too recently for every live relay's
+        driver to have reconnected."""
+        admin = self._client_of.admin
+        try:
+            hello = await _guard(admin.command("hello"))
+            if hello.get("msg") == "isdbgrid":
+                self._off("connected through mongos, which lists only its own connections")
+                return None
+            status: dict[str, Any] = await _guard(
+                admin.command({"serverStatus": 1, "repl": 0, "metrics": 0, "locks": 0})
+            )
+            if float(status.get("uptime", 0)) < presence.RECONNECT_GRACE:
+                return None
+            cursor = await _guard(
+                admin.aggregate(
+                    [
+                        {"$currentOp": {"allUsers": True, "idleConnections": True}},
+                        {"$match": {"appName": {"$in": app_names}}},
+                        {"$group": {"_id": "$appName"}},
+                    ]
+                )
+            )
+            rows = await _guard(cursor.to_list())
+        except OperationFailure as exc:
+            if exc.code == _UNAUTHORIZED:
+                self._off(f"$currentOp of all users is not allowed ({exc}); grant clusterMonitor")
+                return None
+            raise StorageUnavailableError(f"MongoDB refused the presence check: {exc}") from exc
+        return {str(row["_id"]) for row in rows}
+
+    def _off(self, why: str) -> None:
+        self._unsupported = why
+        logger.warning("dead relays leave the group only at their Kafka session timeout", why=why)
+
+    async def close(self) -> None:
+        """Close the presence client: to the others, this relay has now departed."""
+        client, self._presence, self._announced = self._presence, None, None
+        if client is not None:
+            await client.close()
+
+
+async def _guard(operation: Awaitable[T]) -> T:
+    return await guarded(operation, StorageUnavailableError)
+
+
+def _id(group: str, member_id: str) -> dict[str, str]:
+    return {"group": group, "member": member_id}

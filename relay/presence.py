@@ -1,0 +1,23 @@
+"""What the relays' database backends share to tell that a relay process has died.
+
+Kafka learns that a consumer-group member died only when its session times out, and every
+rebalance waits for it until then. A database learns it at once: the kernel closes a killed
+process's sockets, and the server ends its sessions (PostgreSQL releases their advisory locks,
+MongoDB drops their connections from ``$currentOp``). Each relay keeps a *presence* on the
+database that only its own process can hold, named after its member id; a survivor that finds a
+member's presence gone removes it from the group (:meth:`Relay._remove_departed`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+#: Departures are not trusted for this long after this relay's own presence (re)appeared, or
+#: after the database restarted: every relay's presence ended then, and the first one back would
+#: see the others as gone before they had a chance to reconnect (they check every second).
+RECONNECT_GRACE = 3.0
+
+
+def member_digest(group: str, member_id: str) -> bytes:
+    """Eight bytes naming ``member_id`` of ``group`` (an advisory lock key, an appName)."""
+    return hashlib.blake2b(f"{group}\0{member_id}".encode(), digest_size=8).digest()
