@@ -1,4 +1,4 @@
-"""What operators rely on, against real PostgreSQL and Apache Kafka servers: a dead relay's
+"""What operators rely on, against real databases and Apache Kafka: a dead relay's
 partitions move to a survivor within the session timeout plus a few seconds, ``outboxkit relay
 status`` and ``/healthz`` show who publishes what, and every connection says whose it is."""
 
@@ -54,7 +54,7 @@ async def _owned(port: int) -> list[str]:
     "restart", [False, True], ids=["kafka-session-timeout", "database-sees-the-death"]
 )
 async def test_a_killed_relays_partitions_publish_again_within_the_session_timeout(
-    pg_url: str,
+    db_url: str,
     kafka_bootstrap: str,
     make_topic: MakeTopic,
     tmp_path: Path,
@@ -64,8 +64,8 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
 
     - Kafka alone (the database check off): each partition it owned publishes again on a
       survivor within the session timeout + 5 s.
-    - With the check (the default), a survivor sees the dead relay's database session end and
-      removes it from the group: its partitions publish again within 8 s of a 30 s session
+    - With the check (the default), a survivor sees the dead relay's database session end
+      (PostgreSQL) or its connections close (MongoDB) and removes it from the group: its partitions publish again within 8 s of a 30 s session
       timeout, though it is restarted at once (the new member's rebalance would otherwise wait
       for the dead one), and the three relays share the partitions again soon after."""
     env = (
@@ -74,12 +74,12 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
         else {"OUTBOXKIT_DEPARTED_CHECK_INTERVAL": "0"}
     )
     topic = await make_topic("takeover", partitions=6)
-    await register_topic(pg_url, topic, 6)
-    writers = Writers(pg_url, topic, entities=30)
+    await register_topic(db_url, topic, 6)
+    writers = Writers(db_url, topic, entities=30)
     session = float(env.get("OUTBOXKIT_SESSION_TIMEOUT", RELAY_ENV["OUTBOXKIT_SESSION_TIMEOUT"]))
     bound = 8.0 if restart else session + 5
     ports = [free_port() for _ in range(3)]
-    group = {**relay_env(pg_url, kafka_bootstrap, topic), **env}
+    group = {**relay_env(db_url, kafka_bootstrap, topic), **env}
     started = [
         RelayProcess(tmp_path, {**group, "OUTBOXKIT_HTTP_PORT": str(port)}).start()
         for port in ports
@@ -119,7 +119,7 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
             await wait_for(spread, within=bound, what="the restarted relay to get partitions")
             spread_again = time.monotonic() - killed
         await writers.stop()
-        summary = await _drained(pg_url, writers, kafka_bootstrap, topic)
+        summary = await _drained(db_url, writers, kafka_bootstrap, topic)
     finally:
         await consumer.stop()
         for relay in started:
