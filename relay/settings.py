@@ -65,11 +65,11 @@ class RelaySettings(WorkerSettings):
     departed_check_interval: float = Field(
         default=1.0,
         ge=0,
-        description="Seconds between a relay's checks for relays of its group that died: on "
-        "PostgreSQL a dead relay's database session ends at once, and the relay that sees it "
-        "removes it from the consumer group instead of everyone waiting for "
-        "OUTBOXKIT_SESSION_TIMEOUT (MongoDB cannot tell). 0 turns the check off; it is off "
-        "with OUTBOXKIT_INSTANCE_ID, whose member keeps its place while it restarts",
+        description="Seconds between a relay's checks for relays of its group that died: a "
+        "dead relay's database connections end at once, and the relay that sees it removes it "
+        "from the consumer group instead of everyone waiting for OUTBOXKIT_SESSION_TIMEOUT "
+        "(MongoDB: needs the inprog privilege, e.g. clusterMonitor). 0 turns the check off; it "
+        "is off with OUTBOXKIT_INSTANCE_ID, whose member keeps its place while it restarts",
     )
     max_in_flight: int = Field(
         default=1000, ge=1, description="Records sent and not yet confirmed, over all partitions"

@@ -95,8 +95,8 @@ class OutboxStorage(Protocol):
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         """Members of ``group`` announced by a process whose database session has ended since
         (it died, or lost the database): the relay asks Kafka to remove them at once rather
-        than at their session timeout. Each is returned once. A storage that cannot tell
-        returns none (MongoDB: its sessions hold no lock a process's end releases)."""
+        than at their session timeout. Each is returned once. None when the storage cannot
+        tell for sure (:mod:`outboxkit.relay.presence`): a wrong answer costs a rebalance."""
 
 
 class WakeupSource(Protocol):
