@@ -65,9 +65,10 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
     - Kafka alone (the database check off): each partition it owned publishes again on a
       survivor within the session timeout + 5 s.
     - With the check (the default), a survivor sees the dead relay's database session end
-      (PostgreSQL) or its connections close (MongoDB) and removes it from the group: its partitions publish again within 8 s of a 30 s session
-      timeout, though it is restarted at once (the new member's rebalance would otherwise wait
-      for the dead one), and the three relays share the partitions again soon after."""
+      (PostgreSQL) or its connections close (MongoDB) and removes it from the group: its
+      partitions publish again within 8 s of a 30 s session timeout, though it is restarted at
+      once (the new member's rebalance would otherwise wait for the dead one), and the three
+      relays share the partitions again soon after."""
     env = (
         {"OUTBOXKIT_SESSION_TIMEOUT": "30"}
         if restart
