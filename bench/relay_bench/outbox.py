@@ -67,6 +67,9 @@ class BenchOutbox(Protocol):
 
     async def pending_by_partition(self, topic: str) -> dict[int, int]: ...
 
+    async def states(self, event_ids: Sequence[str]) -> dict[str, str]:
+        """Each of ``event_ids`` still in the outbox: ``<state> p<partition> attempts <n>``."""
+
     async def relays_idle(self, topic: str, partitions: int) -> bool:
         """Whether every partition's relay has declared itself waiting (idle, woken by writers)."""
 
@@ -207,6 +210,15 @@ class PostgresBenchOutbox:
                 (topic,),
             )
             return {int(p): int(n) for p, n in await cur.fetchall()}
+
+    async def states(self, event_ids: Sequence[str]) -> dict[str, str]:
+        async with await self.connect() as conn:
+            cur = await conn.execute(
+                "SELECT event_id::text, state, partition, attempts FROM outboxkit.outbox "
+                "WHERE event_id = ANY(%s::uuid[])",
+                (list(event_ids),),
+            )
+            return {eid: f"{st} p{p} attempts {n}" for eid, st, p, n in await cur.fetchall()}
 
     async def relays_idle(self, topic: str, partitions: int) -> bool:
         waiting = await self.scalar(

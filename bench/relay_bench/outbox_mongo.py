@@ -16,8 +16,10 @@ the backend, not from the bench:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import UUID
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -170,6 +172,16 @@ class MongoBenchOutbox:
             hint="outbox_head_idx",
         )
         return {int(doc["_id"]): int(doc["n"]) for doc in await cursor.to_list()}
+
+    async def states(self, event_ids: Sequence[str]) -> dict[str, str]:
+        found = self._outbox.find(
+            {"event_id": {"$in": [UUID(e) for e in event_ids]}},
+            {"event_id": True, "state": True, "partition": True, "attempts": True},
+        )
+        return {
+            str(d["event_id"]): f"{d['state']} p{d['partition']} attempts {d['attempts']}"
+            for d in await found.to_list()
+        }
 
     async def relays_idle(self, topic: str, partitions: int) -> bool:
         """Nothing of ``topic`` pending (a MongoDB relay declares nothing when it waits)."""

@@ -116,9 +116,12 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     latency, _, missing = split(commits, arrivals)
     values = latency.get("churn", [])
     outage, worst_partition = _longest_outage(arrivals, commits, began, ended)
+    if missing:
+        await _say_missing(ctx, commits, arrivals)
     say(
         f"churn ({_MODES[mode]}, session timeout {session:g} s): {kills} kills in "
-        f"{args.churn_seconds:.0f} s, {len(values)} events; commit→consumer "
+        f"{ended - began:.0f} s of writes ({args.churn_seconds:.0f} s planned), "
+        f"{len(values)} events; commit→consumer "
         f"{latency_figures(values)}; longest partition outage {outage:.1f} s (partition "
         f"{worst_partition}); missing {missing}"
     )
@@ -132,6 +135,16 @@ async def _churn(ctx: Ctx, mode: str) -> None:
             f"{kills} kills; missing {missing}",
         )
     )
+
+
+async def _say_missing(ctx: Ctx, commits: Commits, arrivals: list[Arrival]) -> None:
+    """Lost (nowhere) or stuck (still pending)? Say which, and keep the relays' logs."""
+    received = {a.ce_id for a in arrivals}
+    absent = [e for e in commits.at if e not in received]
+    states = await ctx.outbox.states(absent)
+    ctx.keep_workdir = True
+    for event_id in absent[:20]:
+        say(f"  missing {event_id}: {states.get(event_id, 'not in the outbox')}")
 
 
 def _p99(values: list[float]) -> float:
