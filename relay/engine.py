@@ -473,7 +473,7 @@ class Relay:
                     if gone in present and await ownership.evict(gone):
                         self.metrics.departed_removed.inc()
                         logger.warning(
-                            "removed a dead relay from the group: its database session ended",
+                            "removed a dead relay from the group: its database connections ended",
                             member=gone,
                         )
             except (StorageUnavailableError, KafkaError, OSError) as exc:

@@ -61,7 +61,7 @@ class RelayMetrics:
         )
         self.departed_removed = Counter(
             "outboxkit_relay_departed_members_removed",
-            "Dead relays this relay removed from the group (their database session had ended) "
+            "Dead relays this relay removed from the group (their database connections had ended) "
             "before their Kafka session timed out",
             registry=reg,
         )
