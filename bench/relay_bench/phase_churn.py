@@ -110,6 +110,9 @@ async def _churn(ctx: Ctx, mode: str) -> None:
             ended = time.time()
             with contextlib.suppress(TimeoutError):
                 await consumer.wait_for(len(commits.at), 180)
+            if consumer.received < len(commits.at):
+                # Some partition stopped moving: where do the live relays wait?
+                (ctx.workdir / f"churn-{mode}-diagnosis.txt").write_text(await relays.diagnose())
         finally:
             await relays.stop()
     arrivals = await consumer.arrivals()

@@ -180,7 +180,13 @@ class SubprocessRelays:
             await self.start_one(i)
 
     async def start_one(self, i: int) -> None:
-        env = {**os.environ, **self.env, "OUTBOXKIT_HTTP_PORT": str(self.ports[i])}
+        # Unbuffered: a SIGKILLed relay keeps its last lines.
+        env = {
+            **os.environ,
+            **self.env,
+            "OUTBOXKIT_HTTP_PORT": str(self.ports[i]),
+            "PYTHONUNBUFFERED": "1",
+        }
         if self.instance_ids:
             env["OUTBOXKIT_INSTANCE_ID"] = f"relay-{i}"
         argv = [sys.executable, str(ENTRY), "--child-relay", "relay"]
