@@ -34,6 +34,8 @@ async def consumer_child(bootstrap: str, topic: str, partitions: int, out: Path)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     seen: list[tuple[str, float, int, int]] = []
+    #: Events received at least once: what the parent waits for (a re-publish is no progress).
+    distinct: set[str] = set()
     try:
         tps = [KafkaTP(topic, p) for p in range(partitions)]
         consumer.assign(tps)
@@ -49,8 +51,9 @@ async def consumer_child(bootstrap: str, topic: str, partitions: int, out: Path)
                 for record in records:
                     ce_id = next((v for k, v in record.headers if k == "ce_id"), b"")
                     seen.append((ce_id.decode(), now, record.timestamp, tp.partition))
-            if len(seen) != last_report:
-                last_report = len(seen)
+                    distinct.add(ce_id.decode())
+            if len(distinct) != last_report:
+                last_report = len(distinct)
                 print(f"count {last_report}", flush=True)
     finally:
         await consumer.stop()
