@@ -104,7 +104,13 @@ class MongoConnection:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._client.close()
+        try:
+            await self._close_own_clients()
+        finally:
+            await self._client.close()
+
+    async def _close_own_clients(self) -> None:
+        """Close what a store holds beside its client (another client), before the client."""
 
 
 def collection(database: Database, name: str, **options: Any) -> Collection:

@@ -122,7 +122,13 @@ class PooledStore:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._pool.close()
+        try:
+            await self._close_own_connections()
+        finally:
+            await self._pool.close()
+
+    async def _close_own_connections(self) -> None:
+        """Close what a store holds beside the pool (a dedicated session), before the pool."""
 
     def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[TupleRow]]:
         return connection(self._pool, self.unavailable)

@@ -23,7 +23,6 @@ import asyncio
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -96,16 +95,8 @@ class MongoOutboxStorage(MongoConnection):
             url, self.database, app_name=app_name, connect_timeout=connect_timeout
         )
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self._presence.close()
-        finally:
-            await super().__aexit__(exc_type, exc, tb)
+    async def _close_own_clients(self) -> None:
+        await self._presence.close()
 
     # -- OutboxStorage ----------------------------------------------------------------------
 

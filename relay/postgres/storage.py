@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 from uuid import UUID
 
@@ -86,16 +85,8 @@ class PostgresOutboxStorage(PooledStore):
             custom_plans=True,
         )
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self._presence.close()
-        finally:
-            await super().__aexit__(exc_type, exc, tb)
+    async def _close_own_connections(self) -> None:
+        await self._presence.close()
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
         async with self._connection() as conn:
