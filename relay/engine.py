@@ -45,6 +45,10 @@ _FAILING_LOG_EVERY = 5.0
 #: A stage still running after ``slow_after`` is logged again this often.
 _SLOW_LOG_EVERY = 30.0
 
+#: A check for dead relays that keeps failing for a reason other than an outage (a missing
+#: privilege) is logged this often.
+_REFUSED_LOG_EVERY = 60.0
+
 __all__ = ["Ownership", "PartitionStatus", "Relay", "RelayHealth", "first_per_key"]
 
 
@@ -454,6 +458,7 @@ class Relay:
         restart faster than that would keep the group rebalancing. Removing a member that is
         in fact alive costs it a rejoin, never a guarantee (fencing, G4)."""
         group = self.settings.group_id
+        refused_logged = -_REFUSED_LOG_EVERY
         while True:
             # Right after an assignment (a new member id is announced at once), else each interval.
             with contextlib.suppress(TimeoutError):
@@ -479,6 +484,15 @@ class Relay:
             except (StorageUnavailableError, KafkaError, OSError) as exc:
                 # The session timeout still applies: this only comes sooner.
                 logger.info("could not check for dead relays", error=repr(exc))
+            except Exception as exc:  # e.g. no privilege on relay_members: never stop the relay
+                now = time.monotonic()
+                if now - refused_logged >= _REFUSED_LOG_EVERY:
+                    refused_logged = now
+                    logger.warning(
+                        "cannot check for dead relays; they leave the group at their session "
+                        "timeout",
+                        error=repr(exc),
+                    )
 
     async def _clean_up(self) -> None:
         assert self.settings.retention is not None

@@ -151,6 +151,27 @@ async def test_members_whose_database_session_ended_are_removed_from_the_group(
     assert h.metric("outboxkit_relay_departed_members_removed_total") == 1
 
 
+async def test_a_check_that_fails_is_logged_and_the_relay_goes_on(
+    make: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check only brings a removal sooner: a storage that refuses it (say, no privilege on
+    the members' table) costs a warning, never the relay."""
+    h = await make(departed_check_interval=0.01)
+    calls = 0
+
+    async def refuse(group: str, member_id: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("permission denied for table relay_members")
+
+    monkeypatch.setattr(h.storage, "announce_member", refuse)
+    await h.start()
+    await until(lambda: calls >= 3, "the check tried again")
+    h.add(0)
+    await until(lambda: len(h.broker.ids()) == 1, "the relay still publishing")
+    assert h.relay.health().running
+
+
 @pytest.mark.parametrize(
     "settings",
     [{"departed_check_interval": 0}, {"departed_check_interval": 0.01, "instance_id": "relay-1"}],
