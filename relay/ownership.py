@@ -32,6 +32,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -92,6 +93,7 @@ class KafkaOwnership:
         self.assigned_at: float | None = None
         self._refused_logged = 0.0
         self._admin: AIOKafkaAdminClient | None = None
+        self._confirming = asyncio.Lock()
 
     @property
     def member_id(self) -> str | None:
@@ -163,14 +165,32 @@ class KafkaOwnership:
         if not mine or not mine <= assigned:
             return False
         tp = min(mine)
-        try:
-            async with asyncio.timeout(self._settings.session_timeout):
-                position = await self._consumer.position(tp)
-                await self._consumer.commit({tp: position})
-        except (KafkaError, TimeoutError) as exc:
-            logger.info("membership not confirmed", error=repr(exc))
-            return False
+        # One commit at a time, and none while this member has no generation or is rejoining:
+        # aiokafka resets the member id and generation on *any* commit refused as from an
+        # unknown member, even one sent before a rejoin that has since given it a new id. Such
+        # a late reset strands the new member in the group, which then waits for it until its
+        # session times out, and again at each rejoin (seen when a live relay was removed).
+        async with self._confirming:
+            if self._rejoining():
+                return False
+            try:
+                async with asyncio.timeout(self._settings.session_timeout):
+                    position = await self._consumer.position(tp)
+                    await self._consumer.commit({tp: position})
+            except (KafkaError, TimeoutError) as exc:
+                logger.info("membership not confirmed", error=repr(exc))
+                return False
         return True
+
+    def _rejoining(self) -> bool:
+        coordinator: Any = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None:
+            return True
+        return (
+            not coordinator.member_id
+            or coordinator.generation < 0
+            or coordinator._rejoin_needed_fut.done()
+        )
 
     async def members(self) -> list[str]:
         """The member ids of the group now (in any state, a rebalance included)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -130,6 +131,59 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
     assert slowest <= bound, f"partitions published again only after {taken_over}"
     if restart:
         print(f"three relays shared the partitions again {spread_again:.1f} s after the kill")
+
+
+async def test_a_live_relay_taken_for_dead_rejoins_and_nothing_is_lost_or_reordered(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The check for dead relays trusts a relay's database session alone: a relay that only
+    lost it is removed from the group by another. That must cost a rejoin, never a guarantee:
+    its old producer is fenced (G4), nothing is lost (G1) and per-key order holds (G2).
+
+    Relay A is frozen (SIGSTOP) and every presence session terminated: B opens a new one at
+    once, A cannot. B removes A long before A's 30 s session would end; A is then resumed
+    (SIGCONT) into a group that no longer knows it."""
+    topic = await make_topic("wrongly-removed", partitions=6)
+    await register_topic(pg_url, topic, 6)
+    writers = Writers(pg_url, topic, entities=30)
+    ports = [free_port() for _ in range(2)]
+    group = {**relay_env(pg_url, kafka_bootstrap, topic), "OUTBOXKIT_SESSION_TIMEOUT": "30"}
+    a, b = (
+        RelayProcess(tmp_path, {**group, "OUTBOXKIT_HTTP_PORT": str(port)}).start()
+        for port in ports
+    )
+    try:
+
+        async def shared() -> bool:
+            owned = [await _owned(port) for port in ports]
+            return all(owned) and sum(len(o) for o in owned) == 6
+
+        await wait_for(shared, within=60, what="two relays sharing six partitions")
+        writers.start()
+        await wait_for(lambda: writers.total >= 300, within=30, what="events flowing")
+        a.signal(signal.SIGSTOP)
+        try:
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'outboxkit-relay-presence'"
+                )
+            await wait_for(
+                lambda: "removed a dead relay from the group" in b.log(),
+                within=20,
+                what="B removing the frozen A",
+            )
+        finally:
+            a.signal(signal.SIGCONT)
+        await wait_for(shared, within=60, what="both relays publishing again")
+        written = writers.total
+        await wait_for(lambda: writers.total >= written + 300, within=30, what="more events")
+        await writers.stop()
+        summary = await _drained(pg_url, writers, kafka_bootstrap, topic)
+    finally:
+        a.kill()
+        b.kill()
+    print(summary)
 
 
 async def _drained(url: str, writers: Writers, bootstrap: str, topic: str) -> str:
