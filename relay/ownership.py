@@ -39,7 +39,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-from aiokafka.errors import InconsistentGroupProtocolError, KafkaError, for_code
+from aiokafka.errors import (
+    InconsistentGroupProtocolError,
+    KafkaError,
+    UnknownMemberIdError,
+    for_code,
+)
 from aiokafka.protocol.group import LeaveGroupRequest
 
 from outboxkit.core.kafka import missing_topics
@@ -50,8 +55,6 @@ from outboxkit.relay.settings import RelaySettings
 logger = structlog.get_logger("outboxkit.relay")
 
 PartitionsCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
-
-_UNKNOWN_MEMBER_ID = 25
 
 #: A refused join (another relay version holds the group) is logged at most this often.
 _REFUSED_LOG_EVERY = 30.0
@@ -206,7 +209,7 @@ class KafkaOwnership:
         if response.error_code == 0:
             return True
         error = for_code(response.error_code)
-        if error.errno == _UNKNOWN_MEMBER_ID:
+        if error is UnknownMemberIdError:
             return False
         raise error()
 
