@@ -15,6 +15,7 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from outboxkit.embedded._process import die_with_parent
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.relay import MongoOutboxStorage, PostgresOutboxStorage, presence
 from outboxkit.relay.exceptions import StorageUnavailableError
@@ -52,7 +53,10 @@ def _storage(url: str, name: str) -> PostgresOutboxStorage | MongoOutboxStorage:
 def _announcer(url: str, member: str, group: str = GROUP) -> Iterator[subprocess.Popen[str]]:
     """A process that announced ``member``; the test may SIGKILL it (it is killed at the end)."""
     with subprocess.Popen(
-        [sys.executable, "-c", _ANNOUNCER, url, group, member], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _ANNOUNCER, url, group, member],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
     ) as process:
         try:
             assert process.stdout is not None
