@@ -15,8 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client.parser import text_string_to_metric_families
@@ -236,6 +237,23 @@ class Ctx:
         if self.labelled and result.phase != "ceiling":
             result.phase = f"{result.phase} ({self.database})"
         self.results.append(result)
+
+
+def transactional_producer(ctx: Ctx, name: str, **config: Any) -> AIOKafkaProducer:
+    """A transactional producer set up as the relay's (acks=all, idempotent, no linger, 10 s
+    transaction and request timeouts), named ``bench-<name>`` (unique per run); ``config``
+    adds or overrides aiokafka settings."""
+    settings: dict[str, Any] = {
+        "bootstrap_servers": ctx.bootstrap,
+        "acks": "all",
+        "enable_idempotence": True,
+        "transactional_id": f"bench-{name}-{ctx.run_id}",
+        "transaction_timeout_ms": 10_000,
+        "request_timeout_ms": 10_000,
+        "linger_ms": 0,
+        "client_id": f"bench-{name}",
+    }
+    return AIOKafkaProducer(**{**settings, **config})
 
 
 async def ensure_topic(ctx: Ctx, topic: str, partitions: int) -> None:

@@ -31,6 +31,7 @@ from bench.relay_bench.harness import (
     make_event,
     record_size,
     say,
+    transactional_producer,
 )
 from outboxkit.schemas import EncodedEvent, encode, partition_for_key
 
@@ -86,19 +87,7 @@ async def ceiling_transactional(ctx: Ctx, records: list[Rec], concurrency: int) 
     ``concurrency`` partitions with an open transaction at a time."""
     parts = ctx.args.partitions
     by_part = {p: [r for r in records if r.partition == p] or records[:1] for p in range(parts)}
-    producers = {
-        p: AIOKafkaProducer(
-            bootstrap_servers=ctx.bootstrap,
-            acks="all",
-            enable_idempotence=True,
-            transactional_id=f"bench-ceiling-{ctx.run_id}-{concurrency}-{p}",
-            transaction_timeout_ms=10_000,
-            request_timeout_ms=10_000,
-            linger_ms=0,
-            client_id=f"bench-ceiling-{p}",
-        )
-        for p in range(parts)
-    }
+    producers = {p: transactional_producer(ctx, f"ceiling-{concurrency}-{p}") for p in range(parts)}
     await asyncio.gather(*(pr.start() for pr in producers.values()))
     batch = ctx.args.txn_batch
     per_part = max(batch, ctx.args.ceiling_records // parts // batch * batch)
@@ -129,17 +118,7 @@ async def ceiling_transactional(ctx: Ctx, records: list[Rec], concurrency: int) 
 async def ceiling_one_producer(ctx: Ctx, records: list[Rec]) -> float:
     """One transactional producer, ``txn_batch`` records per transaction across every partition
     (a relay that owns all partitions publishes them as one block)."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=ctx.bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        transactional_id=f"bench-ceiling-{ctx.run_id}-block",
-        transaction_timeout_ms=10_000,
-        request_timeout_ms=10_000,
-        linger_ms=0,
-        max_batch_size=1024 * 1024,
-        client_id="bench-ceiling-block",
-    )
+    producer = transactional_producer(ctx, "ceiling-block", max_batch_size=1024 * 1024)
     await producer.start()
     batch = ctx.args.txn_batch
     source = itertools.cycle(records)

@@ -17,7 +17,6 @@ import random
 import statistics
 import time
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from bench.relay_bench.consumer import Commits, latency_run, paced_writes, pickup_figures, split
@@ -31,6 +30,7 @@ from bench.relay_bench.harness import (
     relay_cpu_per_event,
     say,
     stage_breakdown,
+    transactional_producer,
 )
 
 WAKEUP = {"postgresql": "NOTIFY", "mongodb": "change stream"}
@@ -99,13 +99,7 @@ async def phase_idle(ctx: Ctx) -> None:
 async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float, float]:
     """p50 milliseconds of a one-record transaction, of its send and of its commit."""
     await ensure_topic(ctx, CEILING_TOPIC, ctx.args.partitions)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=ctx.bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        transactional_id=f"bench-idle-floor-{ctx.run_id}",
-        linger_ms=0,
-    )
+    producer = transactional_producer(ctx, "idle-floor")
     await producer.start()
     wholes, sends, commits = [], [], []
     try:

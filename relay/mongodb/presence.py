@@ -107,13 +107,13 @@ class MongoPresence:
         driver to have reconnected."""
         admin = self._client_of.admin
         try:
-            hello = await _guard(admin.command("hello"))
-            if hello.get("msg") == "isdbgrid":
-                self._off("connected through mongos, which lists only its own connections")
-                return None
+            # One round trip says both what answers (mongod or mongos) and since when.
             status: dict[str, Any] = await _guard(
                 admin.command({"serverStatus": 1, "repl": 0, "metrics": 0, "locks": 0})
             )
+            if status.get("process") == "mongos":
+                self._off("connected through mongos, which lists only its own connections")
+                return None
             if float(status.get("uptime", 0)) < presence.RECONNECT_GRACE:
                 return None
             cursor = await _guard(

@@ -7,7 +7,9 @@ belongs to a session that has ended (migrations/postgresql/0006_relay_members.sq
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -41,59 +43,38 @@ class PostgresPresence:
         """Hold ``member_id``'s lock from now on (releasing the one announced before). Called
         again at every check: it makes sure the session is still there, and opens a new one
         (announcing again) if it is not."""
-        async with self._lock:
-            try:
-                await self._announce(group, member_id)
-            except psycopg.OperationalError as exc:
-                await self.close()
-                raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
-
-    async def _announce(self, group: str, member_id: str) -> None:
-        conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken:
-            try:
-                if self._announced is not None and self._announced[:2] == (group, member_id):
-                    await conn.execute("SELECT 1")  # still the session that holds the lock
-                    return
-            except psycopg.OperationalError:
-                conn = None  # ended (a database restart): open another at once
-        if conn is None or conn.closed or conn.broken:
-            await self.close()
-            conn = await psycopg.AsyncConnection.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._connect_timeout)),
-                application_name=f"{self._application_name}-presence",
+        async with self._lock, self._unavailable():
+            announced = self._announced is not None and self._announced[:2] == (group, member_id)
+            if announced and await self._alive():
+                return
+            conn = await self._session()
+            key = member_lock_key(group, member_id)
+            previous, self._announced = self._announced, None
+            if previous is not None:
+                await conn.execute("SELECT pg_advisory_unlock(%s)", [previous[2]])
+            # A survivor's check holds the lock for the length of one statement: try again at
+            # the next check rather than wait here.
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", [key])
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return
+            await conn.execute(
+                _QUERIES["announce_member"],
+                {
+                    "group": group,
+                    "member": member_id,
+                    "lock_key": key,
+                    "previous_group": previous[0] if previous else None,
+                    "previous": previous[1] if previous else None,
+                },
             )
-            self._conn, self._opened_at = conn, time.monotonic()
-        key = member_lock_key(group, member_id)
-        previous = self._announced
-        if previous is not None:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", [previous[2]])
-            self._announced = None
-        # A survivor's check holds the lock for the length of one statement: try again at the
-        # next check rather than wait here.
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        row = await cur.fetchone()
-        if not row or not row[0]:
-            return
-        await conn.execute(
-            _QUERIES["announce_member"],
-            {
-                "group": group,
-                "member": member_id,
-                "lock_key": key,
-                "previous_group": previous[0] if previous else None,
-                "previous": previous[1] if previous else None,
-            },
-        )
-        self._announced = (group, member_id, key)
+            self._announced = (group, member_id, key)
 
     async def departed(self, group: str, own_member_id: str) -> list[str]:
         """Members of ``group`` whose presence session has ended (forgotten from now on). None
         while this relay's own session is missing or younger than ``RECONNECT_GRACE``: a relay
         that lost the database cannot tell whether the others lost it too."""
-        async with self._lock:
+        async with self._lock, self._unavailable():
             conn = self._conn
             if (
                 conn is None
@@ -101,15 +82,46 @@ class PostgresPresence:
                 or time.monotonic() - self._opened_at < presence.RECONNECT_GRACE
             ):
                 return []
-            try:
-                cur = await conn.execute(
-                    _QUERIES["departed_members"], {"group": group, "own": own_member_id}
-                )
-                rows = await cur.fetchall()
-            except psycopg.OperationalError as exc:
-                await self.close()
-                raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
-        return [str(member_id) for (member_id,) in rows]
+            cur = await conn.execute(
+                _QUERIES["departed_members"], {"group": group, "own": own_member_id}
+            )
+            return [str(member_id) for (member_id,) in await cur.fetchall()]
+
+    async def _alive(self) -> bool:
+        """Whether the current session is still there (a database restart ends it)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        try:
+            await conn.execute("SELECT 1")
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    async def _session(self) -> psycopg.AsyncConnection[Any]:
+        """The current session if usable, else a new one (nothing announced on it yet)."""
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        await self.close()
+        conn = await psycopg.AsyncConnection.connect(
+            self._url,
+            autocommit=True,
+            connect_timeout=max(1, round(self._connect_timeout)),
+            application_name=f"{self._application_name}-presence",
+        )
+        self._conn, self._opened_at = conn, time.monotonic()
+        return conn
+
+    @contextlib.asynccontextmanager
+    async def _unavailable(self) -> AsyncIterator[None]:
+        """A lost connection is closed (the next check opens another) and surfaces as the
+        relay's retriable error."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise StorageUnavailableError(f"PostgreSQL is unavailable: {exc}") from exc
 
     async def close(self) -> None:
         """End the presence session: to the others, this relay has now departed."""

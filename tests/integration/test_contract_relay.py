@@ -24,6 +24,7 @@ from outboxkit.relay import (
 )
 from outboxkit.relay.engine import first_per_key
 from outboxkit.schemas import Event, partition_for_key
+from tests.helpers import wait_for
 from tests.integration.backends import BackendCase
 
 TOPIC = "contract"
@@ -200,13 +201,18 @@ async def test_concurrent_transactions_on_one_key_serialise_in_commit_order(
         first_added.set()
         await release.wait()
 
+    attempts = 0
+
     async def second(t: Any) -> None:
+        nonlocal attempts
+        attempts += 1
         await tx.outbox.add(t, Step(entity=A, seq=1))
 
     holder = asyncio.create_task(tx.run(first))
     await first_added.wait()
     contender = asyncio.create_task(tx.run(second))
-    await asyncio.sleep(0.2)  # the contender conflicts and retries meanwhile
+    # The contender conflicts with the open first transaction and tries again.
+    await wait_for(lambda: attempts >= 3 or contender.done(), within=10, what="retries")
     assert not contender.done(), "a second writer of the key committed before the first"
     release.set()
     await asyncio.gather(holder, contender)

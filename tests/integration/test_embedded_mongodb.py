@@ -121,7 +121,7 @@ async def test_committed_data_survives_a_restart_on_the_same_port_and_data(
 
 
 _ABANDONING_WRITER = """
-import sys, time
+import sys, threading
 from pymongo import MongoClient
 client = MongoClient(sys.argv[1])
 session = client.start_session()
@@ -129,7 +129,7 @@ session.start_transaction()
 client.get_default_database().outbox.update_one({"_id": 1}, {"$set": {"by": "zombie"}},
                                                 session=session)
 print("in transaction", flush=True)
-time.sleep(600)
+threading.Event().wait()  # until killed, the transaction open
 """
 
 

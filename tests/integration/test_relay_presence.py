@@ -37,7 +37,7 @@ async def main(url, group, member):
     async with storage:
         await storage.announce_member(group, member)
         print("announced", flush=True)
-        await asyncio.sleep(600)
+        await asyncio.Event().wait()  # until killed
 
 asyncio.run(main(*sys.argv[1:]))
 """
