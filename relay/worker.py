@@ -375,7 +375,7 @@ class BlockWorker:
         ctx = self.ctx
         # Whatever happens, look at these partitions again: their keys' next records after a
         # success, the same records after a failure.
-        self._dirty.update(TopicPartition(r.topic, r.partition) for r in batch)
+        self._dirty.update(_partitions(batch))
         granted = await ctx.budget.take(len(batch))
         batch = batch[:granted]  # the rest waits for the next cycle
         publisher = self.publisher
@@ -433,11 +433,12 @@ class BlockWorker:
         self.last_success = time.monotonic()
         self._batches.inc()
         self._published.inc(len(published))
-        latency = self._latency
+        for tp in _partitions(published):
+            self.last_publish[tp] = now
+        observe = self._latency.observe
         for record in published:
-            self.last_publish[TopicPartition(record.topic, record.partition)] = now
             if record.created_at is not None:
-                latency.observe(max(now - record.created_at.timestamp(), 0.0))
+                observe(max(now - record.created_at.timestamp(), 0.0))
         self.ctx.on_progress()
 
     # -- stages -----------------------------------------------------------------------------
@@ -527,6 +528,11 @@ class BlockWorker:
                 await ctx.wakeups.set_waiting(self.tps, False)
             self._waiting = False
         await self._drop_publisher()
+
+
+def _partitions(records: Sequence[OutboxRecord]) -> set[TopicPartition]:
+    """The partitions of ``records`` (one object per partition, not per record)."""
+    return {TopicPartition(t, p) for t, p in {(r.topic, r.partition) for r in records}}
 
 
 def retrying(
