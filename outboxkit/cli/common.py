@@ -83,29 +83,23 @@ async def run_worker(worker: Worker, http_port: int | None) -> None:
         loop.add_signal_handler(sig, worker.stop)
     if http_port is not None:
         await serve_probes(http_port, health)
-    tune_gc()
+    collect_garbage_rarely()
     await worker.run()
 
 
-#: Container allocations between two youngest-generation collections (CPython's default: 700).
-GC_YOUNG_THRESHOLD = 50_000
-
-
-def tune_gc() -> None:
-    """Set the garbage collector for a worker process that moves records in batches.
-
-    A relay cycle holds thousands of records (each a few tuples) until Kafka has them: with
-    CPython's defaults they trigger a collection every 700 allocations, and every few hundred
-    collections a full one that walks the whole heap, startup objects (modules, classes,
-    schemas) included. In the drain benchmark that was about 30% of the relay's CPU. So: freeze
-    what start-up made (never walked again) and collect the young generation every 50,000
-    allocations. Cyclic garbage still goes; most objects are freed by reference counting anyway.
-    Only in outboxkit's own worker processes: an application that embeds the relay or the inbox
-    keeps its own settings."""
+def collect_garbage_rarely() -> None:
+    """Keep Python's cyclic garbage collector off a worker's hot path. A relay cycle holds
+    thousands of records until Kafka has them, an inbox worker allocates a few dozen objects per
+    record: with CPython's defaults they trigger a young-generation collection every 700
+    allocations and, every few thousand records, a full one that walks the whole heap, start-up
+    objects included. That was about a third of either worker's CPU, for next to no garbage
+    (docs/relay.md, "Drain with few keys"; docs/inbox.md, "Throughput"). So: freeze what the
+    process holds after starting (modules, schemas, pools; never walked again) and collect
+    every 50,000 allocations. This process is the worker's own; an app that embeds a relay or
+    an inbox decides for itself."""
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+    gc.set_threshold(50_000, 20, 100)
 
 
 def run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:

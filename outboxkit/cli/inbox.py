@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import json
 import logging
@@ -85,23 +84,9 @@ def inbox_command(
     async def run() -> None:
         async with backend_for(settings.database_url).inbox_store(settings) as store:
             worker = InboxWorker(inbox, settings, store)
-            _collect_garbage_rarely()
             await run_worker(worker, http_port)
 
     asyncio.run(run())
-
-
-def _collect_garbage_rarely() -> None:
-    """Keep Python's cyclic garbage collector off an inbox worker's hot path. The worker
-    allocates a few dozen short-lived objects per record, which trigger a young-generation
-    collection every 700 allocations and a full one every few thousand records — about a third
-    of the worker's CPU, for next to no garbage (docs/inbox.md, "Throughput"). Freeze what the
-    process holds after starting (modules, schemas, pools), and collect every 50,000
-    allocations instead. This process is the worker's own; an app that embeds an inbox decides
-    for itself."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 def _import_inbox(target: str) -> Inbox[Any]:
