@@ -42,9 +42,12 @@ async def phase_idle(ctx: Ctx) -> None:
     rng = random.Random(5)
     # First, so that the broker is as warm for the relay as for this measurement.
     try:
-        whole, send, commit = await _kafka_alone(ctx)
+        whole, send, commit, cpu_ms = await _kafka_alone(ctx)
         floor = f"Kafka alone: a one-record transaction p50 {whole:.2f} ms"
-        detail = f" (begin, AddPartitionsToTxn, Produce {send:.2f} ms; EndTxn {commit:.2f} ms)"
+        detail = (
+            f" (begin, AddPartitionsToTxn, Produce {send:.2f} ms; EndTxn {commit:.2f} ms);"
+            f" aiokafka's CPU {cpu_ms:.2f} ms per transaction"
+        )
     except KafkaError as exc:  # a broker without transactions (Tansu)
         floor, detail = "Kafka alone: not measured", f" ({exc!r})"
     async with latency_run(ctx, "idle") as (consumer, relays):
@@ -96,15 +99,18 @@ async def phase_idle(ctx: Ctx) -> None:
     )
 
 
-async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float, float]:
-    """p50 milliseconds of a one-record transaction, of its send and of its commit."""
+async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float, float, float]:
+    """p50 milliseconds of a one-record transaction, of its send and of its commit; and the
+    client's CPU milliseconds per transaction (the floor under the relay's CPU per cycle)."""
     await ensure_topic(ctx, CEILING_TOPIC, ctx.args.partitions)
     producer = transactional_producer(ctx, "idle-floor")
     await producer.start()
     wholes, sends, commits = [], [], []
+    cpu = 0.0
     try:
         for i in range(transactions + 20):  # the first 20 warm up
             await asyncio.sleep(0.02)
+            cpu_began = time.process_time()
             began = time.perf_counter()
             await producer.begin_transaction()
             sent = await producer.send(
@@ -115,9 +121,15 @@ async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float,
             await producer.commit_transaction()
             ended = time.perf_counter()
             if i >= 20:
+                cpu += time.process_time() - cpu_began
                 wholes.append((ended - began) * 1000)
                 sends.append((acked - began) * 1000)
                 commits.append((ended - acked) * 1000)
     finally:
         await producer.stop()
-    return statistics.median(wholes), statistics.median(sends), statistics.median(commits)
+    return (
+        statistics.median(wholes),
+        statistics.median(sends),
+        statistics.median(commits),
+        cpu / transactions * 1000,
+    )
