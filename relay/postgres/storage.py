@@ -177,8 +177,8 @@ class PostgresOutboxStorage(PooledStore):
             "keep": keep,
             "depth": depth,
         }
-        # Rows come back in binary: the headers' arrays, the uuid and the timestamp cost the
-        # relay a third less CPU to load than from text (the drain's claim: 57 → 45 ms).
+        # Rows come back in binary: the headers' arrays, the uuid and the timestamp load with
+        # about a quarter less of the relay's CPU than from text (the drain's claim: 57 → 45 ms).
         return await self._fetch("next_batch", params, binary=True)
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
