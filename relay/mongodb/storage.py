@@ -124,7 +124,7 @@ class MongoOutboxStorage(MongoConnection):
         *,
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
-        depth: int = 1,  # one per key: always correct (see OutboxStorage)
+        depth: int = 1,
     ) -> list[OutboxRecord]:
         # Settled first (the write is acknowledged before the reads start), so the reads find
         # the settled keys' next records and never the settled ones.
@@ -135,7 +135,7 @@ class MongoOutboxStorage(MongoConnection):
         # covered choice of each partition's head (concurrently), the chosen documents.
         blocked = await self._blocked_keys(tps)
         chosen = await asyncio.gather(
-            *(self._choose_head(tp, blocked.get(tp, []), limit) for tp in tps)
+            *(self._choose_head(tp, blocked.get(tp, []), limit, depth) for tp in tps)
         )
         ids = [record_id for head in chosen for record_id in head]
         if not ids:
@@ -145,11 +145,14 @@ class MongoOutboxStorage(MongoConnection):
         # A record the CLI skipped or retried meanwhile is simply not there.
         return [_record(by_id[i]) for i in ids if i in by_id]
 
-    async def _choose_head(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Any]:
-        """The ``_id``s of ``tp``'s head, oldest first (see :meth:`head_pipeline`)."""
-        pipeline = self.head_pipeline(tp, blocked, limit)
+    async def _choose_head(
+        self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
+    ) -> list[Any]:
+        """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
+        first (see :meth:`head_pipeline`)."""
+        pipeline = self.head_pipeline(tp, blocked, limit, depth)
         cursor = await _guard(self.outbox.aggregate(pipeline, hint=HEAD_INDEX))
-        return [head["id"] for head in await _guard(cursor.to_list())]
+        return [i for head in await _guard(cursor.to_list()) for i in head["ids"]]
 
     async def _blocked_keys(
         self, tps: Collection[TopicPartition]
@@ -168,12 +171,16 @@ class MongoOutboxStorage(MongoConnection):
                 keys.append(doc["key"])
         return blocked
 
-    def head_pipeline(self, tp: TopicPartition, blocked: list[bytes], limit: int) -> list[Document]:
-        """The choice of ``tp``'s head, one record per key, made by mongod from outbox_head_idx
-        alone (a covered read: every field it uses is in the index, no document is fetched):
-        the first ``4 * limit`` pending records in position order (an index range scan, no
-        sort: the index is in order; blocked keys left out so that they do not crowd the
-        window), the oldest of each key, oldest first, as ``{id, position}``."""
+    def head_pipeline(
+        self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int = 1
+    ) -> list[Document]:
+        """The choice of ``tp``'s head, made by mongod from outbox_head_idx alone (a covered
+        read: every field it uses is in the index, no document is fetched): the first
+        ``4 * limit`` pending records in position order (an index range scan, no sort: the
+        index is in order; blocked keys left out so that they do not crowd the window); of
+        each key among them its ``depth`` oldest, in order (``$firstN`` keeps the scan's order:
+        a prefix of the key's pending records, none skipped, since a key's records commit in
+        position order); the ``limit`` keys whose oldest record comes first."""
         match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
         if blocked:
             match["key"] = {"$nin": blocked}
@@ -181,7 +188,14 @@ class MongoOutboxStorage(MongoConnection):
             {"$match": match},
             {"$sort": {"position": 1, "_id": 1}},
             {"$limit": limit * _SCAN_FACTOR},
-            {"$group": {"_id": "$key", "id": {"$first": "$_id"}, "at": {"$first": "$position"}}},
+            {
+                "$group": {
+                    "_id": "$key",
+                    "ids": {"$firstN": {"input": "$_id", "n": depth}},
+                    "id": {"$first": "$_id"},
+                    "at": {"$first": "$position"},
+                }
+            },
             {"$sort": {"at": 1, "id": 1}},
             {"$limit": limit},
         ]

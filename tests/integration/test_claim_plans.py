@@ -121,13 +121,13 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
                 "explain",
                 {
                     "aggregate": storage.outbox.name,
-                    "pipeline": storage.head_pipeline(TP0, blocked, LIMIT),
+                    "pipeline": storage.head_pipeline(TP0, blocked, LIMIT, depth=4),
                     "cursor": {},
                     "hint": "outbox_head_idx",
                 },
                 verbosity="executionStats",
             )
-            records = await storage.next_batch([TP0], LIMIT)
+            records = await storage.next_batch([TP0], LIMIT, depth=4)
     finally:
         await client.close()
     # The $match, $sort and $limit before the $group run as one covered index read (the
