@@ -3,6 +3,7 @@ usage error (exit 2) whose message says what to fix."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
@@ -11,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from outboxkit.cli import _inbox_runs_by_default, app
-from outboxkit.cli.common import collect_garbage_rarely
+from outboxkit.cli.common import run_worker
 from outboxkit.cli_options import PER_INVOCATION
 from outboxkit.core.kafka import missing_topics
 from tests.docs_snippets import REPO
@@ -132,11 +133,24 @@ def test_inbox_runs_a_module_by_default() -> None:
     assert _inbox_runs_by_default(["inbox", "--help"]) == ["inbox", "--help"]
 
 
+class _DoneWorker:
+    """A worker that has nothing to do: run_worker's set-up alone."""
+
+    async def run(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def health(self) -> Any:
+        return None
+
+
 def test_worker_processes_freeze_startup_objects_and_collect_young_ones_less_often() -> None:
     """The relay's drain and the inbox spent about a third of their CPU in collections."""
     before = gc.get_threshold()
     try:
-        collect_garbage_rarely()
+        asyncio.run(run_worker(_DoneWorker(), None))
         assert gc.get_freeze_count() > 0
         assert gc.get_threshold()[0] == 50_000
     finally:
