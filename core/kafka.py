@@ -81,11 +81,14 @@ class TopicState:
 
 @asynccontextmanager
 async def admin_client(
-    bootstrap_servers: Sequence[str], *, request_timeout: float = 10.0
+    bootstrap_servers: Sequence[str],
+    *,
+    request_timeout: float = 10.0,
+    client_id: str = "outboxkit",
 ) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(
         bootstrap_servers=list(bootstrap_servers),
-        client_id="outboxkit",
+        client_id=client_id,
         request_timeout_ms=int(request_timeout * 1000),
     )
     try:

@@ -74,6 +74,19 @@ def make_pool(
     )
 
 
+async def connect_session(
+    url: str, *, application_name: str, connect_timeout: float
+) -> psycopg.AsyncConnection[Any]:
+    """One autocommit connection outside the pool, for what lives as long as a session does
+    (``LISTEN``, a session-level advisory lock): never through a pooler in transaction mode."""
+    return await psycopg.AsyncConnection.connect(
+        url,
+        autocommit=True,
+        connect_timeout=max(1, round(connect_timeout)),
+        application_name=application_name,
+    )
+
+
 @asynccontextmanager
 async def connection(
     pool: Pool, unavailable: type[OutboxkitError]

@@ -27,6 +27,7 @@ client. Removing a live member is safe too (it rejoins, and fencing stops its ol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -47,7 +48,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.group import LeaveGroupRequest
 
-from outboxkit.core.kafka import missing_topics
+from outboxkit.core.kafka import admin_client, missing_topics
 from outboxkit.relay.assignor import BlockAssignor
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
@@ -96,6 +97,7 @@ class KafkaOwnership:
         self.assigned_at: float | None = None
         self._refused_logged = 0.0
         self._admin: AIOKafkaAdminClient | None = None
+        self._closing = contextlib.AsyncExitStack()
         self._confirming = asyncio.Lock()
 
     @property
@@ -214,13 +216,14 @@ class KafkaOwnership:
         raise error()
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
+        """Made at the first check that finds a dead relay; closed by :meth:`stop`."""
         if self._admin is None:
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._settings.kafka_bootstrap_servers,
-                client_id=f"{self._settings.group_id}-admin",
+            self._admin = await self._closing.enter_async_context(
+                admin_client(
+                    self._settings.kafka_bootstrap_servers,
+                    client_id=f"{self._settings.group_id}-admin",
+                )
             )
-            await admin.start()
-            self._admin = admin
         return self._admin
 
     async def stop(self) -> None:
@@ -229,8 +232,7 @@ class KafkaOwnership:
         try:
             await self._consumer.stop()
         finally:
-            if self._admin is not None:
-                await self._admin.close()
+            await self._closing.aclose()
 
     async def _assigned(self, assigned: set[KafkaTP]) -> None:
         self._consumer.pause(*assigned)

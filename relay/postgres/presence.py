@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from outboxkit.core.pg import connect_session
 from outboxkit.core.sql import load_queries
 from outboxkit.relay import presence
 from outboxkit.relay.exceptions import StorageUnavailableError
@@ -104,11 +105,10 @@ class PostgresPresence:
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         await self.close()
-        conn = await psycopg.AsyncConnection.connect(
+        conn = await connect_session(
             self._url,
-            autocommit=True,
-            connect_timeout=max(1, round(self._connect_timeout)),
             application_name=f"{self._application_name}-presence",
+            connect_timeout=self._connect_timeout,
         )
         self._conn, self._opened_at = conn, time.monotonic()
         return conn

@@ -18,7 +18,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
-from outboxkit.core.pg import PooledStore
+from outboxkit.core.pg import PooledStore, connect_session
 from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.postgres.presence import PostgresPresence
@@ -211,11 +211,10 @@ class PostgresOutboxStorage(PooledStore):
         delay = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
+                conn = await connect_session(
                     self._url,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self._connect_timeout)),
                     application_name=f"{self._application_name}-listener",
+                    connect_timeout=self._connect_timeout,
                 )
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)
