@@ -4,8 +4,9 @@ Before each of ``--idle-events`` events the relay has declared every partition w
 MongoDB, which has no such declaration: nothing is pending); the event's commit wakes it
 (PostgreSQL: NOTIFY; MongoDB: the change stream). Commit → consumer and commit → relay send,
 as in ``steady``. And Kafka's part alone, the floor under the relay's, measured first: one
-transactional producer, one record per transaction every 20 ms (begin + AddPartitionsToTxn +
-Produce until acknowledged, then EndTxn).
+transactional producer, one record per transaction (begin + AddPartitionsToTxn + Produce until
+acknowledged, then EndTxn), warm (one every 20 ms) and after the same ``--idle-gap`` as the
+relay's events (a client and a broker that sat idle, as the relay's did).
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ async def phase_idle(ctx: Ctx) -> None:
     rng = random.Random(5)
     # First, so that the broker is as warm for the relay as for this measurement.
     try:
-        whole, send, commit, cpu_ms = await _kafka_alone(ctx)
-        floor = f"Kafka alone: a one-record transaction p50 {whole:.2f} ms"
+        whole, send, commit, cpu_ms = await _kafka_alone(ctx, 0.02, 200)
+        after_gap = await _kafka_alone(ctx, args.idle_gap, args.idle_events)
+        floor = (
+            f"Kafka alone: a one-record transaction p50 {whole:.2f} ms, "
+            f"{after_gap[0]:.2f} ms after {args.idle_gap:g} s idle"
+        )
         detail = (
-            f" (begin, AddPartitionsToTxn, Produce {send:.2f} ms; EndTxn {commit:.2f} ms);"
+            f" (warm: begin, AddPartitionsToTxn, Produce {send:.2f} ms; EndTxn {commit:.2f} ms;"
+            f" after the gap: {after_gap[1]:.2f} and {after_gap[2]:.2f} ms);"
             f" aiokafka's CPU {cpu_ms:.2f} ms per transaction"
         )
     except KafkaError as exc:  # a broker without transactions (Tansu)
@@ -99,9 +105,12 @@ async def phase_idle(ctx: Ctx) -> None:
     )
 
 
-async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float, float, float]:
-    """p50 milliseconds of a one-record transaction, of its send and of its commit; and the
-    client's CPU milliseconds per transaction (the floor under the relay's CPU per cycle)."""
+async def _kafka_alone(
+    ctx: Ctx, gap: float, transactions: int
+) -> tuple[float, float, float, float]:
+    """p50 milliseconds of a one-record transaction ``gap`` seconds after the last one, of its
+    send and of its commit; and the client's CPU milliseconds per transaction (the floor under
+    the relay's CPU per cycle)."""
     await ensure_topic(ctx, CEILING_TOPIC, ctx.args.partitions)
     producer = transactional_producer(ctx, "idle-floor")
     await producer.start()
@@ -109,7 +118,7 @@ async def _kafka_alone(ctx: Ctx, transactions: int = 200) -> tuple[float, float,
     cpu = 0.0
     try:
         for i in range(transactions + 20):  # the first 20 warm up
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(gap if i >= 20 else 0.02)
             cpu_began = time.process_time()
             began = time.perf_counter()
             await producer.begin_transaction()
