@@ -121,8 +121,6 @@ async def test_crash_between_database_commit_and_offset_commit(
     topic = await make_topic("payments", partitions=2)
     await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
-    events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(400)]
-    await produce(kafka_bootstrap, events)
     # Small transactions (7 records) so that there are many commits to crash after; the test
     # app's store SIGKILLs the worker after a commit with probability 0.2.
     env = inbox_env(
@@ -132,20 +130,31 @@ async def test_crash_between_database_commit_and_offset_commit(
         TEST_CRASH_AFTER_COMMIT="0.2",
         OUTBOXKIT_TRANSACTION_BATCH="7",
     )
+    events: list[Payment] = []
     crashes = 0
 
     async def done_or_dead(worker: InboxProcess) -> bool:
         return not worker.alive() or await caught_up(kafka_bootstrap, group_of(topic), topic, 2)
 
-    while not await caught_up(kafka_bootstrap, group_of(topic), topic, 2):
-        worker = InboxProcess(tmp_path, env, CRASHING).start()
-        try:
-            await wait_for(lambda w=worker: done_or_dead(w), within=60, what="a crash or the end")
-            crashed = not worker.alive()  # died by the test app's SIGKILL
-        finally:
-            worker.kill()
-        crashes += crashed
-        assert crashes < 60, "too many rounds"
+    # 400 events; the crash is drawn by chance, so while it came fewer than 3 times, 200 more.
+    for size in (400, 200, 200):
+        if crashes >= 3:
+            break
+        seqs = range(len(events), len(events) + size)
+        more = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in seqs]
+        events += more
+        await produce(kafka_bootstrap, more)
+        while not await caught_up(kafka_bootstrap, group_of(topic), topic, 2):
+            worker = InboxProcess(tmp_path, env, CRASHING).start()
+            try:
+                await wait_for(
+                    lambda w=worker: done_or_dead(w), within=60, what="a crash or the end"
+                )
+                crashed = not worker.alive()  # died by the test app's SIGKILL
+            finally:
+                worker.kill()
+            crashes += crashed
+            assert crashes < 60, "too many rounds"
     assert crashes >= 3, "the test app crashed the worker too rarely to prove anything"
     _once_each(await effects(db_url), events)
     print(f"{crashes} crashes between database commit and offset commit")
