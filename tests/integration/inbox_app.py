@@ -99,7 +99,7 @@ class CrashAfterCommit:
     aborts it (``transactionLifetimeLimitSeconds``, 60 s), which would only stall the next
     worker. So once the crash is drawn, no new transaction starts, and the crash comes when the
     last open one has committed. (Waiting instead for a moment with nothing open, with both
-    partitions busy, crashed as rarely as twice in 57 commits.) PostgreSQL rolls an open
+    partitions busy, crashed as rarely as twice in 400 events.) PostgreSQL rolls an open
     transaction back when the connection drops, so there the crash comes at once."""
 
     def __init__(self, store: InboxStore[Any], probability: float, *, alone: bool) -> None:
