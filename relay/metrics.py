@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from outboxkit.relay.records import PartitionBacklog
@@ -22,6 +24,18 @@ STAGES = {
     "fence": "initialising the transactional ids of earlier owners",
     "init": "starting the block's producer (InitProducerId)",
 }
+
+
+#: Records the storage held back for a cycle because an older record of their key was not
+#: visible to its read (MongoDB's order barrier, relay/mongodb/barrier.py). Counted where the
+#: storage sees it, so kept outside any registry and added to each RelayMetrics' registry.
+ORDER_HOLDS = Counter(
+    "outboxkit_relay_order_holds",
+    "Records held back for a cycle: an older record of their key was not visible yet "
+    "(per-key order barrier; expected to stay 0)",
+    ["topic"],
+    registry=None,
+)
 
 
 class RelayMetrics:
@@ -101,6 +115,9 @@ class RelayMetrics:
             ["topic", "partition"],
             registry=reg,
         )
+        with contextlib.suppress(ValueError):  # already in this registry
+            reg.register(ORDER_HOLDS)
+        self.order_holds = ORDER_HOLDS
 
     def observe_backlog(self, backlog: list[PartitionBacklog], now_ts: float) -> None:
         self.backlog.clear()

@@ -15,6 +15,17 @@ time, so the relay reads each partition oldest first by ``(position, _id)``. A r
 transaction commits late keeps its early position and is read from the head of its partition
 like any other pending record (G3): the relay never keeps a "last position seen".
 
+Each record also carries ``previous``: the position of its key's record just before it (the
+last one of the key's previous transaction, or the one before it in the same transaction). A
+key's records thus form a chain with no link missing, which the relay checks before it publishes
+(:mod:`.storage`, the order barrier): a record whose predecessor it has not seen settled is held
+back until it has. ``previous`` is ``None`` for a key's first record (no document yet).
+
+Positions of different keys may interleave, even within a millisecond (``$$NOW`` has millisecond
+precision, and a transaction of ``n`` records of a key takes the ``n`` positions *below* its clock
+reading): so a read that saw only part of a committed transaction would look like a key's later
+records with none before them. The relay reads each head from one snapshot for that reason.
+
 A key's document is removed by a TTL index a week after its last write. A record of that key
 still pending then (the relay down for a week) has a position from the server clock at least a
 week old, so the next writer's clock-based position still lies above it.
@@ -23,6 +34,7 @@ week old, so the next writer's clock-based position still lies above it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -36,42 +48,66 @@ _NOW_US = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
 Key = tuple[str, bytes]
 
 
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The positions a transaction took for one key: ``first`` to ``first + count - 1``, after
+    ``previous`` (the key's last position before them; ``None`` for a new key)."""
+
+    first: int
+    previous: int | None
+
+    def previous_of(self, index: int) -> int | None:
+        """``previous`` of the span's ``index``-th record."""
+        return self.previous if index == 0 else self.first + index - 1
+
+
 def _advance(count: int) -> list[Document]:
     """The update that reserves ``count`` positions: the last one becomes
-    max(now, previous last + count)."""
+    max(now, previous last + count); the previous last is kept beside it."""
     last = {"$max": [_NOW_US, {"$add": [{"$ifNull": ["$position", 0]}, count]}]}
-    return [{"$set": {"position": last, "updated_at": "$$NOW"}}]
+    return [
+        {"$set": {"previous": {"$ifNull": ["$position", None]}}},
+        {"$set": {"position": last, "updated_at": "$$NOW"}},
+    ]
 
 
 def _id(topic: str, key: bytes) -> Document:
     return {"topic": topic, "key": key}
 
 
+def _span(doc: Document, count: int) -> Span:
+    previous = doc.get("previous")
+    return Span(int(doc["position"]) - count + 1, None if previous is None else int(previous))
+
+
 async def take_positions(
     keys: Collection, session: AsyncClientSession, counts: Mapping[Key, int]
-) -> dict[Key, int]:
-    """Reserve ``counts[k]`` consecutive positions for each key ``k``; return the first of
-    each. One round trip for one key; two for any number (all updates in one bulk write, then
-    one read of what they made — the transaction sees its own writes)."""
+) -> dict[Key, Span]:
+    """Reserve ``counts[k]`` consecutive positions for each key ``k``; return their span. One
+    round trip for one key; two for any number (all updates in one bulk write, then one read of
+    what they made — the transaction sees its own writes)."""
+    fields = {"position": True, "previous": True}
     if len(counts) == 1:
         [((topic, key), count)] = counts.items()
         moved = await keys.find_one_and_update(
             {"_id": _id(topic, key)},
             _advance(count),
-            projection={"position": True},
+            projection=fields,
             upsert=True,
             return_document=ReturnDocument.AFTER,
             session=session,
         )
         assert moved is not None  # upsert=True with ReturnDocument.AFTER always returns it
-        return {(topic, key): int(moved["position"]) - count + 1}
+        return {(topic, key): _span(moved, count)}
     await keys.bulk_write(
         [UpdateOne({"_id": _id(*k)}, _advance(n), upsert=True) for k, n in counts.items()],
         ordered=False,
         session=session,
     )
-    last = {
-        (doc["_id"]["topic"], bytes(doc["_id"]["key"])): int(doc["position"])
-        async for doc in keys.find({"_id": {"$in": [_id(*k) for k in counts]}}, session=session)
+    moved_docs = {
+        (doc["_id"]["topic"], bytes(doc["_id"]["key"])): doc
+        async for doc in keys.find(
+            {"_id": {"$in": [_id(*k) for k in counts]}}, fields, session=session
+        )
     }
-    return {k: last[k] - n + 1 for k, n in counts.items()}
+    return {k: _span(moved_docs[k], n) for k, n in counts.items()}

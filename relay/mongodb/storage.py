@@ -15,6 +15,13 @@ Collections (``outboxkit migrate`` creates them and their indexes; see
 No operation here holds a transaction across a Kafka send: the relay reads (majority read
 concern: never a write a failover could roll back), publishes, then deletes or marks what Kafka
 acknowledged, each a single statement. A relay SIGKILLed mid-batch leaves nothing locked.
+
+Per-key order (G2) rests on two things here. The head of a partition is chosen by a **snapshot
+read** (a point in time of majority-committed data): an ordinary read yields every so often
+and resumes on a newer snapshot, so a transaction that committed meanwhile shows only the
+records past the scan's position, and a key's later records looked like its head (issue #32:
+seq 12-15 published before 8-11 of one transaction). And the **order barrier**
+(:mod:`.barrier`) publishes a key's record only right after its predecessor was settled.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from uuid import UUID
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.errors import OperationFailure
 
 from outboxkit.core.mongo import (
     MAJORITY_READ,
@@ -39,6 +47,7 @@ from outboxkit.core.mongo import (
     in_transaction,
 )
 from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.mongodb.barrier import OrderBarrier, link_of
 from outboxkit.relay.mongodb.positions import take_positions
 from outboxkit.relay.mongodb.presence import MongoPresence
 from outboxkit.relay.records import (
@@ -66,7 +75,14 @@ _RECORD_FIELDS = {
     "event_id": True,
     "attempts": True,
     "created_at": True,
+    "position": True,
+    "previous": True,
 }
+
+#: Server errors of a snapshot read that a later read does not meet: the point in time is
+#: older than the history mongod keeps, or newer than a collection's catalog change (a restart
+#: or failover); the relay retries them as an unavailable database.
+_SNAPSHOT_ERRORS = {"SnapshotTooOld", "SnapshotUnavailable"}
 
 
 class MongoOutboxStorage(MongoConnection):
@@ -94,6 +110,7 @@ class MongoOutboxStorage(MongoConnection):
         self._presence = MongoPresence(
             url, self.database, app_name=app_name, connect_timeout=connect_timeout
         )
+        self._barrier = OrderBarrier()
 
     async def _close_own_clients(self) -> None:
         await self._presence.close()
@@ -129,6 +146,7 @@ class MongoOutboxStorage(MongoConnection):
         # Settled first (the write is acknowledged before the reads start), so the reads find
         # the settled keys' next records and never the settled ones.
         await self.mark_published(published, keep=keep)
+        self._barrier.settle(published)
         if not tps:
             return []
         # Three reads whatever the number of partitions: the blocked keys of all of them, the
@@ -143,16 +161,48 @@ class MongoOutboxStorage(MongoConnection):
         found = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
         by_id = {doc["_id"]: doc for doc in await _guard(found.to_list())}
         # A record the CLI skipped or retried meanwhile is simply not there.
-        return [_record(by_id[i]) for i in ids if i in by_id]
+        read = [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
+        return await self._barrier.admit(read, self._older_pending)
 
     async def _choose_head(
         self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
     ) -> list[Any]:
         """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
-        first (see :meth:`head_pipeline`)."""
+        first (see :meth:`head_pipeline`), from one snapshot: every transaction is seen whole
+        or not at all."""
         pipeline = self.head_pipeline(tp, blocked, limit, depth)
-        cursor = await _guard(self.outbox.aggregate(pipeline, hint=HEAD_INDEX))
-        return [i for head in await _guard(cursor.to_list()) for i in head["ids"]]
+        async with self._client.start_session(snapshot=True, causal_consistency=False) as session:
+            cursor = await _guard_snapshot(
+                self.outbox.aggregate(pipeline, hint=HEAD_INDEX, session=session)
+            )
+            heads = await _guard_snapshot(cursor.to_list())
+        return [i for head in heads for i in head["ids"]]
+
+    async def _older_pending(
+        self, keys: Mapping[TopicPartition, dict[bytes, int]]
+    ) -> set[tuple[str, bytes]]:
+        """The keys of ``keys`` with a pending record older than the given position: per
+        partition one covered scan of outbox_head_idx up to the newest position asked about
+        (the head's window, where those records were read)."""
+
+        async def of(tp: TopicPartition, positions: dict[bytes, int]) -> set[tuple[str, bytes]]:
+            where = {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "state": "pending",
+                "position": {"$lt": max(positions.values())},
+                "key": {"$in": list(positions)},
+            }
+            fields = {"_id": False, "key": True, "position": True}
+            found = self.outbox.find(where, fields, hint=HEAD_INDEX)
+            return {
+                (tp.topic, bytes(doc["key"]))
+                for doc in await _guard(found.to_list())
+                if doc["position"] < positions[bytes(doc["key"])]
+            }
+
+        found = await asyncio.gather(*(of(tp, positions) for tp, positions in keys.items()))
+        return set().union(*found)
 
     async def _blocked_keys(
         self, tps: Collection[TopicPartition]
@@ -310,9 +360,14 @@ class MongoOutboxStorage(MongoConnection):
             now = datetime.now(UTC)
             async for doc in kept:
                 key = (doc["topic"], bytes(doc["key"]))
-                position = (await take_positions(self._keys, session, {key: 1}))[key]
+                span = (await take_positions(self._keys, session, {key: 1}))[key]
                 copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
-                fresh = {"position": position, "created_at": now, "state": "pending"}
+                fresh = {
+                    "position": span.first,
+                    "previous": span.previous,
+                    "created_at": now,
+                    "state": "pending",
+                }
                 copies.append({**copy, **fresh, "attempts": 0})
             if copies:
                 await self.outbox.insert_many(copies, session=session)
@@ -334,6 +389,16 @@ _PUBLISHED_ONLY = {"_id", "published_at", "expires_at", "last_error", "attempts"
 async def _guard(operation: Awaitable[T]) -> T:
     """A server or network failure surfaces as the relay's retriable error."""
     return await guarded(operation, StorageUnavailableError)
+
+
+async def _guard_snapshot(operation: Awaitable[T]) -> T:
+    """As :func:`_guard`; a snapshot that cannot be read now is retriable too."""
+    try:
+        return await _guard(operation)
+    except OperationFailure as exc:
+        if exc.details is not None and exc.details.get("codeName") in _SNAPSHOT_ERRORS:
+            raise StorageUnavailableError(f"MongoDB snapshot read: {exc}") from exc
+        raise
 
 
 def _record(doc: Document) -> OutboxRecord:

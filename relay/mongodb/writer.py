@@ -56,28 +56,39 @@ class MongoOutbox:
         db = session.client.get_database(self.database)
         partitions = await _partition_counts(db, session, {wire.topic for _, wire in encoded})
         counts = Counter((wire.topic, wire.key) for _, wire in encoded)
-        next_position = await take_positions(collection(db, "keys"), session, counts)
+        spans = await take_positions(collection(db, "keys"), session, counts)
+        taken: Counter[tuple[str, bytes]] = Counter()
         now = datetime.now(UTC)
         documents = []
         for event, wire in encoded:
-            position = next_position[wire.topic, wire.key]
-            next_position[wire.topic, wire.key] = position + 1
+            span = spans[wire.topic, wire.key]
+            index = taken[wire.topic, wire.key]
+            taken[wire.topic, wire.key] += 1
+            position, previous = span.first + index, span.previous_of(index)
             documents.append(
-                record_document(event, wire, partitions[wire.topic], position, now=now)
+                record_document(event, wire, partitions[wire.topic], position, previous, now=now)
             )
         await collection(db, "outbox").insert_many(documents, session=session)
 
 
 def record_document(
-    event: Event, wire: EncodedEvent, partitions: int, position: int, *, now: datetime
+    event: Event,
+    wire: EncodedEvent,
+    partitions: int,
+    position: int,
+    previous: int | None,
+    *,
+    now: datetime,
 ) -> Document:
-    """The outbox document of ``event`` (also how a replay copies one; see storage.py)."""
+    """The outbox document of ``event`` at ``position`` in its key's order, right after
+    ``previous`` (:mod:`.positions`)."""
     return {
         "topic": wire.topic,
         # Fixed at write time, like on PostgreSQL: every record of a key stays in one
         # partition (and one relay's hands) even if the topic later grows.
         "partition": partition_for_key(wire.key, partitions),
         "position": position,
+        "previous": previous,
         "key": wire.key,
         "value": wire.value,
         "headers": [[name, value] for name, value in wire.headers],
