@@ -1,5 +1,6 @@
 """Commit → consumer timing: paced writers that note each event's commit time, and a
-``read_committed`` consumer in a child process that notes each record's arrival."""
+``read_committed`` consumer in a child process that notes each record's arrival; and reading a
+topic back (``read_committed``) for the per-key order check."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
-from bench.relay_bench.harness import LATENCY_TOPIC, Ctx, ensure_topic, make_event, pct
+from bench.relay_bench.harness import (
+    LATENCY_TOPIC,
+    Ctx,
+    customer_id,
+    ensure_topic,
+    make_event,
+    pct,
+)
+from bench.relay_bench.order import KeySequences, Published
 from bench.relay_bench.outbox import Writer
 from bench.relay_bench.relays import ENTRY, Relays, running_relays
 
@@ -33,7 +42,8 @@ async def consumer_child(bootstrap: str, topic: str, partitions: int, out: Path)
     await consumer.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    seen: list[tuple[str, float, int, int]] = []
+    #: Per record: event id, arrival, Kafka timestamp, partition, offset, key, seq.
+    seen: list[tuple[str, float, int, int, int, str, int]] = []
     #: Events received at least once: what the parent waits for (a re-publish is no progress).
     distinct: set[str] = set()
     try:
@@ -49,15 +59,27 @@ async def consumer_child(bootstrap: str, topic: str, partitions: int, out: Path)
             now = time.time()
             for tp, records in batches.items():
                 for record in records:
-                    ce_id = next((v for k, v in record.headers if k == "ce_id"), b"")
-                    seen.append((ce_id.decode(), now, record.timestamp, tp.partition))
-                    distinct.add(ce_id.decode())
+                    ce_id = next((v for k, v in record.headers if k == "ce_id"), b"").decode()
+                    key, seq = key_and_seq(record.key, record.value)
+                    seen.append(
+                        (ce_id, now, record.timestamp, tp.partition, record.offset, key, seq)
+                    )
+                    distinct.add(ce_id)
             if len(distinct) != last_report:
                 last_report = len(distinct)
                 print(f"count {last_report}", flush=True)
     finally:
         await consumer.stop()
         await asyncio.to_thread(out.write_text, json.dumps(seen))
+
+
+def key_and_seq(key: bytes | None, value: bytes | None) -> tuple[str, int]:
+    """A bench event's key and ``seq`` from its record (-1: not a bench event)."""
+    try:
+        seq = int(json.loads(value or b"{}").get("seq", -1))
+    except (ValueError, TypeError, AttributeError):
+        seq = -1
+    return (key or b"").decode(errors="replace"), seq
 
 
 @dataclass
@@ -76,6 +98,8 @@ class Commits:
     at: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     behind: list[float] = field(default_factory=list)
+    #: Each key's next ``seq`` (see :func:`paced_writes`).
+    sequences: KeySequences = field(default_factory=KeySequences)
 
 
 class LatencyConsumer:
@@ -131,10 +155,21 @@ class LatencyConsumer:
         """First arrival of each event."""
         text = await asyncio.to_thread(self.out.read_text)
         seen: dict[str, Arrival] = {}
-        for ce_id, at, ts, partition in json.loads(text):
+        for ce_id, at, ts, partition, *_ in json.loads(text):
             if ce_id not in seen:
                 seen[ce_id] = Arrival(str(ce_id), float(at), int(ts) / 1000, int(partition))
         return list(seen.values())
+
+    async def published(self, events: Container[str]) -> list[Published]:
+        """Every record received (re-deliveries too) of ``events``, for the order check: the
+        consumer starts at the end of the topic, but a record of an earlier phase committed
+        after that point must not count."""
+        text = await asyncio.to_thread(self.out.read_text)
+        return [
+            Published(int(partition), int(offset), str(key), int(seq))
+            for ce_id, _, _, partition, offset, key, seq in json.loads(text)
+            if ce_id in events and int(seq) >= 0
+        ]
 
 
 async def paced_writes(
@@ -150,13 +185,19 @@ async def paced_writes(
 ) -> float:
     """Commit one event per transaction at ``rate``/s in all, each writer on its own schedule
     (a late writer does not burst to catch up); return the rate achieved. The commit time is
-    taken when COMMIT returns."""
+    taken when COMMIT returns.
+
+    Writer ``i`` of ``n`` alone writes the keys ``k ≡ i (mod n)`` (a random one each time), and
+    starts a transaction only once its previous one has committed: so a key's ``seq``, taken
+    from ``commits.sequences`` as its writer makes the event, is the key's commit order."""
+    if keys < len(writers):
+        raise ValueError(f"{keys} keys for {len(writers)} writers: each writer owns some keys")
     period = len(writers) / rate
     per_writer = max(1, round(rate * seconds / len(writers)))
     start = time.perf_counter() + 0.02
     written = 0
 
-    async def write(writer: Writer, offset: float) -> None:
+    async def write(writer: Writer, owned: range, offset: float) -> None:
         nonlocal written
         due = start + offset
         for _ in range(per_writer):
@@ -167,13 +208,18 @@ async def paced_writes(
                 commits.behind.append(-delay)
                 due = time.perf_counter()
             due += period
-            event = make_event(rng, keys, topic)
+            key = owned[rng.randrange(len(owned))]
+            seq = commits.sequences.take(customer_id(key))
+            event = make_event(rng, keys, topic, key=key, seq=seq)
             await writer.write(event)
             commits.at[str(event.id)] = time.time()
             commits.labels[str(event.id)] = label
             written += 1
 
-    await asyncio.gather(*(write(w, i / rate) for i, w in enumerate(writers)))
+    owners = len(writers)
+    await asyncio.gather(
+        *(write(w, range(i, keys, owners), i / rate) for i, w in enumerate(writers))
+    )
     return written / (time.perf_counter() - start)
 
 
@@ -197,6 +243,53 @@ def split(
 
 def pickup_figures(values: Sequence[float]) -> str:
     return f"p50 {pct(values, 0.5) * 1000:.1f} ms, p99 {pct(values, 0.99) * 1000:.1f} ms"
+
+
+async def topic_ends(ctx: Ctx, topic: str) -> dict[int, int]:
+    """Each partition's high watermark: what is published from now on lies beyond it, whether an
+    earlier transaction is still open or not."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=ctx.bootstrap,
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([KafkaTP(topic, p) for p in range(ctx.args.partitions)])
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def read_back(
+    ctx: Ctx, topic: str, since: dict[int, int], within: float = 300
+) -> list[Published]:
+    """Every bench event on ``topic`` from ``since`` (partition → offset, :func:`topic_ends`) to
+    the end, as a consumer reads it (``read_committed``), re-deliveries included."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=ctx.bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        tps = [KafkaTP(topic, p) for p in range(ctx.args.partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, since.get(tp.partition, 0))
+        ends = await consumer.end_offsets(tps)
+        found: list[Published] = []
+        async with asyncio.timeout(within):
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                batches = await consumer.getmany(*tps, timeout_ms=500)
+                for tp, records in batches.items():
+                    for record in records:
+                        key, seq = key_and_seq(record.key, record.value)
+                        if seq >= 0:
+                            found.append(Published(tp.partition, record.offset, key, seq))
+        return found
+    finally:
+        await consumer.stop()
 
 
 @contextlib.asynccontextmanager

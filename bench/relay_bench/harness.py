@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.relay_bench.order import Published, order_violations
 from outboxkit.relay.metrics import STAGES
 from outboxkit.schemas import EncodedEvent, Event
 
@@ -51,19 +52,42 @@ class OrderPlaced(
     currency: str
     lines: int
     note: str
+    #: The event's number among its key's events, in the key's commit order (bench/relay_bench/
+    #: order.py checks it on the topic). The last field: :func:`with_seq` rewrites it.
+    seq: int = 0
 
 
-def make_event(rng: random.Random, keys: int, topic: str) -> OrderPlaced:
+def customer_id(key: int) -> str:
+    """The event key of key number ``key`` (of ``--keys``)."""
+    return f"customer-{key:05d}"
+
+
+def make_event(
+    rng: random.Random, keys: int, topic: str, *, key: int | None = None, seq: int = 0
+) -> OrderPlaced:
+    """An event of key number ``key`` (a random one of ``keys`` if None), numbered ``seq``."""
     n = rng.randrange(1_000_000_000)
     return OrderPlaced(
         topic=topic,
         order_id=f"order-{n:09d}",
-        customer_id=f"customer-{rng.randrange(keys):05d}",
+        customer_id=customer_id(rng.randrange(keys) if key is None else key),
         amount=Decimal(n % 100_000) / 100,
         currency="EUR",
         lines=1 + n % 7,
         note="gift wrap, leave at the door if nobody answers",
+        seq=seq,
     )
+
+
+#: How an event written with the default ``seq`` ends on the wire (its value, compact JSON).
+SEQ_PLACEHOLDER = b'"seq":0}'
+
+
+def with_seq(value: bytes, seq: int) -> bytes:
+    """An encoded :class:`OrderPlaced` written with ``seq=0``, as if written with ``seq``."""
+    if not value.endswith(SEQ_PLACEHOLDER):
+        raise ValueError(f"not a bench event written with seq=0: {value[-40:]!r}")
+    return value[: -len(SEQ_PLACEHOLDER)] + b'"seq":%d}' % seq
 
 
 def record_size(wire: EncodedEvent) -> int:
@@ -84,11 +108,13 @@ class Result:
     figure: str
     ratio: str = ""
     note: str = ""
+    #: Per-key order violations in what the case published (read back), if it checks them.
+    order: str = ""
 
 
 def print_table(rows: Sequence[Result]) -> None:
-    headers = ("phase", "case", "figure", "ratio", "note")
-    cells = [(r.phase, r.case, r.figure, r.ratio, r.note) for r in rows]
+    headers = ("phase", "case", "figure", "order violations", "ratio", "note")
+    cells = [(r.phase, r.case, r.figure, r.order, r.ratio, r.note) for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
     say("  ".join("-" * w for w in widths))
@@ -212,6 +238,9 @@ def relay_cpu_per_event(before: CpuSnapshot, after: CpuSnapshot, events: float) 
 
 # -- context -----------------------------------------------------------------------------------
 
+#: Order violations listed per case at the end of a run (all are counted).
+ORDER_SHOWN = 10
+
 
 @dataclass
 class Ctx:
@@ -232,11 +261,28 @@ class Ctx:
     labelled: bool = False
     #: Relay count → drain rate (events/s; the median of the runs), for the comparison.
     drain_rates: dict[int, float] = field(default_factory=dict)
+    #: One line per per-key order violation found (shared by every database's context): the
+    #: run prints them after the summary and exits non-zero.
+    order_failures: list[str] = field(default_factory=list)
 
     def add(self, result: Result) -> None:
         if self.labelled and result.phase != "ceiling":
             result.phase = f"{result.phase} ({self.database})"
         self.results.append(result)
+
+    def check_order(self, case: str, records: Iterable[Published]) -> int:
+        """Per-key order (G2) of what ``case`` (its phase first) read back; each violation is
+        kept for the end of the run. Returns how many records broke it."""
+        violations = order_violations(records)
+        where = f"{case} ({self.database})"
+        for violation in violations[:ORDER_SHOWN]:
+            self.order_failures.append(f"{where}: {violation}")
+        if len(violations) > ORDER_SHOWN:
+            self.order_failures.append(f"{where}: … {len(violations) - ORDER_SHOWN} more")
+        if violations:
+            self.keep_workdir = True
+            say(f"  ORDER VIOLATED, {len(violations)} record(s); the first: {violations[0]}")
+        return len(violations)
 
 
 def transactional_producer(ctx: Ctx, name: str, **config: Any) -> AIOKafkaProducer:

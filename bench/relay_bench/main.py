@@ -26,6 +26,7 @@ from bench.relay_bench.harness import CpuMeter, Ctx, Result, print_table, say
 from bench.relay_bench.outbox import BenchOutbox, PostgresBenchOutbox
 from bench.relay_bench.outbox_mongo import MongoBenchOutbox
 from bench.relay_bench.phase_ceiling import phase_ceiling
+from bench.relay_bench.phase_churn import WRITERS as CHURN_WRITERS
 from bench.relay_bench.phase_churn import phase_churn
 from bench.relay_bench.phase_claims import phase_claims
 from bench.relay_bench.phase_drain import phase_drain
@@ -155,7 +156,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
+    _check_keys(p, args)
     return args
+
+
+def _check_keys(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each writer owns its keys, so that a key's sequence numbers follow its commit order
+    (``consumer.paced_writes``): a key or more per writer."""
+    writers = {"steady": args.latency_writers, "churn": CHURN_WRITERS}
+    most = max((n for phase, n in writers.items() if phase in args.phases), default=0)
+    if args.keys < most:
+        p.error(f"--keys: at least {most}, one or more per writer (each writer owns its keys)")
 
 
 async def run_phases(
@@ -172,7 +183,17 @@ async def run_phases(
     first, *others = outboxes
     ctx = Ctx(args, outboxes[first], bootstrap, admin, workdir, cpu, database=first)
     ctxs = [ctx] + [
-        Ctx(args, outboxes[db], bootstrap, admin, workdir, cpu, database=db, results=ctx.results)
+        Ctx(
+            args,
+            outboxes[db],
+            bootstrap,
+            admin,
+            workdir,
+            cpu,
+            database=db,
+            results=ctx.results,
+            order_failures=ctx.order_failures,
+        )
         for db in others
     ]
     for each in ctxs:
@@ -356,7 +377,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 shutil.copy(servers.pg_log, workdir / "postgres.log")
     say(f"\n== summary ({time.perf_counter() - began:.0f} s in all) ==")
     print_table(ctx.results)
-    if ctx.keep_workdir:
+    if ctx.keep_workdir or ctx.order_failures:
         say(f"logs and diagnostics kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
+    if ctx.order_failures:
+        say("\nPER-KEY ORDER VIOLATED (guarantee G2):")
+        for line in ctx.order_failures:
+            say(f"  {line}")
+        sys.exit(1)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE, make_event, say
+from bench.relay_bench.harness import DRAIN_TOPIC, SEQ_PLACEHOLDER, SOURCE, make_event, say
 from outboxkit.core.sql import load_queries
 from outboxkit.migrations import migrate
 from outboxkit.relay import PostgresOutbox
@@ -55,7 +55,9 @@ class BenchOutbox(Protocol):
 
     async def seed(self, rows: int, keys: int, topic: str) -> float:
         """Write ``rows`` events with the product's writer (batched), keep them aside for
-        :meth:`load_backlog`, leave the outbox empty; return the write rate (rows/s)."""
+        :meth:`load_backlog`, leave the outbox empty; return the write rate (rows/s). Each kept
+        event's ``seq`` is its place among its key's events in the order the relays must
+        publish them (``harness.with_seq``)."""
 
     async def load_backlog(self, rows: int) -> None:
         """Make ``rows`` of the seed pending at once (one commit wakes idle relays)."""
@@ -105,6 +107,18 @@ async def fill(rows: int, keys: int, topic: str, writers: Sequence[WriteMany]) -
     start = time.perf_counter()
     await asyncio.gather(*(write(w) for w in writers))
     return time.perf_counter() - start
+
+
+#: The seed: the outbox's rows in id order, the order :func:`load_backlog` inserts them in one
+#: transaction. That commit is the backlog's, and within it a key's rows commit in insertion
+#: order; so a row's ``seq`` is its rank among its key's rows by id, written into its value (its
+#: writer put ``"seq":0}`` at the end; ``harness.with_seq`` does the same on MongoDB).
+_SEED_SELECT = (
+    "SELECT id AS seq, topic, partition, key, convert_to(regexp_replace(convert_from(value, "
+    "'UTF8'), '\"seq\":0\\}$', '\"seq\":' || (row_number() OVER (PARTITION BY topic, key "
+    "ORDER BY id) - 1) || '}'), 'UTF8') AS value, header_names, header_values, event_id, "
+    "event_type FROM outboxkit.outbox ORDER BY id"
+)
 
 
 def seeded(rows: int, elapsed: float, distinct: int, what: str) -> float:
@@ -176,14 +190,16 @@ class PostgresBenchOutbox:
                     await c.close()
             await conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
             await conn.execute("DROP TABLE IF EXISTS bench.seed")
-            await conn.execute(
-                q(
-                    "CREATE UNLOGGED TABLE bench.seed AS SELECT id AS seq, "
-                    f"{OUTBOX_COLUMNS} FROM outboxkit.outbox ORDER BY id"
-                )
-            )
+            await conn.execute(q(f"CREATE UNLOGGED TABLE bench.seed AS {_SEED_SELECT}"))
             await conn.execute("DELETE FROM outboxkit.outbox")
             distinct = await scalar(conn, "SELECT count(DISTINCT key) FROM bench.seed")
+            firsts = await scalar(
+                conn,
+                "SELECT count(*) FROM bench.seed WHERE value LIKE %s",
+                b"%" + SEQ_PLACEHOLDER,
+            )
+            if firsts != distinct:
+                raise RuntimeError(f"seq 0 on {firsts} seeded rows, {distinct} keys: not numbered")
         self._seeded = rows
         return seeded(rows, elapsed, distinct, "rows written by PostgresOutbox.add_many")
 

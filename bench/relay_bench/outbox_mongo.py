@@ -10,7 +10,10 @@ the backend, not from the bench:
   of the topic is pending": the phases then wait ``--idle-gap`` as they do on PostgreSQL.
 - The backlog is kept aside in ``bench.seed`` (a plain collection) and copied back into the
   outbox in one multi-document transaction, so that one commit makes it visible at once, as the
-  PostgreSQL bench's ``INSERT … SELECT`` does.
+  PostgreSQL bench's ``INSERT … SELECT`` does. The copies keep their positions, which the
+  writers' transactions took: a key's positions rise in the commit order of those transactions
+  (docs/mongodb.md), and the relays publish a key in position order. So each kept event's
+  ``seq`` is its rank among its key's events by position (``harness.with_seq``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from uuid import UUID
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE
+from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE, with_seq
+from bench.relay_bench.order import KeySequences
 from bench.relay_bench.outbox import BENCH_DB, SEED_WRITERS, WriteMany, Writer, fill, seeded
 from outboxkit.core.mongo import (
     MAJORITY_WRITE,
@@ -139,7 +143,17 @@ class MongoBenchOutbox:
             for c in clients:
                 await c.close()
         await self._seed.drop()
-        await self._outbox.aggregate([{"$sort": {"position": 1, "_id": 1}}, {"$out": SEED}])
+        sequences = KeySequences()
+        chunk: list[Document] = []
+        async for doc in self._outbox.find({}).sort([("position", 1), ("_id", 1)]):
+            key = f"{doc['topic']}/{bytes(doc['key']).hex()}"
+            doc["value"] = with_seq(bytes(doc["value"]), sequences.take(key))
+            chunk.append(doc)
+            if len(chunk) == _COPY_CHUNK:
+                await self._seed.insert_many(chunk)
+                chunk = []
+        if chunk:
+            await self._seed.insert_many(chunk)
         await self._outbox.delete_many({})
         distinct = len(await self._seed.distinct("key"))
         self._seeded = rows

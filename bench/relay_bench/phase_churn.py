@@ -3,7 +3,9 @@
 Writers commit ``--churn-rate`` events/s for ``--churn-seconds`` while, every ``--churn-every``
 seconds, the next relay (round robin) is killed with SIGKILL and started again at once. Then the
 killing stops and everything is read back. Figures: commit → consumer p50/p99/max, the longest a
-partition received nothing while events were being written (its outage), and events missing.
+partition received nothing while events were being written (its outage), events missing, and
+per-key order violations (``order.py``; each writer owns its keys, so an event's ``seq`` is its
+key's commit order: ``consumer.paced_writes``).
 Three cases (``--churn-modes``):
 
 - ``dynamic``, the default configuration: dynamic membership, and a survivor removes a killed
@@ -36,6 +38,8 @@ from bench.relay_bench.harness import (
 from bench.relay_bench.relays import SubprocessRelays, wait_ready
 
 RELAYS = 3
+#: Writer connections (each owns ``1/WRITERS`` of the keys).
+WRITERS = 8
 
 _MODES = {
     "dynamic": "dynamic membership",
@@ -73,7 +77,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
         await relays.start()
         try:
             await wait_ready(ctx, relays, RELAYS, CHURN_TOPIC, f"outboxkit.relay.{group}")
-            writers = await ctx.outbox.writers(8)
+            writers = await ctx.outbox.writers(WRITERS)
             stop = asyncio.Event()
 
             async def killer() -> None:
@@ -117,6 +121,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
             await relays.stop()
     arrivals = await consumer.arrivals()
     latency, _, missing = split(commits, arrivals)
+    violations = ctx.check_order(f"churn, {mode}", await consumer.published(commits.labels))
     values = latency.get("churn", [])
     outage, worst_partition = _longest_outage(arrivals, commits, began, ended)
     if missing:
@@ -126,7 +131,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
         f"{ended - began:.0f} s of writes ({args.churn_seconds:.0f} s planned), "
         f"{len(values)} events; commit→consumer "
         f"{latency_figures(values)}; longest partition outage {outage:.1f} s (partition "
-        f"{worst_partition}); missing {missing}"
+        f"{worst_partition}); missing {missing}; order violations {violations}"
     )
     ctx.add(
         Result(
@@ -136,6 +141,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
             f"p99 {(_p99(values) / session):.1f}x session timeout",
             f"session timeout {session:g} s; longest partition outage {outage:.1f} s; "
             f"{kills} kills; missing {missing}",
+            order=str(violations),
         )
     )
 

@@ -7,6 +7,11 @@ each case N times: the figures spread, and an intermittent stall (a partition th
 shows up. Every run watches each partition's pending count and notes when it last went down
 (its last publish): a partition that stops for ``--stall-report`` seconds is reported while it
 happens, with the relays' health, every task's stack and the database's activity and claim plan.
+
+After each run the topic is read back (``read_committed``) and its per-key order checked
+(``order.py``): the backlog is many events per key, several of a key in each of the writer's
+transactions and all of them made pending by one commit, and each event's ``seq`` is its place
+among its key's events in that commit (``BenchOutbox.seed``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import statistics
 import time
 
+from bench.relay_bench.consumer import read_back, topic_ends
 from bench.relay_bench.harness import (
     DRAIN_TOPIC,
     CpuMeter,
@@ -40,8 +46,10 @@ async def phase_drain(ctx: Ctx) -> None:
         ctx.add(Result("drain", "writer add_many, 5000/txn (fill)", f"{fill:,.0f} rows/s"))
     for n in args.relays:
         rates = []
+        violations = 0
         for run in range(args.drain_repeat):
-            rate = await _drain_once(ctx, n, run)
+            rate, disorder = await _drain_once(ctx, n, run)
+            violations += disorder
             if rate is not None:
                 rates.append(rate)
         if rates:
@@ -58,6 +66,7 @@ async def phase_drain(ctx: Ctx) -> None:
                     f"median {statistics.median(rates):,.0f} ev/s",
                     _ratios(ctx, statistics.median(rates)),
                     f"min {min(rates):,.0f}, max {max(rates):,.0f}",
+                    order=f"{violations} in all",
                 )
             )
 
@@ -79,10 +88,12 @@ def _ratios(ctx: Ctx, rate: float) -> str:
     return ", ".join(parts) or "(no ceiling run)"
 
 
-async def _drain_once(ctx: Ctx, n: int, run: int) -> float | None:
+async def _drain_once(ctx: Ctx, n: int, run: int) -> tuple[float | None, int]:
+    """One drain: its rate (None if it did not drain) and the order violations read back."""
     args = ctx.args
     group = f"bench-drain{n}-{ctx.run_id}-{run}"
     await ctx.outbox.clear()
+    since = await topic_ends(ctx, DRAIN_TOPIC)
     t_start = time.perf_counter()
     async with running_relays(ctx, n, DRAIN_TOPIC, group) as relays:
         startup = time.perf_counter() - t_start
@@ -99,23 +110,28 @@ async def _drain_once(ctx: Ctx, n: int, run: int) -> float | None:
     label = f"{n} relay(s) ({args.relay_mode})" + (
         f", run {run + 1}" if args.drain_repeat > 1 else ""
     )
+    published = await read_back(ctx, DRAIN_TOPIC, since)
+    violations = ctx.check_order(f"drain, {label}", published)
+    events = len({(record.key, record.seq) for record in published})
+    read = f"read back {len(published):,} records, {events:,} events; order violations {violations}"
     if stuck:
-        say(f"{label}: NOT DRAINED after {elapsed:.0f} s: {stuck}")
+        say(f"{label}: NOT DRAINED after {elapsed:.0f} s: {stuck}; {read}")
         ctx.keep_workdir = True
-        ctx.add(Result("drain", label, "did not drain", note=stuck))
-        return None
-    published = metric_sum(metrics1, "outboxkit_relay_published_total") - metric_sum(
+        ctx.add(Result("drain", label, "did not drain", note=stuck, order=str(violations)))
+        return None, violations
+    sent = metric_sum(metrics1, "outboxkit_relay_published_total") - metric_sum(
         metrics0, "outboxkit_relay_published_total"
     )
     batches = metric_sum(metrics1, "outboxkit_relay_batches_total") - metric_sum(
         metrics0, "outboxkit_relay_batches_total"
     )
     rate = float(args.rows) / elapsed
-    per_batch = published / batches if batches else float("nan")
+    per_batch = sent / batches if batches else float("nan")
     cpu = relay_cpu_per_event(snap, after, args.rows)
     say(
         f"{label}: {args.rows:,} rows in {elapsed:.2f} s = {rate:,.0f} events/s, "
-        f"{_ratios(ctx, rate)}; {batches:.0f} Kafka transactions, {per_batch:.0f} records each; "
+        f"{_ratios(ctx, rate)}; {read}; "
+        f"{batches:.0f} Kafka transactions, {per_batch:.0f} records each; "
         f"longest a partition did not move: {worst:.1f} s; startup {startup:.1f} s; {cpu}; "
         f"{CpuMeter.describe(snap, after)}"
     )
@@ -129,9 +145,10 @@ async def _drain_once(ctx: Ctx, n: int, run: int) -> float | None:
             f"{TARGETS.get(ctx.database, '')}; {per_batch:.0f} rec/txn; {cpu}; "
             f"max stall {worst:.1f} s; "
             f"{CpuMeter.describe(snap, after)}",
+            order=str(violations),
         )
     )
-    return rate
+    return rate, violations
 
 
 async def _wait_drained(ctx: Ctx, relays: Relays, group: str) -> tuple[str | None, float]:

@@ -7,7 +7,9 @@ in a child process stamps each record's arrival. Latency = arrival - the writer'
 matched by event id; commit → send uses the record's Kafka timestamp (set by the relay's send,
 ms resolution). The relay's own metrics give the time per stage of its cycles (wake-up, pacing,
 claim, send, commit) and its histogram of insert → Kafka commit; the relay process's CPU time is
-divided by the events of the steady window.
+divided by the events of the steady window. Every record the consumer received (warm-up
+included) is checked for per-key order (``order.py``; each writer owns its keys, so an event's
+``seq`` is its key's commit order: ``consumer.paced_writes``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ async def phase_steady(ctx: Ctx) -> None:
             for w in writers:
                 await w.close()
     latency, pickup, missing = split(commits, await consumer.arrivals())
+    violations = ctx.check_order("steady", await consumer.published(commits.labels))
     steady = latency.get("steady", [])
     sends = pickup.get("steady", [])
     events = len([1 for label in commits.labels.values() if label == "steady"])
@@ -93,7 +96,8 @@ async def phase_steady(ctx: Ctx) -> None:
     say(
         f"steady: {args.rate:,.0f}/s asked, {achieved:,.0f}/s achieved by "
         f"{args.latency_writers} writers for {args.latency_seconds:.0f} s ({len(steady)} events; "
-        f"{late:.0f}% of writes started late); missing at the consumer: {missing}; {cpu}; "
+        f"{late:.0f}% of writes started late); missing at the consumer: {missing}; "
+        f"order violations {violations}; {cpu}; "
         f"{CpuMeter.describe(snap, after)}"
     )
     say(f"  commit→consumer {latency_figures(steady)}")
@@ -110,6 +114,7 @@ async def phase_steady(ctx: Ctx) -> None:
             cpu,
             f"target p50 ≤ 10 ms, p99 ≤ 50 ms, ≤ 0.3 ms CPU/event; commit→send "
             f"{pickup_figures(sends)}; {CpuMeter.describe(snap, after)}",
+            order=str(violations),
         )
     )
     ctx.add(Result("steady", "per-stage breakdown (relay)", stages.split(";")[0], note=stages))
