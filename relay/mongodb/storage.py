@@ -181,19 +181,11 @@ class MongoOutboxStorage(MongoConnection):
     async def _older_pending(
         self, keys: Mapping[TopicPartition, dict[bytes, int]]
     ) -> set[tuple[str, bytes]]:
-        """The keys of ``keys`` with a pending record older than the given position: per
-        partition one covered scan of outbox_head_idx up to the newest position asked about
-        (the head's window, where those records were read)."""
+        """The keys of ``keys`` with a pending record older than the given position (the order
+        barrier's check), one read per partition (:meth:`older_pending_query`)."""
 
         async def of(tp: TopicPartition, positions: dict[bytes, int]) -> set[tuple[str, bytes]]:
-            where = {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "state": "pending",
-                "position": {"$lt": max(positions.values())},
-                "key": {"$in": list(positions)},
-            }
-            fields = {"_id": False, "key": True, "position": True}
+            where, fields = self.older_pending_query(tp, positions)
             found = self.outbox.find(where, fields, hint=HEAD_INDEX)
             return {
                 (tp.topic, bytes(doc["key"]))
@@ -203,6 +195,22 @@ class MongoOutboxStorage(MongoConnection):
 
         found = await asyncio.gather(*(of(tp, positions) for tp, positions in keys.items()))
         return set().union(*found)
+
+    @staticmethod
+    def older_pending_query(
+        tp: TopicPartition, positions: Mapping[bytes, int]
+    ) -> tuple[Document, Document]:
+        """Filter and projection of the pending records of ``positions``' keys below the
+        newest position asked about: a covered range scan of outbox_head_idx over the head's
+        window, where those records were read."""
+        where = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "state": "pending",
+            "position": {"$lt": max(positions.values())},
+            "key": {"$in": list(positions)},
+        }
+        return where, {"_id": False, "key": True, "position": True}
 
     async def _blocked_keys(
         self, tps: Collection[TopicPartition]

@@ -128,6 +128,8 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
                 verbosity="executionStats",
             )
             records = await storage.next_batch([TP0], LIMIT, depth=4)
+            where, fields = storage.older_pending_query(TP0, {b"h1": AROUND + 5, b"h3": AROUND + 9})
+            checked = await storage.outbox.find(where, fields, hint="outbox_head_idx").explain()
     finally:
         await client.close()
     # The $match, $sort and $limit before the $group run as one covered index read (the
@@ -138,5 +140,10 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
     assert not [s for s in _stages(winning, "stage") if s["stage"] == "SORT"], winning
     stats = cursor["executionStats"]
     assert stats["totalDocsExamined"] == 0, stats["totalDocsExamined"]  # covered: index only
+    # The order barrier's check read: a covered range scan of the same index, bounded by the
+    # newest position asked about.
+    check_plan = checked["queryPlanner"]["winningPlan"]
+    assert [s["indexName"] for s in _stages(check_plan, "indexName")] == ["outbox_head_idx"]
+    assert checked["executionStats"]["totalDocsExamined"] == 0, checked["executionStats"]
     assert stats["totalKeysExamined"] <= LIMIT * 4 + 2, stats["totalKeysExamined"]
     assert [r.key for r in records][:2] == [b"h1", b"h2"]
