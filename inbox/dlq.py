@@ -21,10 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.kafka import partition_counts
+from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.inbox.deadletter import (
     ADDED,
     ERROR_MESSAGE,
@@ -107,11 +109,11 @@ def unique_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
 
 
 async def read_dead_letters(
-    bootstrap_servers: Sequence[str], topics: Sequence[str], *, limit: int | None = None
+    kafka: KafkaConnectionSettings, topics: Sequence[str], *, limit: int | None = None
 ) -> list[DeadLetter]:
     """Every committed record of the dead-letter ``topics``, oldest first (per partition)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=list(bootstrap_servers),
+    consumer = kafka_clients.consumer(
+        kafka,
         enable_auto_commit=False,
         isolation_level="read_committed",
         client_id="outboxkit.dlq",
@@ -123,7 +125,7 @@ async def read_dead_letters(
         raise
     try:
         try:
-            counts = await partition_counts(bootstrap_servers, topics)
+            counts = await partition_counts(kafka, topics)
         except ConfigurationError as exc:
             raise DeadLetterError(str(exc)) from None
         partitions = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
@@ -156,7 +158,7 @@ async def read_dead_letters(
 
 
 async def replay_dead_letters(
-    bootstrap_servers: Sequence[str],
+    kafka: KafkaConnectionSettings,
     letters: Sequence[DeadLetter],
     *,
     on_sent: Callable[[DeadLetter], None] | None = None,
@@ -165,9 +167,7 @@ async def replay_dead_letters(
     unknown = [f"{d.topic}/{d.partition}@{d.offset}" for d in letters if d.source is None]
     if unknown:
         raise DeadLetterError(f"no source topic/partition header on {', '.join(unknown)}")
-    producer = AIOKafkaProducer(
-        bootstrap_servers=list(bootstrap_servers), acks="all", client_id="outboxkit.dlq.replay"
-    )
+    producer = kafka_clients.producer(kafka, acks="all", client_id="outboxkit.dlq.replay")
     await producer.start()
     try:
         for letter in letters:

@@ -14,10 +14,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import partition_counts
+from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.inbox.progress import is_stalled, read_metadata
 
 
@@ -51,14 +52,14 @@ class InboxStatus:
 
 
 async def read_status(
-    bootstrap_servers: Sequence[str], group: str, topics: Sequence[str], *, stall_after: float
+    kafka: KafkaConnectionSettings, group: str, topics: Sequence[str], *, stall_after: float
 ) -> InboxStatus:
     """The status of consumer group ``group`` on ``topics`` (see the module)."""
-    counts = await partition_counts(bootstrap_servers, topics)
+    counts = await partition_counts(kafka, topics)
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
-    admin = AIOKafkaAdminClient(bootstrap_servers=list(bootstrap_servers), client_id="outboxkit")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=list(bootstrap_servers),
+    admin = kafka_clients.admin(kafka, client_id="outboxkit")
+    consumer = kafka_clients.consumer(
+        kafka,
         isolation_level="read_committed",  # the end a worker can reach
         client_id="outboxkit.status",
     )
