@@ -15,21 +15,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError
+from outboxkit.core.settings import KafkaConnectionSettings
 
 logger = structlog.get_logger("outboxkit")
 
 
-async def partition_counts(
-    bootstrap_servers: Sequence[str], topics: Sequence[str]
-) -> dict[str, int]:
+async def partition_counts(kafka: KafkaConnectionSettings, topics: Sequence[str]) -> dict[str, int]:
     """Each topic's partition count; :class:`ConfigurationError` names the missing topics."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=list(bootstrap_servers), client_id="outboxkit")
-    await admin.start()
-    try:
+    async with admin_client(kafka, request_timeout=kafka_request_timeout(kafka)) as admin:
         described = await admin.describe_topics(list(topics))
-    finally:
-        await admin.close()
     counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
     missing = sorted(set(topics) - {t for t, n in counts.items() if n})
     if missing:
@@ -79,17 +75,20 @@ class TopicState:
     configs: dict[str, str] = field(default_factory=dict)
 
 
+def kafka_request_timeout(kafka: KafkaConnectionSettings) -> float:
+    """Seconds an admin request may take: the settings' connect timeout where they have one."""
+    return float(getattr(kafka, "connect_timeout", 10.0))
+
+
 @asynccontextmanager
 async def admin_client(
-    bootstrap_servers: Sequence[str],
+    kafka: KafkaConnectionSettings,
     *,
     request_timeout: float = 10.0,
     client_id: str = "outboxkit",
 ) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=list(bootstrap_servers),
-        client_id=client_id,
-        request_timeout_ms=int(request_timeout * 1000),
+    admin = kafka_clients.admin(
+        kafka, client_id=client_id, request_timeout_ms=int(request_timeout * 1000)
     )
     try:
         await admin.start()
@@ -99,14 +98,14 @@ async def admin_client(
 
 
 async def ensure_topics(
-    bootstrap_servers: Sequence[str], specs: Sequence[TopicSpec], *, request_timeout: float = 10.0
+    kafka: KafkaConnectionSettings, specs: Sequence[TopicSpec], *, request_timeout: float = 10.0
 ) -> list[TopicState]:
     """Create the topics of ``specs`` that do not exist; leave existing ones as they are.
 
     Idempotent and safe to run concurrently (a topic another caller just created counts as
     existing). Raises :class:`ConfigurationError` when Kafka refuses a spec (a replication
     factor above the broker count, an unknown config…)."""
-    async with admin_client(bootstrap_servers, request_timeout=request_timeout) as admin:
+    async with admin_client(kafka, request_timeout=request_timeout) as admin:
         brokers = len((await admin.describe_cluster())["brokers"])
         requests = [
             NewTopic(
@@ -159,11 +158,11 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
 
 
 async def describe_topics(
-    bootstrap_servers: Sequence[str], topics: Sequence[str], *, request_timeout: float = 10.0
+    kafka: KafkaConnectionSettings, topics: Sequence[str], *, request_timeout: float = 10.0
 ) -> list[TopicState]:
     """Partitions, replication and the :data:`DESCRIBED_CONFIGS` of ``topics``; raises
     :class:`ConfigurationError` naming the missing ones."""
-    async with admin_client(bootstrap_servers, request_timeout=request_timeout) as admin:
+    async with admin_client(kafka, request_timeout=request_timeout) as admin:
         return await _describe(admin, topics)
 
 

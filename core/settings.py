@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from typing import Annotated, Any, Literal, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
     BeforeValidator,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -80,7 +83,174 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
 BootstrapServers = Annotated[CommaList, AfterValidator(_require_host_ports)]
 
 
-class ConnectionSettings(BaseSettings):
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+#: Client options the guarantees rest on, or that the security settings set: never taken from
+#: OUTBOXKIT_KAFKA_CLIENT_OPTIONS. The relay's producers are idempotent and transactional, the
+#: inbox reads committed records only and commits its offsets itself.
+PROTECTED_CLIENT_OPTIONS = frozenset(
+    {
+        "bootstrap_servers",
+        "acks",
+        "enable_idempotence",
+        "transactional_id",
+        "transaction_timeout_ms",
+        "isolation_level",
+        "enable_auto_commit",
+        "group_id",
+        "group_instance_id",
+        "auto_offset_reset",
+        "partition_assignment_strategy",
+        "security_protocol",
+        "ssl_context",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_oauth_token_provider",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+        "api_version",
+        "key_serializer",
+        "value_serializer",
+        "key_deserializer",
+        "value_deserializer",
+    }
+)
+
+
+def _file(value: Path | None) -> Path | None:
+    if value is not None and not value.is_file():
+        raise ValueError(f"{value} is not a readable file")
+    return value
+
+
+#: A path setting that must name an existing file.
+ExistingFile = Annotated[Path | None, AfterValidator(_file)]
+
+
+class KafkaConnectionSettings(BaseSettings):
+    """Where the Kafka cluster is and how to log in: every Kafka client outboxkit makes is
+    built from these (:mod:`outboxkit.core.kafka_clients`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+    )
+
+    kafka_bootstrap_servers: BootstrapServers = Field(
+        default=["localhost:9092"],
+        min_length=1,
+        description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
+    )
+    kafka_security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT",
+        description="How clients talk to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
+        "SASL_SSL (TLS and a SASL login, what managed Kafka services require)",
+    )
+    kafka_sasl_mechanism: SaslMechanism | None = Field(
+        default=None,
+        description="SASL mechanism with SASL_SSL or SASL_PLAINTEXT: PLAIN, SCRAM-SHA-256, "
+        "SCRAM-SHA-512 or OAUTHBEARER",
+    )
+    kafka_sasl_username: str | None = Field(
+        default=None, description="SASL user name (PLAIN, SCRAM)"
+    )
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None, description="SASL password (PLAIN, SCRAM); never printed or logged"
+    )
+    kafka_sasl_oauth_token_provider: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="OAUTHBEARER: module:name of an aiokafka AbstractTokenProvider, or of a "
+        "function without arguments that returns one (e.g. an MSK IAM or OAuth client's)",
+    )
+    kafka_ssl_ca_file: ExistingFile = Field(
+        default=None,
+        description="PEM file of the certificate authorities to trust (SSL, SASL_SSL); the "
+        "system's trusted authorities when unset",
+    )
+    kafka_ssl_cert_file: ExistingFile = Field(
+        default=None,
+        description="PEM file of this client's certificate, for mutual TLS (with the key file)",
+    )
+    kafka_ssl_key_file: ExistingFile = Field(
+        default=None, description="PEM file of this client's private key, for mutual TLS"
+    )
+    kafka_ssl_key_password: SecretStr | None = Field(
+        default=None, description="Password of the client's private key, if it is encrypted"
+    )
+    kafka_ssl_check_hostname: bool = Field(
+        default=True,
+        description="Check that the broker's certificate names the host connected to; turn "
+        "off only for brokers whose certificates cannot be fixed",
+    )
+    kafka_client_options: dict[str, Any] = Field(
+        default={},
+        description='More aiokafka client options, as JSON (e.g. {"metadata_max_age_ms": '
+        "60000}); options the guarantees or the security settings set are refused",
+    )
+
+    @field_validator("kafka_client_options")
+    @classmethod
+    def _no_protected_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        refused = sorted(PROTECTED_CLIENT_OPTIONS & set(options))
+        if refused:
+            raise ValueError(
+                f"{', '.join(refused)} cannot be set here: outboxkit sets them itself (its "
+                "guarantees rest on them) or from the OUTBOXKIT_KAFKA_SECURITY_PROTOCOL, "
+                "OUTBOXKIT_KAFKA_SASL_* and OUTBOXKIT_KAFKA_SSL_* settings"
+            )
+        return options
+
+    @model_validator(mode="after")
+    def _security_is_complete(self) -> Self:
+        protocol = self.kafka_security_protocol
+        mechanism = self.kafka_sasl_mechanism
+        sasl = protocol.startswith("SASL_")
+        problems = []
+        if sasl and mechanism is None:
+            problems.append(
+                f"OUTBOXKIT_KAFKA_SASL_MECHANISM is not set: {protocol} needs one of PLAIN, "
+                "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER"
+            )
+        if not sasl and (mechanism or self.kafka_sasl_username or self.kafka_sasl_password):
+            problems.append(
+                f"OUTBOXKIT_KAFKA_SASL_* is set but OUTBOXKIT_KAFKA_SECURITY_PROTOCOL is "
+                f"{protocol}: use SASL_SSL (or SASL_PLAINTEXT) to log in"
+            )
+        if (
+            sasl
+            and mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+            and not (self.kafka_sasl_username and self.kafka_sasl_password)
+        ):
+            problems.append(
+                f"{mechanism} needs OUTBOXKIT_KAFKA_SASL_USERNAME and OUTBOXKIT_KAFKA_SASL_PASSWORD"
+            )
+        if mechanism == "OAUTHBEARER" and not self.kafka_sasl_oauth_token_provider:
+            problems.append("OAUTHBEARER needs OUTBOXKIT_KAFKA_SASL_OAUTH_TOKEN_PROVIDER")
+        if (self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None):
+            problems.append(
+                "mutual TLS needs both OUTBOXKIT_KAFKA_SSL_CERT_FILE and "
+                "OUTBOXKIT_KAFKA_SSL_KEY_FILE"
+            )
+        tls_files = self.kafka_ssl_ca_file or self.kafka_ssl_cert_file
+        if tls_files and protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            problems.append(
+                f"OUTBOXKIT_KAFKA_SSL_* is set but OUTBOXKIT_KAFKA_SECURITY_PROTOCOL is "
+                f"{protocol}: use SSL or SASL_SSL"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def open_broker(servers: list[str]) -> KafkaConnectionSettings:
+    """The Kafka settings of an open (PLAINTEXT) broker that this process started itself (the
+    demo, the example runners, the testing plugin): no ``OUTBOXKIT_KAFKA_*`` variable applies."""
+    return KafkaConnectionSettings.model_construct(kafka_bootstrap_servers=servers)
+
+
+class ConnectionSettings(KafkaConnectionSettings):
     """Where the database and the Kafka cluster are."""
 
     model_config = SettingsConfigDict(
@@ -93,11 +263,6 @@ class ConnectionSettings(BaseSettings):
             "postgresql://user:password@host:5432/dbname or "
             "mongodb://host:27017/dbname?replicaSet=rs0"
         ),
-    )
-    kafka_bootstrap_servers: BootstrapServers = Field(
-        default=["localhost:9092"],
-        min_length=1,
-        description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
     )
     topics: CommaList = Field(
         default=[],
@@ -127,14 +292,13 @@ class ConnectionSettings(BaseSettings):
         return database_kind(self.database_url)
 
 
-class KafkaSettings(BaseSettings):
+class KafkaSettings(KafkaConnectionSettings):
     """Where the Kafka cluster is: for the commands that need no database (``topics create``)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="ignore", validate_default=True
     )
 
-    kafka_bootstrap_servers: BootstrapServers = Field(default=["localhost:9092"], min_length=1)
     topics: CommaList = Field(default=[])
     connect_timeout: float = Field(default=10.0, gt=0)
 

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Generic
 
 import structlog
-from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 from tenacity import (
@@ -34,6 +34,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import leave_group
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
@@ -131,8 +132,9 @@ class InboxWorker(Generic[TX]):
 
     async def run(self) -> None:
         s = self.settings
-        consumer = InboxConsumer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
+        consumer = kafka_clients.build(
+            InboxConsumer,
+            s,
             group_id=self.group_id,
             enable_auto_commit=False,
             isolation_level="read_committed",  # a fenced relay's aborted records stay invisible
@@ -143,8 +145,8 @@ class InboxWorker(Generic[TX]):
             client_id=self.group_id,
         )
         consumer.subscribe(s.topics, listener=_CommitOnRevoke(self))
-        producer = AIOKafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
+        producer = kafka_clients.producer(
+            s,
             acks="all",
             enable_idempotence=s.dlq_idempotence,
             max_request_size=max(1024 * 1024, s.dlq_max_bytes + 1024),

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 from pymongo.errors import PyMongoError
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
 from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.settings import ConnectionSettings
@@ -193,10 +193,7 @@ async def check_kafka(
     """Kafka reachable, and ``topics`` (default: ``settings.topics``) there."""
     topics = list(settings.topics if topics is None else topics)
     servers = ",".join(settings.kafka_bootstrap_servers)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
-        request_timeout_ms=int(settings.connect_timeout * 1000),
-    )
+    admin = kafka_clients.admin(settings, request_timeout_ms=int(settings.connect_timeout * 1000))
     try:
         async with asyncio.timeout(settings.connect_timeout):
             await admin.start()

@@ -22,6 +22,13 @@ from outboxkit.core.settings import ENV_PREFIX
 #: the class adds to the sections before it.
 SECTIONS = [
     (
+        "Kafka: brokers, TLS and SASL",
+        "outboxkit.core.settings:KafkaConnectionSettings",
+        "How every Kafka client of outboxkit connects: the relay's and the inbox's, the commands' "
+        "and the Spark pipeline's. Managed Kafka services need `SASL_SSL`; see "
+        "[security.md](security.md) for each mechanism, mutual TLS and the ACLs each worker needs.",
+    ),
+    (
         "Every component",
         "outboxkit.core.settings:ConnectionSettings",
         "Where the database and the broker are. The relay, the inbox, the embedded service "

@@ -33,6 +33,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from outboxkit.pipeline.decoder import decode
 from outboxkit.pipeline.exceptions import PipelineError
 from outboxkit.pipeline.fallback import model_columns
+from outboxkit.pipeline.kafka_options import redact_in_plans, spark_kafka_options
 from outboxkit.pipeline.payload import why_not_jvm_decodable
 from outboxkit.pipeline.session import build_session, configure_session
 from outboxkit.pipeline.settings import PipelineSettings, spark_duration
@@ -74,9 +75,10 @@ class Pipeline:
 
 def read_kafka(spark: SparkSession, settings: PipelineSettings, topics: Sequence[str]) -> DataFrame:
     """The topics as a stream of raw records (only committed transactions), headers included."""
+    redact_in_plans(spark)
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", ",".join(settings.kafka_bootstrap_servers))
+        .options(**spark_kafka_options(settings))
         .option("subscribe", ",".join(topics))
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")

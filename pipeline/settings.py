@@ -10,9 +10,9 @@ from datetime import timedelta
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from outboxkit.core.settings import ENV_PREFIX, BootstrapServers, CommaList, Duration
+from outboxkit.core.settings import ENV_PREFIX, CommaList, Duration, KafkaConnectionSettings
 
 AVAILABLE_NOW: Literal["available-now"] = "available-now"
 
@@ -22,18 +22,14 @@ def spark_duration(value: timedelta) -> str:
     return f"{round(value.total_seconds() * 1000)} milliseconds"
 
 
-class PipelineSettings(BaseSettings):
-    """Where the pipeline reads, where it writes, and how it treats time."""
+class PipelineSettings(KafkaConnectionSettings):
+    """Where the pipeline reads, where it writes, and how it treats time. Kafka's brokers and
+    security settings are the same as every other component's (:mod:`.kafka_options`)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
     )
 
-    kafka_bootstrap_servers: BootstrapServers = Field(
-        default=["localhost:9092"],
-        min_length=1,
-        description="Kafka brokers to bootstrap from, comma-separated host:port pairs",
-    )
     topics: CommaList = Field(
         default=[],
         description="Topics the pipeline reads, comma-separated; by default the default "

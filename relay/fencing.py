@@ -15,7 +15,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 import structlog
-from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType
+from aiokafka.client import ConnectionGroup, CoordinationType
 from aiokafka.errors import (
     ConcurrentTransactions,
     CoordinatorLoadInProgressError,
@@ -26,6 +26,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
+from outboxkit.core import kafka_clients
 from outboxkit.relay.settings import RelaySettings
 
 logger = structlog.get_logger("outboxkit.relay")
@@ -50,8 +51,8 @@ class Fencer(Protocol):
 class KafkaFencer:
     def __init__(self, settings: RelaySettings) -> None:
         self._settings = settings
-        self._client = AIOKafkaClient(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
+        self._client = kafka_clients.client(
+            settings,
             client_id=f"{settings.group_id}-fencer",
             request_timeout_ms=int(max(settings.transaction_timeout, 10) * 1000),
         )

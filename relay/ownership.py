@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
@@ -48,6 +48,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.group import LeaveGroupRequest
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import admin_client, missing_topics
 from outboxkit.relay.assignor import BlockAssignor
 from outboxkit.relay.records import TopicPartition
@@ -77,8 +78,8 @@ class KafkaOwnership:
         self._on_revoked = on_revoked
         self._lazy = settings.transactional
         who = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
+        self._consumer = kafka_clients.consumer(
+            settings,
             group_id=settings.group_id,
             group_instance_id=settings.instance_id,
             enable_auto_commit=False,
@@ -219,10 +220,7 @@ class KafkaOwnership:
         """Made at the first check that finds a dead relay; closed by :meth:`stop`."""
         if self._admin is None:
             self._admin = await self._closing.enter_async_context(
-                admin_client(
-                    self._settings.kafka_bootstrap_servers,
-                    client_id=f"{self._settings.group_id}-admin",
-                )
+                admin_client(self._settings, client_id=f"{self._settings.group_id}-admin")
             )
         return self._admin
 

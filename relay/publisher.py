@@ -35,6 +35,7 @@ from aiokafka.errors import (
 from aiokafka.producer.sender import AddPartitionsToTxnHandler, Sender
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from outboxkit.core import kafka_clients
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
 from outboxkit.relay.records import OutboxRecord, PublishOutcome
@@ -207,8 +208,9 @@ class KafkaPublisher:
     def __init__(self, block: Block, settings: RelaySettings) -> None:
         self.block = block
         self._transactional = settings.transactional
-        self._producer = RelayProducer(
-            bootstrap_servers=settings.kafka_bootstrap_servers,
+        self._producer = kafka_clients.build(
+            RelayProducer,
+            settings,
             acks="all",
             enable_idempotence=settings.transactional,
             transactional_id=(

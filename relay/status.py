@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import admin_client, partition_counts
+from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.blocks import plan
 from outboxkit.relay.engine import PartitionStatus
 from outboxkit.relay.ownership import describe_group
@@ -51,12 +52,11 @@ class GroupStatus:
 async def group_status(settings: RelaySettings, storage: OutboxStorage) -> GroupStatus:
     """The relays of ``settings.relay_name``: members, their partitions, each partition's
     backlog and when a record of it last reached Kafka."""
-    servers = settings.kafka_bootstrap_servers
-    counts = await partition_counts(servers, settings.topics)
+    counts = await partition_counts(settings, settings.topics)
     tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
-    async with admin_client(servers) as admin:
+    async with admin_client(settings) as admin:
         state, members = await describe_group(admin, settings.group_id)
-    backlog, last = await asyncio.gather(storage.backlog(), _last_records(servers, tps))
+    backlog, last = await asyncio.gather(storage.backlog(), _last_records(settings, tps))
     statuses = _statuses(tps, backlog, last)
     owned: set[TopicPartition] = set()
     result = GroupStatus(settings.group_id, state)
@@ -77,11 +77,11 @@ async def group_status(settings: RelaySettings, storage: OutboxStorage) -> Group
 
 
 async def _last_records(
-    servers: Sequence[str], tps: Sequence[TopicPartition]
+    kafka: KafkaConnectionSettings, tps: Sequence[TopicPartition]
 ) -> dict[TopicPartition, float]:
     """Per partition, the timestamp (epoch seconds) of its last record, if any."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=list(servers),
+    consumer = kafka_clients.consumer(
+        kafka,
         enable_auto_commit=False,
         isolation_level="read_committed",
         client_id="outboxkit-status",

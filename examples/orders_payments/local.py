@@ -24,8 +24,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psycopg
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from outboxkit.core import kafka_clients
+from outboxkit.core.settings import open_broker
 from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster
 
 SERVICES = ("orders", "payments")
@@ -55,7 +57,7 @@ def broker(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 
 async def create_topics(bootstrap: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka_clients.admin(open_broker([bootstrap]))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(t, 3, 1) for t in TOPICS])

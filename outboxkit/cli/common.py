@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings
 from outboxkit.backends import backend_for
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.logs import configure_logging
-from outboxkit.core.settings import ConnectionSettings, load_settings
+from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
 from outboxkit.diagnose import preflight
 from outboxkit.probes import serve_probes
 from outboxkit.relay import OutboxStorage, StorageUnavailableError
@@ -125,5 +125,10 @@ def parse_event_ids(values: list[str]) -> list[UUID]:
         raise fail_config(ConfigurationError(f"not an event id (UUID): {exc}")) from None
 
 
-def bootstrap(servers: str | None) -> list[str]:
-    return [s.strip() for s in (servers or "localhost:9092").split(",") if s.strip()]
+def kafka_settings(servers: str | None) -> KafkaSettings:
+    """How to reach Kafka: ``--kafka-bootstrap-servers`` when given, the ``OUTBOXKIT_KAFKA_*``
+    settings (brokers, TLS, SASL) otherwise."""
+    try:
+        return load_settings(KafkaSettings, kafka_bootstrap_servers=servers)
+    except ConfigurationError as exc:
+        raise fail_config(exc) from None

@@ -12,7 +12,7 @@ import typer
 from aiokafka.errors import KafkaError
 from rich.progress import Progress
 
-from outboxkit.cli.common import EXIT_FAILED, bootstrap, fail_config, parse_event_ids
+from outboxkit.cli.common import EXIT_FAILED, fail_config, kafka_settings, parse_event_ids
 from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Limit, Topics
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.inbox import (
@@ -41,7 +41,7 @@ def _dlq_topics(topics: str | None, suffix: str) -> list[str]:
 def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list[DeadLetter]:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        return asyncio.run(read_dead_letters(bootstrap(servers), topics, limit=limit))
+        return asyncio.run(read_dead_letters(kafka_settings(servers), topics, limit=limit))
     except DeadLetterError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
@@ -109,7 +109,7 @@ def dlq_replay(
         try:
             sent = asyncio.run(
                 replay_dead_letters(
-                    bootstrap(kafka_bootstrap_servers),
+                    kafka_settings(kafka_bootstrap_servers),
                     letters,
                     on_sent=lambda _: progress.advance(task),
                 )

@@ -18,9 +18,9 @@ from aiokafka.errors import KafkaError
 from outboxkit.backends import backend_for
 from outboxkit.cli.common import (
     EXIT_FAILED,
-    bootstrap,
     configure_worker_logging,
     fail_config,
+    kafka_settings,
     load,
     run_worker,
 )
@@ -147,7 +147,7 @@ def inbox_status(
     try:
         status = asyncio.run(
             read_status(
-                bootstrap(kafka_bootstrap_servers),
+                kafka_settings(kafka_bootstrap_servers),
                 f"outboxkit.inbox.{name}",
                 names,
                 stall_after=stall_after,

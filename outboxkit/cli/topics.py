@@ -130,11 +130,7 @@ def create(
     specs = [
         TopicSpec(name, partitions, replication_factor, configs) for name in dict.fromkeys(names)
     ]
-    states = asyncio.run(
-        ensure_topics(
-            settings.kafka_bootstrap_servers, specs, request_timeout=settings.connect_timeout
-        )
-    )
+    states = asyncio.run(ensure_topics(settings, specs, request_timeout=settings.connect_timeout))
     if json_output:
         typer.echo(json.dumps([asdict(s) for s in states], indent=2))
         return
@@ -160,16 +156,12 @@ def describe(
     settings = _kafka_settings(kafka_bootstrap_servers, topics, topic_names)
 
     async def run() -> tuple[list[TopicState], list[str]]:
-        async with admin_client(
-            settings.kafka_bootstrap_servers, request_timeout=settings.connect_timeout
-        ) as admin:
+        async with admin_client(settings, request_timeout=settings.connect_timeout) as admin:
             existing = set(await admin.list_topics())
         wanted = list(settings.topics)
         dlqs = [f"{t}{dlq_suffix}" for t in wanted if not t.endswith(dlq_suffix)]
         found = [t for t in dict.fromkeys(wanted + dlqs) if t in existing or t in wanted]
-        states = await describe_topics(
-            settings.kafka_bootstrap_servers, found, request_timeout=settings.connect_timeout
-        )
+        states = await describe_topics(settings, found, request_timeout=settings.connect_timeout)
         return states, [t for t in dlqs if t not in existing]
 
     states, missing_dlqs = asyncio.run(run())
@@ -210,7 +202,7 @@ def topics_sync(
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     asyncio.run(preflight(settings, topics=settings.topics))
     try:
-        counts = asyncio.run(partition_counts(settings.kafka_bootstrap_servers, settings.topics))
+        counts = asyncio.run(partition_counts(settings, settings.topics))
     except (ConfigurationError, KafkaError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None

@@ -28,17 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.live import Live
 
 from outboxkit.backends import backend_for
+from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.logs import configure_logging
-from outboxkit.core.settings import ConnectionSettings
+from outboxkit.core.settings import ConnectionSettings, open_broker
 from outboxkit.demo import shop
 from outboxkit.demo.events import OrderPlaced, registry
 from outboxkit.demo.relay_process import RELAY_ENV, RelayProcess
@@ -186,8 +186,8 @@ class TopicReader:
         self.key_order = KeyOrder()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+        consumer = kafka_clients.consumer(
+            open_broker([self.bootstrap]),
             isolation_level="read_committed",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -329,7 +329,7 @@ class _Demo:
         its partition (the relay registers them too, once it has joined)."""
         await backend_for(self.database.url).migrate(connect_timeout=10.0)
         await self.shop.create()
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        admin = kafka_clients.admin(open_broker([self.bootstrap]))
         await admin.start()
         try:
             p = self.options.partitions

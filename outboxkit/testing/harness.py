@@ -24,8 +24,9 @@ from aiokafka.structs import TopicPartition as KafkaTP
 from prometheus_client import CollectorRegistry
 
 from outboxkit.backends import Backend, Transactions, backend_for, memory_database
+from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import TopicSpec, ensure_topics, partition_counts
-from outboxkit.core.settings import ConnectionSettings
+from outboxkit.core.settings import ConnectionSettings, KafkaConnectionSettings, open_broker
 from outboxkit.inbox import Inbox, InboxMetrics, InboxSettings, InboxWorker
 from outboxkit.inbox.store import Delivery
 from outboxkit.relay import OutboxRecord, OutboxWriter, Relay, RelayMetrics, RelaySettings
@@ -98,6 +99,11 @@ class OutboxkitHarness:
             values["kafka_bootstrap_servers"] = self.broker.bootstrap_servers
         return values
 
+    @property
+    def _kafka(self) -> KafkaConnectionSettings:
+        assert self.broker is not None
+        return open_broker([self.broker.bootstrap_servers])
+
     def environment(self) -> dict[str, str]:
         """The ``OUTBOXKIT_*`` variables of this harness, for code that reads the environment
         (an ``Outboxkit`` service, a subprocess): ``monkeypatch.setenv`` each of them."""
@@ -122,8 +128,8 @@ class OutboxkitHarness:
         else:
             specs = [TopicSpec(t, partitions, 1) for t in topics]
             specs += [TopicSpec(f"{t}.dlq", partitions, 1) for t in topics]
-            await ensure_topics([self.broker.bootstrap_servers], specs)
-            counts = await partition_counts([self.broker.bootstrap_servers], list(topics))
+            await ensure_topics(self._kafka, specs)
+            counts = await partition_counts(self._kafka, list(topics))
             self._start.update(await self._end_offsets(list(topics)))
         settings = ConnectionSettings(**self.settings(topics))
         async with self.backend.outbox_storage(settings) as storage:
@@ -220,11 +226,9 @@ class OutboxkitHarness:
         assert self.broker is not None
         if not topics:
             return {}
-        counts = await partition_counts([self.broker.bootstrap_servers], topics)
+        counts = await partition_counts(self._kafka, topics)
         partitions = [KafkaTP(t, p) for t, n in counts.items() for p in range(n)]
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.broker.bootstrap_servers, isolation_level="read_committed"
-        )
+        consumer = kafka_clients.consumer(self._kafka, isolation_level="read_committed")
         await consumer.start()
         try:
             return dict(await consumer.end_offsets(partitions))
@@ -237,10 +241,8 @@ class OutboxkitHarness:
         wanted = {tp: end for tp, end in ends.items() if end > self._start.get(tp, 0)}
         if not wanted:
             return []
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.broker.bootstrap_servers,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
+        consumer = kafka_clients.consumer(
+            self._kafka, isolation_level="read_committed", enable_auto_commit=False
         )
         await consumer.start()
         found: list[_Published] = []
@@ -337,11 +339,7 @@ class OutboxkitHarness:
         """The offsets ``group`` committed (0 where none), read by a consumer that never joins
         the group (it only fetches offsets)."""
         assert self.broker is not None
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.broker.bootstrap_servers,
-            group_id=group,
-            enable_auto_commit=False,
-        )
+        consumer = kafka_clients.consumer(self._kafka, group_id=group, enable_auto_commit=False)
         await consumer.start()
         try:
             consumer.assign(list(dict.fromkeys(partitions)))

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from outboxkit.core.kafka import admin_client
+from outboxkit.core.settings import open_broker
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 async def names(kafka_bootstrap: str) -> AsyncIterator[list[str]]:
     created = [f"topics-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     yield created
-    async with admin_client([kafka_bootstrap]) as admin:
+    async with admin_client(open_broker([kafka_bootstrap])) as admin:
         existing = set(await admin.list_topics())
         doomed = [t for n in created for t in (n, f"{n}.dlq") if t in existing]
         if doomed:
