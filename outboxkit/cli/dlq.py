@@ -15,6 +15,7 @@ from rich.progress import Progress
 from outboxkit.cli.common import EXIT_FAILED, fail_config, kafka_settings, parse_event_ids
 from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Limit, Topics
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.printable import printable
 from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
@@ -67,9 +68,13 @@ def dlq_list(
         info = d.summary()
         # Dead-lettering is at least once: a later copy of the same one is marked as such.
         copy = "" if id(d) in first else " (a copy of an earlier dead letter)"
+        # Headers are whatever the record's producer wrote: escaped, never sent to the terminal.
         typer.echo(
-            f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
-            f"from {info['source']}: {info['reason']}: {info['error']}{copy}"
+            printable(
+                f"{info['dlq']} {info['event_id'] or '-'} {info['event_type'] or '-'} "
+                f"from {info['source']}: {info['reason']}: {info['error']}"
+            )
+            + copy
         )
 
 

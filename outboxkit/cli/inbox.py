@@ -35,6 +35,7 @@ from outboxkit.cli_options import (
     Topics,
 )
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.printable import printable
 from outboxkit.diagnose import preflight
 from outboxkit.inbox import Inbox, InboxSettings, InboxWorker
 from outboxkit.inbox.status import read_status
@@ -169,6 +170,7 @@ def inbox_status(
                 line += f"; parked: {p.parked}"
             if p.last_error and not p.ok:
                 line += f"; last error: {p.last_error}"
-            typer.echo(line)
+            # Errors quote handlers' exceptions, which may quote record data: escaped.
+            typer.echo(printable(line))
     if not status.ok:
         raise typer.Exit(EXIT_FAILED)

@@ -12,6 +12,7 @@ import typer
 
 from outboxkit.cli.common import EXIT_FAILED, parse_event_ids, run_storage
 from outboxkit.cli_options import DatabaseUrl, JsonOutput, Limit
+from outboxkit.core.printable import printable
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox: pending backlog, failed records, retry, skip, replay.",
@@ -34,7 +35,8 @@ def outbox_pending(database_url: DatabaseUrl = None, json_output: JsonOutput = F
     for b in backlog:
         age = f"{(now - b.oldest_created_at).total_seconds():.1f} s" if b.oldest_created_at else "-"
         typer.echo(
-            f"{b.topic}/{b.partition}: {b.pending} pending (oldest {age}), {b.failed} failed"
+            f"{printable(b.topic)}/{b.partition}: {b.pending} pending (oldest {age}), "
+            f"{b.failed} failed"
         )
 
 
@@ -50,9 +52,12 @@ def outbox_failed(
     if not records:
         typer.echo("no failed records")
     for r in records:
+        # What a writer or the broker put in a record: escaped, never sent to the terminal.
         typer.echo(
-            f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={r.key!r} "
-            f"attempts={r.attempts}: {r.last_error}"
+            printable(
+                f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={r.key!r} "
+                f"attempts={r.attempts}: {r.last_error}"
+            )
         )
 
 

@@ -29,6 +29,7 @@ from outboxkit.cli_options import (
     Topics,
 )
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.printable import printable
 from outboxkit.diagnose import preflight
 from outboxkit.relay import PartitionStatus, Relay, RelaySettings, group_status
 
@@ -106,9 +107,12 @@ def relay_status(
     if json_output:
         typer.echo(json.dumps(asdict(status), indent=2))
         return
-    typer.echo(f"group {status.group}: {status.state}, {len(status.members)} member(s)")
+    typer.echo(printable(f"group {status.group}: {status.state}, {len(status.members)} member(s)"))
     for member in status.members:
-        typer.echo(f"member {member.member_id} (client {member.client_id}, host {member.host})")
+        # Member and client ids are what each member of the group chose: escaped, never raw.
+        typer.echo(
+            printable(f"member {member.member_id} (client {member.client_id}, host {member.host})")
+        )
         for p in member.partitions:
             typer.echo("  " + _describe_partition(p))
     if status.unowned:
@@ -121,7 +125,7 @@ def _describe_partition(p: PartitionStatus) -> str:
     age = f"{p.oldest_pending_age:.1f} s" if p.pending else "-"
     last = p.last_publish_at or "never"
     block = f" (block {p.block})" if p.block else ""
-    return (
+    return printable(
         f"{p.partition}{block}: {p.pending} pending (oldest {age}), {p.failed} failed, "
         f"last publish {last}"
     )
