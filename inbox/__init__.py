@@ -7,8 +7,10 @@ from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.dlq import (
     DeadLetter,
+    ReplayTarget,
     read_dead_letters,
     replay_dead_letters,
+    replay_targets,
     unique_dead_letters,
 )
 from outboxkit.inbox.exceptions import (
@@ -43,7 +45,9 @@ __all__ = [
     "MemoryTransaction",
     "MongoInboxStore",
     "PostgresInboxStore",
+    "ReplayTarget",
     "read_dead_letters",
     "replay_dead_letters",
+    "replay_targets",
     "unique_dead_letters",
 ]

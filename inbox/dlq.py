@@ -1,7 +1,12 @@
 """Dead-letter topics, for operators: read what the inbox dead-lettered, and replay it.
 
 A replay publishes the original key, value and headers (without the ``outboxkit-error-*`` and
-``outboxkit-source-*`` headers) to the partition the record came from. The inbox never recorded
+``outboxkit-source-*`` headers) to the topic the dead-letter topic belongs to (``<topic><suffix>``
+→ ``<topic>``), at the partition the record came from; or to a topic the operator names, by
+key. Never to the topic the ``outboxkit-source-topic`` header names: whoever may write to a
+dead-letter topic writes its headers too, and a replay must not let them publish, with the
+operator's rights, onto any topic they like (:func:`replay_targets` shows such a header, and
+:func:`replay_dead_letters` does not obey it). The inbox never recorded
 a dead-lettered event (its transaction rolled back), so the replayed event takes effect once
 when its handler succeeds; replaying it twice is absorbed by the dedupe like any duplicate.
 A replayed event arrives after newer events of its key: handlers that care about per-key order
@@ -64,6 +69,8 @@ class DeadLetter:
 
     @property
     def source(self) -> TopicPartition | None:
+        """Where the headers say the record came from: shown, never trusted as a destination
+        (:func:`replay_targets`)."""
         topic, partition = self.header(SOURCE_TOPIC), self.header(SOURCE_PARTITION)
         if topic is None or partition is None or not partition.isdigit():
             return None
@@ -157,32 +164,103 @@ async def read_dead_letters(
         await consumer.stop()
 
 
+def origin_topic(dlq_topic: str, dlq_suffix: str) -> str:
+    """The topic a dead-letter topic belongs to: ``<topic><dlq_suffix>`` → ``<topic>``."""
+    if not dlq_suffix or not dlq_topic.endswith(dlq_suffix) or dlq_topic == dlq_suffix:
+        raise DeadLetterError(f"{dlq_topic} is not a dead-letter topic (<topic>{dlq_suffix})")
+    return dlq_topic.removesuffix(dlq_suffix)
+
+
+@dataclass(frozen=True)
+class ReplayTarget:
+    """Where :func:`replay_dead_letters` publishes one dead letter."""
+
+    letter: DeadLetter
+    topic: str
+    #: The partition the record came from; ``None``: the producer picks one by key (a topic
+    #: the operator named, where the source partition means nothing).
+    partition: int | None
+    #: The topic the letter's ``outboxkit-source-topic`` header names when it is not the one
+    #: its dead-letter topic belongs to: forged, or copied from elsewhere. Shown, not obeyed.
+    misdirected: str | None = None
+
+
+def replay_targets(
+    letters: Sequence[DeadLetter], *, dlq_suffix: str, to: str | None = None
+) -> list[ReplayTarget]:
+    """Where each of ``letters`` is replayed: the topic its dead-letter topic belongs to, at
+    the partition its ``outboxkit-source-partition`` header names; with ``to``, topic ``to``,
+    partitioned by key. The ``outboxkit-source-topic`` header only flags a misdirected letter.
+    """
+    targets = []
+    unknown = []
+    for letter in letters:
+        origin = origin_topic(letter.topic, dlq_suffix)
+        named = letter.header(SOURCE_TOPIC)
+        misdirected = named if named is not None and named != origin else None
+        if to is not None:
+            targets.append(ReplayTarget(letter, to, None, misdirected))
+            continue
+        partition = letter.header(SOURCE_PARTITION)
+        if partition is None or not partition.isdigit():
+            unknown.append(f"{letter.topic}/{letter.partition}@{letter.offset}")
+            continue
+        targets.append(ReplayTarget(letter, origin, int(partition), misdirected))
+    if unknown:
+        raise DeadLetterError(
+            f"no source partition header on {', '.join(unknown)}: replay them with --to TOPIC"
+        )
+    return targets
+
+
 async def replay_dead_letters(
     kafka: KafkaConnectionSettings,
     letters: Sequence[DeadLetter],
     *,
+    dlq_suffix: str = ".dlq",
+    to: str | None = None,
     on_sent: Callable[[DeadLetter], None] | None = None,
 ) -> int:
-    """Publish ``letters`` to the partitions they came from, in the order given."""
-    unknown = [f"{d.topic}/{d.partition}@{d.offset}" for d in letters if d.source is None]
-    if unknown:
-        raise DeadLetterError(f"no source topic/partition header on {', '.join(unknown)}")
+    """Publish ``letters`` again, in the order given, where :func:`replay_targets` says: never
+    to the topic a letter's headers name. Nothing is sent when a target partition does not
+    exist."""
+    targets = replay_targets(letters, dlq_suffix=dlq_suffix, to=to)
+    if not targets:
+        return 0
+    await _check_partitions(kafka, targets)
     producer = kafka_clients.producer(kafka, acks="all", client_id="outboxkit.dlq.replay")
     await producer.start()
     try:
-        for letter in letters:
-            source = letter.source
-            assert source is not None
+        for target in targets:
+            letter = target.letter
             headers = [(name, value) for name, value in letter.headers if name not in ADDED]
             await producer.send_and_wait(
-                source.topic,
+                target.topic,
                 letter.value,
                 key=letter.key,
-                partition=source.partition,
+                partition=target.partition,
                 headers=headers,
             )
             if on_sent is not None:
                 on_sent(letter)
     finally:
         await producer.stop()
-    return len(letters)
+    return len(targets)
+
+
+async def _check_partitions(
+    kafka: KafkaConnectionSettings, targets: Sequence[ReplayTarget]
+) -> None:
+    """Every target topic exists and has the target partition (a header may name any)."""
+    try:
+        counts = await partition_counts(kafka, sorted({t.topic for t in targets}))
+    except ConfigurationError as exc:
+        raise DeadLetterError(str(exc)) from None
+    beyond = [
+        f"{t.letter.topic}/{t.letter.partition}@{t.letter.offset} names partition "
+        f"{t.partition} of {t.topic}, which has {counts[t.topic]}"
+        for t in targets
+        if t.partition is not None and t.partition >= counts[t.topic]
+    ]
+    if beyond:
+        raise DeadLetterError(f"no such partition: {'; '.join(beyond)}")

@@ -72,6 +72,7 @@ PER_INVOCATION = frozenset(
         "sql",
         "limit",
         "replay_all",
+        "to",
         "partitions",
         "replication_factor",
         "config",

@@ -21,6 +21,7 @@ from outboxkit.inbox import (
     DeadLetterError,
     read_dead_letters,
     replay_dead_letters,
+    replay_targets,
     unique_dead_letters,
 )
 
@@ -88,13 +89,25 @@ def dlq_replay(
     replay_all: Annotated[
         bool, typer.Option("--all", help="Replay every dead-lettered record.")
     ] = False,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            metavar="TOPIC",
+            help="Publish to this topic (partitioned by key) instead of the one each dead-letter "
+            "topic belongs to.",
+            show_default=False,
+        ),
+    ] = None,
     kafka_bootstrap_servers: BootstrapServers = None,
     topics: Topics = None,
     dlq_suffix: DlqSuffix = ".dlq",
     json_output: JsonOutput = False,
 ) -> None:
-    """Publish dead-lettered events again to the partitions they came from (after fixing the
-    handler, say). Each takes effect once; a replayed event comes after newer ones of its key."""
+    """Publish dead-lettered events again (after fixing the handler, say) to the topic their
+    dead-letter topic belongs to (<topic><suffix> → <topic>), at the partition they came from,
+    or to --to TOPIC. A source-topic header naming another topic is shown, never obeyed. Each
+    takes effect once; a replayed event comes after newer ones of its key."""
     if not event_ids and not replay_all:
         raise fail_config(ConfigurationError("give event ids to replay, or --all"))
     wanted = set(map(str, parse_event_ids(event_ids or [])))
@@ -109,6 +122,23 @@ def dlq_replay(
             )
             raise typer.Exit(EXIT_FAILED)
     letters = unique_dead_letters(letters)  # each dead-lettering once, not each copy of it
+    try:
+        targets = replay_targets(letters, dlq_suffix=dlq_suffix, to=to)
+    except DeadLetterError as exc:
+        typer.echo(printable(f"error: {exc}"), err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    for target in targets:
+        if target.misdirected is not None:
+            letter = target.letter
+            typer.echo(
+                printable(
+                    f"warning: {letter.topic}/{letter.partition}@{letter.offset}: its "
+                    f"outboxkit-source-topic header names {target.misdirected!r}, but "
+                    f"{letter.topic} is the dead-letter topic of "
+                    f"{letter.topic.removesuffix(dlq_suffix)!r}: replaying it to {target.topic!r}"
+                ),
+                err=True,
+            )
     with Progress(disable=json_output, transient=True) as progress:
         task = progress.add_task("replaying", total=len(letters))
         try:
@@ -116,11 +146,13 @@ def dlq_replay(
                 replay_dead_letters(
                     kafka_settings(kafka_bootstrap_servers),
                     letters,
+                    dlq_suffix=dlq_suffix,
+                    to=to,
                     on_sent=lambda _: progress.advance(task),
                 )
             )
         except (DeadLetterError, KafkaError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(printable(f"error: {exc}"), err=True)
             raise typer.Exit(EXIT_FAILED) from None
     if json_output:
         typer.echo(json.dumps({"replayed": [d.summary() for d in letters]}, indent=2))

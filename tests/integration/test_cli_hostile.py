@@ -1,6 +1,7 @@
-"""The operators' commands against hostile data (issue #26, item 6), on real servers: record
-data with terminal escape sequences and other control characters is printed escaped, never
-raw."""
+"""The operators' commands against hostile data (issue #26, items 5 and 6), on real servers:
+a dead letter whose ``outboxkit-source-topic`` header names a topic it does not belong to is
+replayed where its dead-letter topic belongs, never where the header says; record data with
+terminal escape sequences and other control characters is printed escaped, never raw."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from outboxkit.inbox.deadletter import (
 from outboxkit.relay import OutboxStorage, TopicPartition
 from tests.helpers import run_cli, wait_for
 from tests.integration.conftest import MakeTopic
-from tests.integration.inbox_harness import produce
+from tests.integration.inbox_harness import produce, read_all
 from tests.integration.relay_harness import Step, register_topic
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,6 +96,54 @@ async def test_dlq_list_prints_hostile_headers_escaped(
     as_json = run_cli("inbox", "dlq", "list", "--json", env=_env(kafka_bootstrap, notes))
     assert _raw(as_json.stdout) == []
     assert json.loads(as_json.stdout)[0]["event_id"] == event_id
+
+
+async def test_dlq_replay_publishes_where_the_dead_letter_topic_belongs_not_where_a_header_says(
+    kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    notes = await make_topic("notes")
+    dlq = await make_topic(name=f"{notes}.dlq")
+    victim = await make_topic("victim")
+    forged, honest = str(uuid.uuid4()), str(uuid.uuid4())
+    # Written straight to the dead-letter topic by someone who may write there, not by an inbox.
+    await produce(
+        kafka_bootstrap,
+        [],
+        raw=[
+            (dlq, b'{"forged": true}', _dead_letter(forged, victim)),
+            (dlq, b'{"honest": true}', _dead_letter(honest, notes)),
+        ],
+    )
+
+    replayed = run_cli("inbox", "dlq", "replay", "--all", env=_env(kafka_bootstrap, notes))
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.strip() == "replayed 2 record(s)"
+    # One line per misdirected record: shown, not obeyed.
+    [warning] = [line for line in replayed.stderr.splitlines() if line.strip()]
+    assert warning.startswith("warning: "), warning
+    assert f"{dlq}/0@0" in warning
+    assert victim in warning
+    assert notes in warning
+
+    assert await read_all(kafka_bootstrap, victim) == []
+    landed = await read_all(kafka_bootstrap, notes)
+    assert [r.value for r in landed] == [b'{"forged": true}', b'{"honest": true}']
+    assert all(name not in dict(r.headers) for r in landed for name in (SOURCE_TOPIC, INBOX))
+
+
+async def test_dlq_replay_to_an_explicit_topic(kafka_bootstrap: str, make_topic: MakeTopic) -> None:
+    notes = await make_topic("notes")
+    dlq = await make_topic(name=f"{notes}.dlq")
+    elsewhere = await make_topic("elsewhere")
+    event_id = str(uuid.uuid4())
+    await produce(kafka_bootstrap, [], raw=[(dlq, b"{}", _dead_letter(event_id, notes))])
+
+    env = _env(kafka_bootstrap, notes)
+    replayed = run_cli("inbox", "dlq", "replay", event_id, "--to", elsewhere, env=env)
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stderr.strip() == ""
+    assert [r.value for r in await read_all(kafka_bootstrap, elsewhere)] == [b"{}"]
+    assert await read_all(kafka_bootstrap, notes) == []
 
 
 async def test_outbox_pending_and_failed_print_hostile_data_escaped(db_url: str) -> None:

@@ -1,15 +1,18 @@
 """Dead-lettering is at least once (a worker that dies between writing a dead letter and
 committing its offset writes it again, docs/inbox.md#dead-letters): every copy of one
-dead-lettering carries the same dedupe key, and a replayed event that fails again is a new one."""
+dead-lettering carries the same dedupe key, and a replayed event that fails again is a new one.
+A replay goes where the dead-letter topic belongs, never where a (forgeable) header says."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from aiokafka.structs import ConsumerRecord
 
-from outboxkit.inbox import DeadLetter, unique_dead_letters
-from outboxkit.inbox.deadletter import ADDED, dead_letter
+from outboxkit.inbox import DeadLetter, DeadLetterError, replay_targets, unique_dead_letters
+from outboxkit.inbox.deadletter import ADDED, SOURCE_PARTITION, SOURCE_TOPIC, dead_letter
+from outboxkit.inbox.dlq import origin_topic
 
 
 def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
@@ -45,3 +48,30 @@ def test_a_replayed_event_that_fails_again_is_a_new_dead_letter() -> None:
     assert first.event_id == second.event_id
     assert first.dedupe_key != second.dedupe_key
     assert unique_dead_letters([first, second]) == [first, second]
+
+
+def _forged(topic: str, headers: dict[str, str]) -> DeadLetter:
+    raw = tuple((name, value.encode()) for name, value in headers.items())
+    return DeadLetter(topic, 0, 7, datetime.now(UTC), b"k", b"{}", raw)
+
+
+def test_a_replay_goes_where_the_dead_letter_topic_belongs_whatever_a_header_says() -> None:
+    honest = _letter(_record(41, []), 0)
+    forged = _forged("orders.dlq", {SOURCE_TOPIC: "payments", SOURCE_PARTITION: "1"})
+    [a, b] = replay_targets([honest, forged], dlq_suffix=".dlq")
+    assert (a.topic, a.partition, a.misdirected) == ("orders", 2, None)
+    assert (b.topic, b.partition, b.misdirected) == ("orders", 1, "payments")
+    # --to names the topic; the source partition of another topic means nothing there.
+    [c, d] = replay_targets([honest, forged], dlq_suffix=".dlq", to="orders-again")
+    assert (c.topic, c.partition, c.misdirected) == ("orders-again", None, None)
+    assert (d.topic, d.partition, d.misdirected) == ("orders-again", None, "payments")
+
+
+def test_a_replay_refuses_what_it_cannot_place() -> None:
+    no_partition = _forged("orders.dlq", {SOURCE_TOPIC: "orders", SOURCE_PARTITION: "-1"})
+    with pytest.raises(DeadLetterError, match=r"no source partition header on orders.dlq/0@7"):
+        replay_targets([no_partition], dlq_suffix=".dlq")
+    assert replay_targets([no_partition], dlq_suffix=".dlq", to="orders")[0].partition is None
+    with pytest.raises(DeadLetterError, match="orders is not a dead-letter topic"):
+        replay_targets([_forged("orders", {})], dlq_suffix=".dlq")
+    assert origin_topic("orders.dlq.dlq", ".dlq") == "orders.dlq"
