@@ -15,9 +15,10 @@ import signal
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
@@ -65,25 +66,39 @@ class KafkaNode(ServerProcess):
         self.dir = base_dir
         self.port = free_port()
         self.controller_port = free_port()
+        #: Ports of the listeners the cluster adds to PLAINTEXT (e.g. the secured ones), by name.
+        self.listener_ports = {name: free_port() for name in cluster.extra_listeners}
         self.config_path = self.dir / "server.properties"
         self.log_path = self.dir / "server.log"
 
     @property
     def address(self) -> str:
+        """``host:port`` of the PLAINTEXT listener."""
         return f"127.0.0.1:{self.port}"
+
+    def listener_address(self, listener: str) -> str:
+        """``host:port`` of one of the cluster's :attr:`~KafkaCluster.extra_listeners`."""
+        return f"127.0.0.1:{self.listener_ports[listener]}"
 
     def write_config(self) -> None:
         size = len(self.cluster.nodes)
         replicas = min(3, size)
+        # PLAINTEXT is also the inter-broker listener; each listener advertises itself, so a
+        # client that bootstraps on one listener stays on it.
+        ports = {"PLAINTEXT": self.port, **self.listener_ports}
+        advertised = ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
+        protocols = {
+            "PLAINTEXT": "PLAINTEXT",
+            "CONTROLLER": "PLAINTEXT",
+            **self.cluster.extra_listeners,
+        }
         config = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{advertised},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{n}:{p}" for n, p in protocols.items()),
             # A static quorum: every node knows every voter, no dynamic-quorum bootstrapping.
             "controller.quorum.voters": ",".join(
                 f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.cluster.nodes
@@ -123,6 +138,7 @@ class KafkaNode(ServerProcess):
             "--config",
             str(self.config_path),
             "--ignore-formatted",  # a second attempt after a partial first one
+            *self.cluster.format_arguments(),
         ]
         # One retry: a JVM that fails to start while two other nodes format on two busy cores
         # is the machine's hiccup, not a configuration error.
@@ -180,7 +196,15 @@ class KafkaNode(ServerProcess):
 
 class KafkaCluster(ManagedServer):
     """``size`` KRaft nodes on free ports of 127.0.0.1, data in ``base_dir`` (a temporary
-    directory by default). Use as a context manager, or :meth:`start` / :meth:`close`."""
+    directory by default). Use as a context manager, or :meth:`start` / :meth:`close`.
+
+    Every node listens on PLAINTEXT (clients and inter-broker traffic) and CONTROLLER (the KRaft
+    quorum); a subclass adds listeners (:attr:`extra_listeners`) and storage-format arguments
+    (:meth:`format_arguments`), as :class:`~outboxkit.embedded.kafka_security.SecuredKafkaCluster`
+    does for TLS, SASL and ACLs."""
+
+    #: Listeners every node has besides PLAINTEXT and CONTROLLER: name → security protocol.
+    extra_listeners: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -208,7 +232,16 @@ class KafkaCluster(ManagedServer):
 
     @property
     def bootstrap_servers(self) -> str:
+        """Bootstrap servers of the PLAINTEXT listener."""
         return ",".join(node.address for node in self.nodes)
+
+    def listener_bootstrap(self, listener: str) -> str:
+        """Bootstrap servers of one of the :attr:`extra_listeners`."""
+        return ",".join(node.listener_address(listener) for node in self.nodes)
+
+    def format_arguments(self) -> list[str]:
+        """Extra arguments for ``kafka-storage format`` (e.g. ``--add-scram``)."""
+        return []
 
     def java_command(self) -> list[str]:
         java = shutil.which("java")
