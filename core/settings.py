@@ -10,6 +10,7 @@ the environment variable and says what to put there.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
@@ -28,6 +29,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.redact import redact, unreadable
 
 ENV_PREFIX = "OUTBOXKIT_"
 
@@ -119,14 +121,23 @@ PROTECTED_CLIENT_OPTIONS = frozenset(
 )
 
 
+def _empty_is_unset(value: object) -> object:
+    """An environment variable set to "" leaves an optional setting unset."""
+    return None if value == "" else value
+
+
+#: An optional setting: unset when its variable is empty.
+EmptyIsUnset = BeforeValidator(_empty_is_unset)
+
+
 def _file(value: Path | None) -> Path | None:
     if value is not None and not value.is_file():
         raise ValueError(f"{value} is not a readable file")
     return value
 
 
-#: A path setting that must name an existing file.
-ExistingFile = Annotated[Path | None, AfterValidator(_file)]
+#: A path setting that must name an existing file (an empty variable leaves it unset).
+ExistingFile = Annotated[Path | None, EmptyIsUnset, AfterValidator(_file)]
 
 
 class KafkaConnectionSettings(BaseSettings):
@@ -147,18 +158,18 @@ class KafkaConnectionSettings(BaseSettings):
         description="How clients talk to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
         "SASL_SSL (TLS and a SASL login, what managed Kafka services require)",
     )
-    kafka_sasl_mechanism: SaslMechanism | None = Field(
+    kafka_sasl_mechanism: Annotated[SaslMechanism | None, EmptyIsUnset] = Field(
         default=None,
         description="SASL mechanism with SASL_SSL or SASL_PLAINTEXT: PLAIN, SCRAM-SHA-256, "
         "SCRAM-SHA-512 or OAUTHBEARER",
     )
-    kafka_sasl_username: str | None = Field(
+    kafka_sasl_username: Annotated[str | None, EmptyIsUnset] = Field(
         default=None, description="SASL user name (PLAIN, SCRAM)"
     )
-    kafka_sasl_password: SecretStr | None = Field(
+    kafka_sasl_password: Annotated[SecretStr | None, EmptyIsUnset] = Field(
         default=None, description="SASL password (PLAIN, SCRAM); never printed or logged"
     )
-    kafka_sasl_oauth_token_provider: str | None = Field(
+    kafka_sasl_oauth_token_provider: Annotated[str | None, EmptyIsUnset] = Field(
         default=None,
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="OAUTHBEARER: module:name of an aiokafka AbstractTokenProvider, or of a "
@@ -176,7 +187,7 @@ class KafkaConnectionSettings(BaseSettings):
     kafka_ssl_key_file: ExistingFile = Field(
         default=None, description="PEM file of this client's private key, for mutual TLS"
     )
-    kafka_ssl_key_password: SecretStr | None = Field(
+    kafka_ssl_key_password: Annotated[SecretStr | None, EmptyIsUnset] = Field(
         default=None, description="Password of the client's private key, if it is encrypted"
     )
     kafka_ssl_check_hostname: bool = Field(
@@ -251,10 +262,17 @@ def open_broker(servers: list[str]) -> KafkaConnectionSettings:
 
 
 class ConnectionSettings(KafkaConnectionSettings):
-    """Where the database and the Kafka cluster are."""
+    """Where the database and the Kafka cluster are.
+
+    The database URL holds a password: validation errors never quote an input, and the
+    settings' ``repr`` shows the URL redacted (:func:`~outboxkit.core.redact.redact`)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     database_url: str = Field(
@@ -280,12 +298,26 @@ class ConnectionSettings(KafkaConnectionSettings):
             raise ValueError(
                 f"unsupported scheme {parts.scheme!r}: use postgresql://… or mongodb://…"
             )
-        if _SCHEMES[parts.scheme] == "mongodb" and not parts.path.strip("/"):
-            raise ValueError(
-                "name the database in the MongoDB URL's path, e.g. "
-                "mongodb://host:27017/shop?replicaSet=rs0 (outboxkit's collections go there)"
-            )
+        # What the driver would misread is refused here, before the driver's own error could
+        # quote the piece it could not read (a piece of the password, maybe).
+        problem = unreadable(value)
+        if problem is not None:
+            raise ValueError(problem)
+        if _SCHEMES[parts.scheme] == "mongodb":
+            from outboxkit.core.mongo import database_name  # noqa: PLC0415 - imports pymongo
+
+            try:
+                database_name(value)
+            except ConfigurationError:
+                raise ValueError(
+                    "name the database in the MongoDB URL's path, e.g. "
+                    "mongodb://host:27017/shop?replicaSet=rs0 (outboxkit's collections go there)"
+                ) from None
         return value
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, redact(value) if name == "database_url" else value
 
     @property
     def database_kind(self) -> DatabaseKind:

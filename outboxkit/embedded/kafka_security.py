@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -53,8 +52,11 @@ from aiokafka.protocol.types import (
     Schema,
     TaggedFields,
 )
+from pydantic import SecretStr
 
+from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.embedded.kafka import KafkaCluster
 
 if TYPE_CHECKING:
@@ -268,6 +270,44 @@ class SecuredKafkaCluster(KafkaCluster):
             "ssl_context": self.ssl_context(client),
         }
 
+    def environment(
+        self, user: str = ADMIN_USER, *, mechanism: SaslMechanism = "SCRAM-SHA-512"
+    ) -> dict[str, str]:
+        """outboxkit's ``OUTBOXKIT_KAFKA_*`` settings for the SASL_SSL listener as ``user``."""
+        return {
+            "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": self.sasl_ssl_bootstrap,
+            "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "OUTBOXKIT_KAFKA_SASL_MECHANISM": mechanism,
+            "OUTBOXKIT_KAFKA_SASL_USERNAME": user,
+            "OUTBOXKIT_KAFKA_SASL_PASSWORD": self.users[user],
+            "OUTBOXKIT_KAFKA_SSL_CA_FILE": str(self.ca_file),
+        }
+
+    def mtls_environment(self, client: str) -> dict[str, str]:
+        """outboxkit's ``OUTBOXKIT_KAFKA_*`` settings for the mutual-TLS listener as ``client``."""
+        cert, key = self.client_cert(client)
+        return {
+            "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": self.mtls_bootstrap,
+            "OUTBOXKIT_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "OUTBOXKIT_KAFKA_SSL_CA_FILE": str(self.ca_file),
+            "OUTBOXKIT_KAFKA_SSL_CERT_FILE": str(cert),
+            "OUTBOXKIT_KAFKA_SSL_KEY_FILE": str(key),
+        }
+
+    def settings(
+        self, user: str = ADMIN_USER, *, mechanism: SaslMechanism = "SCRAM-SHA-512"
+    ) -> KafkaConnectionSettings:
+        """outboxkit's Kafka settings for the SASL_SSL listener as ``user``."""
+        env = self.environment(user, mechanism=mechanism)
+        return KafkaConnectionSettings(
+            kafka_bootstrap_servers=[env["OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS"]],
+            kafka_security_protocol="SASL_SSL",
+            kafka_sasl_mechanism=mechanism,
+            kafka_sasl_username=user,
+            kafka_sasl_password=SecretStr(self.users[user]),
+            kafka_ssl_ca_file=self.ca_file,
+        )
+
     # --- administration ----------------------------------------------------------------------
 
     async def grant(
@@ -333,7 +373,7 @@ class SecuredKafkaCluster(KafkaCluster):
 
     @contextlib.asynccontextmanager
     async def _admin_client(self) -> AsyncIterator[Any]:
-        client = AIOKafkaClient(**self.sasl_options(ADMIN_USER))
+        client = kafka_clients.client(self.settings(ADMIN_USER))
         try:
             await client.bootstrap()
             yield client
