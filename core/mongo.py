@@ -21,7 +21,6 @@ import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -29,6 +28,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
 from pymongo.read_concern import ReadConcern
+from pymongo.uri_parser import parse_uri
 from pymongo.write_concern import WriteConcern
 
 from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
@@ -57,15 +57,30 @@ MAJORITY_READ = ReadConcern("majority")
 MAJORITY_WRITE = WriteConcern("majority")
 
 
+def parse_url(url: str) -> dict[str, Any]:
+    """``url`` as pymongo reads it (``nodelist``, ``username``, ``password``, ``database``,
+    ``options``…), without the DNS look-up ``parse_uri`` does for ``mongodb+srv://``: reading a
+    URL never touches the network. Raises pymongo's error (which never quotes the URL)."""
+    try:
+        from pymongo.uri_parser_shared import _validate_uri  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a pymongo that moved it: the public parser
+        return parse_uri(url, validate=False, warn=False, normalize=False)
+    return _validate_uri(url, validate=False, warn=False, normalize=False)
+
+
 def database_name(url: str) -> str:
-    """The database named by ``url``'s path; outboxkit needs one to put its collections in."""
-    name = urlsplit(url).path.lstrip("/")
+    """The database ``url`` names (as the driver reads it: a ``#`` or ``?`` in a password
+    leaves it where it is); outboxkit needs one to put its collections in."""
+    try:
+        name = parse_url(url)["database"]
+    except (PyMongoError, ValueError):
+        name = None
     if not name:
         raise ConfigurationError(
             "OUTBOXKIT_DATABASE_URL: name the database in the MongoDB URL's path, e.g. "
             "mongodb://host:27017/shop?replicaSet=rs0"
         )
-    return name
+    return str(name)
 
 
 def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:

@@ -10,11 +10,11 @@ the environment variable and says what to put there.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -46,9 +46,16 @@ _SCHEMES: dict[str, DatabaseKind] = {
 }
 
 
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` (lower case), or ``""``. Not ``urlsplit``: that reads a password
+    with ``#``, ``[`` or ``/`` differently from the drivers, or raises."""
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", url)
+    return match.group(1).lower() if match else ""
+
+
 def database_kind(url: str) -> DatabaseKind:
     """Which database ``url`` names (its scheme)."""
-    return _SCHEMES[urlsplit(url).scheme]
+    return _SCHEMES[url_scheme(url)]
 
 
 def _seconds_or_iso(value: object) -> object:
@@ -293,17 +300,15 @@ class ConnectionSettings(KafkaConnectionSettings):
     @field_validator("database_url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in _SCHEMES:
-            raise ValueError(
-                f"unsupported scheme {parts.scheme!r}: use postgresql://… or mongodb://…"
-            )
+        scheme = url_scheme(value)
+        if scheme not in _SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}: use postgresql://… or mongodb://…")
         # What the driver would misread is refused here, before the driver's own error could
         # quote the piece it could not read (a piece of the password, maybe).
         problem = unreadable(value)
         if problem is not None:
             raise ValueError(problem)
-        if _SCHEMES[parts.scheme] == "mongodb":
+        if _SCHEMES[scheme] == "mongodb":
             from outboxkit.core.mongo import database_name  # noqa: PLC0415 - imports pymongo
 
             try:

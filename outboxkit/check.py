@@ -9,7 +9,6 @@ import asyncio
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from aiokafka.errors import KafkaConnectionError
@@ -18,6 +17,7 @@ from pymongo.errors import PyMongoError
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
 from outboxkit.core.mongo import database_name, make_client
+from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.migrations import Migration, MigrationError, pending_migrations
 from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
@@ -29,15 +29,6 @@ class CheckResult:
     ok: bool
     summary: str
     fix: str | None = None
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -234,7 +225,8 @@ async def check_memory(settings: ConnectionSettings) -> list[CheckResult]:
         CheckResult(
             "database",
             True,
-            f"in-memory database {settings.database_url} (tests only: one process, not durable)",
+            f"in-memory database {redact(settings.database_url)} (tests only: one process, not "
+            "durable)",
         )
     ]
 

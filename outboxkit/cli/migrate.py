@@ -13,9 +13,10 @@ import typer
 from pymongo.errors import PyMongoError
 
 from outboxkit.backends import backend_for
-from outboxkit.check import explain_database_error, redact, run_checks
+from outboxkit.check import explain_database_error, run_checks
 from outboxkit.cli.common import EXIT_FAILED, load
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
+from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.migrations import MigrationError, load_migrations, script
 
