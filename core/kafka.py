@@ -13,7 +13,15 @@ from typing import Any
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    for_code,
+)
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError
@@ -31,6 +39,32 @@ async def partition_counts(kafka: KafkaConnectionSettings, topics: Sequence[str]
     if missing:
         raise missing_topics(missing)
     return {t: counts[t] for t in topics}
+
+
+#: What Kafka raises for an operation a principal may not do.
+AUTHORIZATION_ERRORS = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    ClusterAuthorizationFailedError,
+)
+
+
+def denied(exc: BaseException, topic_operation: str | None = None) -> str:
+    """The permission an authorization error stands for, e.g. ``READ on Group:relays``
+    (``topic_operation``: what the caller did to a topic, when it knows)."""
+    names = exc.args[0] if exc.args else ""
+    if isinstance(names, set | frozenset | list | tuple):
+        names = ", ".join(sorted(map(str, names)))
+    if isinstance(exc, GroupAuthorizationFailedError):
+        return f"READ on Group:{names}"
+    if isinstance(exc, TransactionalIdAuthorizationFailed):
+        return f"WRITE on TransactionalId:{names}"
+    if isinstance(exc, TopicAuthorizationFailedError) and topic_operation:
+        return f"{topic_operation} on Topic:{names}"
+    if isinstance(exc, TopicAuthorizationFailedError):
+        return f"the operation on Topic:{names} (READ to consume, WRITE to publish)"
+    return "IDEMPOTENT_WRITE on the cluster (or WRITE on a topic)"
 
 
 def missing_topics(topics: Sequence[str]) -> MissingTopicsError:

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 import psycopg
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 from pymongo.errors import PyMongoError
 
 from outboxkit.core import kafka_clients
@@ -19,6 +20,8 @@ from outboxkit.core.kafka import create_command
 from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
+from outboxkit.kafka_handshake import diagnose_handshake
+from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import Migration, MigrationError, pending_migrations
 from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
 
@@ -189,7 +192,13 @@ async def check_kafka(
         async with asyncio.timeout(settings.connect_timeout):
             await admin.start()
             existing = set(await admin.list_topics())
+        missing = [topic for topic in topics if topic not in existing]
+        unauthorized = await _unauthorized_topics(admin, missing) if missing else []
     except Exception as exc:
+        if isinstance(exc, KafkaConnectionError | TimeoutError):
+            handshake = await diagnose_handshake(settings, within=settings.connect_timeout)
+            if handshake.what is not None:
+                return [CheckResult("kafka", False, handshake.what, handshake.fix)]
         reason = "" if isinstance(exc, KafkaConnectionError | TimeoutError) else _first_line(exc)
         return [
             CheckResult(
@@ -203,8 +212,19 @@ async def check_kafka(
         ]
     finally:
         await admin.close()
-    results = [CheckResult("kafka", True, f"Kafka at {servers}")]
-    missing = [topic for topic in topics if topic not in existing]
+    results = [CheckResult("kafka", True, f"Kafka at {servers} ({_security(settings)})")]
+    if unauthorized:
+        results.append(
+            CheckResult(
+                "topics",
+                False,
+                f"Kafka does not allow {principal(settings)} DESCRIBE on "
+                f"{', '.join(f'Topic:{t}' for t in unauthorized)}",
+                "Grant the ACLs this worker needs (docs/security.md lists them; `outboxkit acls` "
+                "prints the commands; READ or WRITE imply DESCRIBE), or fix OUTBOXKIT_TOPICS.",
+            )
+        )
+        missing = [topic for topic in missing if topic not in unauthorized]
     if missing:
         # One line: the topics, and the command that creates them.
         results.append(
@@ -215,9 +235,26 @@ async def check_kafka(
                 f"`{create_command(missing)}`",
             )
         )
-    elif topics:
+    elif topics and not unauthorized:
         results.append(CheckResult("topics", True, f"found {', '.join(topics)}"))
     return results
+
+
+def _security(settings: ConnectionSettings) -> str:
+    """How this client connects: the protocol, and the SASL mechanism and user if any."""
+    protocol = settings.kafka_security_protocol
+    if settings.kafka_sasl_mechanism is None:
+        mutual = " with a client certificate" if settings.kafka_ssl_cert_file else ""
+        return f"{protocol}{mutual}"
+    return f"{protocol}, {settings.kafka_sasl_mechanism} as {settings.kafka_sasl_username}"
+
+
+async def _unauthorized_topics(admin: AIOKafkaAdminClient, topics: list[str]) -> list[str]:
+    """Of ``topics`` (absent from the listing), those Kafka refuses to describe: with an
+    authorizer, a topic one may not DESCRIBE is not listed, whether or not it exists."""
+    described = await admin.describe_topics(topics)
+    refused = TopicAuthorizationFailedError.errno
+    return [t["topic"] for t in described if t["error_code"] == refused]
 
 
 async def check_memory(settings: ConnectionSettings) -> list[CheckResult]:

@@ -81,5 +81,8 @@ PER_INVOCATION = frozenset(
         "event_ids",
         "target",
         "topic_names",
+        "principal",
+        "name",
+        "no_transactions",
     }
 )

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
+import structlog
 from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
 
 from outboxkit.backends import backend_for
@@ -27,7 +28,17 @@ from outboxkit.check import (
     explain_database_error,
 )
 from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError, OutboxkitError
+from outboxkit.core.kafka import AUTHORIZATION_ERRORS, denied
 from outboxkit.core.settings import ConnectionSettings
+from outboxkit.inbox.settings import InboxSettings
+from outboxkit.kafka_permissions import (
+    missing_inbox_permissions,
+    missing_relay_permissions,
+    principal,
+)
+from outboxkit.relay.settings import RelaySettings
+
+logger = structlog.get_logger("outboxkit")
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -72,6 +83,8 @@ def explain(exc: BaseException) -> list[Problem] | None:
     cause = _root_cause(exc)
     if isinstance(cause, psycopg.Error):
         return [_database_problem(cause)]
+    if isinstance(cause, AUTHORIZATION_ERRORS):
+        return [Problem(f"Kafka does not allow this client {denied(cause)}", _ACL_FIX)]
     if isinstance(cause, UnknownTopicOrPartitionError):
         return [Problem(f"a topic does not exist on Kafka: {first_line(cause)}", _TOPIC_FIX)]
     if isinstance(cause, KafkaConnectionError):
@@ -91,6 +104,10 @@ def explain(exc: BaseException) -> list[Problem] | None:
 _KAFKA_FIX = (
     "Is the broker running and reachable from here? Check OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS "
     f"({DEV_HINT})."
+)
+_ACL_FIX = (
+    "Grant the ACLs this worker needs (docs/security.md lists them; `outboxkit acls` prints "
+    "the commands)."
 )
 _TOPIC_FIX = "Create it with `outboxkit topics create <topic>`, or fix OUTBOXKIT_TOPICS."
 
@@ -118,9 +135,12 @@ async def preflight(
     database: bool = True,
     kafka: bool = True,
     topics: Sequence[str] = (),
+    group: str | None = None,
 ) -> None:
     """Check what a command needs — the database reachable with outboxkit's schema up to date,
-    Kafka reachable with ``topics`` — and raise :class:`PreflightError` with every problem."""
+    Kafka reachable with ``topics`` and, over an authenticated connection, the ACLs of the
+    worker (the relay's, or the inbox's of consumer group ``group``) — and raise
+    :class:`PreflightError` with every problem."""
     checks = []
     if database:
         checks.append(backend_for(settings.database_url).check(settings))
@@ -128,5 +148,45 @@ async def preflight(
         checks.append(check_kafka(settings, topics=topics))
     results = [r for group in await asyncio.gather(*checks) for r in group]
     problems = _problems(results)
+    if kafka and not problems:
+        problems = await _permission_problems(settings, topics, group)
     if problems:
         raise PreflightError(problems)
+
+
+async def _permission_problems(
+    settings: ConnectionSettings, topics: Sequence[str], group: str | None
+) -> list[Problem]:
+    """Over an authenticated connection, the Kafka ACLs a worker lacks, one problem each
+    (:mod:`outboxkit.kafka_permissions`). A probe that fails otherwise is left to the worker,
+    which meets the same failure and reports it."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return []
+    try:
+        if isinstance(settings, RelaySettings):
+            missing = await missing_relay_permissions(
+                settings,
+                settings.group_id,
+                settings.topics,
+                transactional=settings.transactional,
+                timeout_ms=int(settings.connect_timeout * 1000),
+            )
+        elif isinstance(settings, InboxSettings) and group is not None:
+            sources = [t for t in topics if not t.endswith(settings.dlq_suffix)]
+            dead_letters = [t for t in topics if t.endswith(settings.dlq_suffix)]
+            missing = await missing_inbox_permissions(
+                settings, group, sources, dead_letters, within=settings.connect_timeout
+            )
+        else:
+            return []
+    except KafkaError as exc:
+        logger.warning("could not check this worker's Kafka permissions", error=repr(exc))
+        return []
+    who = principal(settings)
+    return [
+        Problem(
+            f"Kafka does not allow {who} {permission}",
+            _ACL_FIX,
+        )
+        for permission in missing
+    ]

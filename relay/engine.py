@@ -28,7 +28,7 @@ from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.fencing import Fencer, KafkaFencer
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback
-from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory
+from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory, describe
 from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
@@ -345,7 +345,7 @@ class Relay:
         self._last_progress = time.monotonic()
 
     def _on_error(self, error: BaseException) -> None:
-        self._last_error = repr(error)
+        self._last_error = describe(error)
 
     # -- health ------------------------------------------------------------------------------
 

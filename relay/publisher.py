@@ -36,6 +36,7 @@ from aiokafka.producer.sender import AddPartitionsToTxnHandler, Sender
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.core import kafka_clients
+from outboxkit.core.kafka import AUTHORIZATION_ERRORS, denied
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
 from outboxkit.relay.records import OutboxRecord, PublishOutcome
@@ -101,6 +102,8 @@ PublisherFactory = Callable[[Block], Publisher]
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, AUTHORIZATION_ERRORS):
+        return f"Kafka does not allow this relay {denied(exc, 'WRITE')}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -324,6 +327,12 @@ class KafkaPublisher:
             await self._producer.commit_transaction()
             times.commit = time.perf_counter() - acked
         except _BatchFailedError as batch:
+            refused = [e for _, e in batch.failures if isinstance(e, AUTHORIZATION_ERRORS)]
+            if refused:
+                # Not a fencing: an ACL is missing. The producer is in a fatal state; the
+                # worker drops it, says which permission, and retries with backoff.
+                await _abort_quietly(self._producer)
+                raise refused[0] from None
             await self._producer.abort_transaction()
             # Nothing of this transaction is visible; only errors of a record itself count
             # against it, the rest is retried as it is. (After a refused batch, the broker

@@ -38,7 +38,7 @@ from outboxkit.relay.blocks import Block, fence_ids
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.fencing import Fencer
 from outboxkit.relay.metrics import STAGES, RelayMetrics
-from outboxkit.relay.publisher import Publisher, PublisherFactory, StageTimes
+from outboxkit.relay.publisher import Publisher, PublisherFactory, StageTimes, describe
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
@@ -207,7 +207,7 @@ class BlockWorker:
                     await self._step(log)
 
     def _failed(self, error: BaseException) -> None:
-        self.last_error = repr(error)
+        self.last_error = describe(error)
         if self.failing_since is None:
             self.failing_since = time.monotonic()
         self.ctx.on_error(error)
@@ -557,7 +557,7 @@ def retrying(
         # relay every few seconds (backlog, time since the last success) instead of every try.
         (log.warning if state.attempt_number == 1 else log.debug)(
             "retrying after error",
-            error=repr(error),
+            error=describe(error),
             attempt=state.attempt_number,
             wait=round(state.upcoming_sleep, 3),
         )

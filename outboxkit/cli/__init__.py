@@ -25,6 +25,7 @@ import typer
 
 from outboxkit._version import __version__
 from outboxkit.cli import common
+from outboxkit.cli.acls import acls_app
 from outboxkit.cli.common import EXIT_FAILED
 from outboxkit.cli.dev import dev_app
 from outboxkit.cli.inbox import inbox_app
@@ -84,6 +85,7 @@ app.command("demo")(demo)
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(outbox_app, name="outbox")
 app.add_typer(topics_app, name="topics")
+app.add_typer(acls_app, name="acls")
 app.add_typer(dev_app, name="dev")
 
 

@@ -80,7 +80,8 @@ def inbox_command(
         topics=topics or ",".join(inbox.topics) or None,
     )
     dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
-    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs]))
+    group = f"outboxkit.inbox.{inbox.name}"
+    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs], group=group))
 
     async def run() -> None:
         async with backend_for(settings.database_url).inbox_store(settings) as store:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from aiokafka.errors import for_code
-from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import (
     CompactArray,
@@ -344,6 +344,37 @@ class SecuredKafkaCluster(KafkaCluster):
                 return wanted <= seen
 
             await _on_every_broker(client, enforced, f"ACLs of {principal} on {name}")
+
+    async def revoke(
+        self,
+        principal: str,
+        resource_type: ResourceType,
+        name: str,
+        operations: Iterable[AclOperation],
+        *,
+        pattern: PatternType = "LITERAL",
+        host: str = "*",
+    ) -> None:
+        """Take back what :meth:`grant` gave; returns once no broker enforces it any more."""
+        unwanted = {_OPERATIONS[op] for op in operations}
+        resource = (_RESOURCE_TYPES[resource_type], name, _PATTERN_TYPES[pattern])
+        async with self._admin_client() as client:
+            for operation in sorted(unwanted):
+                request = DeleteAclsRequest(*resource, principal, host, operation, _ALLOW)
+                response = await client.send(client.get_random_node(), request)
+                for error_code, message, *_ in response.filter_responses:
+                    if error_code:
+                        raise for_code(error_code)(message)
+
+            async def gone(node_id: int) -> bool:
+                request = DescribeAclsRequest(*resource, principal, host, _ANY_OPERATION, _ALLOW)
+                response = await client.send(node_id, request)
+                if response.error_code:
+                    raise for_code(response.error_code)(response.error_message)
+                seen = {acl[2] for res in response.resources for acl in res[3]}
+                return not (unwanted & seen)
+
+            await _on_every_broker(client, gone, f"ACLs of {principal} on {name} revoked")
 
     async def add_scram_user(
         self, name: str, password: str, mechanism: ScramMechanism = "SCRAM-SHA-512"

@@ -232,8 +232,8 @@ async def make_secured_topic(secured_kafka: SecuredKafkaCluster) -> AsyncIterato
     await admin.start()
     created: list[str] = []
 
-    async def create(prefix: str = "t", *, partitions: int = 1) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    async def create(prefix: str = "t", *, partitions: int = 1, name: str | None = None) -> str:
+        name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
         await admin.create_topics([NewTopic(name, partitions, 1)])
         created.append(name)
         return name

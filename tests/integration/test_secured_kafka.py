@@ -1,0 +1,329 @@
+"""outboxkit against a secured Apache Kafka: TLS, SASL SCRAM and mutual TLS, ACLs enforced
+(outboxkit/embedded/kafka_security.py). The relay and the inbox run as processes with exactly
+the ACLs of outboxkit/kafka_acls.py (docs/security.md) and keep their guarantees; with one ACL
+taken away, or a wrong password, an untrusted certificate or another host's certificate, they
+stop at start with one line that says what is wrong. No output ever holds the password."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from outboxkit.embedded._process import free_port
+from outboxkit.embedded.kafka_security import SecuredKafkaCluster
+from outboxkit.kafka_acls import CLUSTER, Acl, inbox_acls, relay_acls
+from tests.helpers import run_cli, wait_for
+from tests.integration.conftest import MakeTopic
+from tests.integration.inbox_app import Payment
+from tests.integration.inbox_harness import (
+    InboxProcess,
+    caught_up,
+    create_effects_table,
+    effects,
+    group_of,
+    inbox_env,
+    produce,
+)
+from tests.integration.relay_harness import (
+    RelayProcess,
+    Writers,
+    check_guarantees,
+    pending,
+    read_topic,
+    register_topic,
+    relay_env,
+    relays,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+async def principal(kafka: SecuredKafkaCluster, acls: list[Acl]) -> tuple[str, str]:
+    """A new SCRAM user with exactly ``acls``: (name, password)."""
+    name, password = f"u-{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(16) + "#@:/%"
+    await kafka.add_scram_user(name, password)
+    for acl in acls:
+        await kafka.grant(
+            f"User:{name}",
+            acl.resource_type,
+            CLUSTER if acl.resource_type == "CLUSTER" else acl.name,
+            acl.operations,
+            pattern=acl.pattern,
+        )
+    return name, password
+
+
+def relay_environment(
+    kafka: SecuredKafkaCluster, url: str, topic: str, name: str, user: str
+) -> dict[str, str]:
+    return {
+        **relay_env(url, kafka.sasl_ssl_bootstrap, topic),
+        "OUTBOXKIT_RELAY_NAME": name,
+        **kafka.environment(user),
+    }
+
+
+async def _drained(url: str) -> bool:
+    return await pending(url) == 0
+
+
+async def test_relay_over_sasl_ssl_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("relay", partitions=2)
+    await register_topic(url, topic, 2)
+    name = f"sec-{uuid.uuid4().hex[:6]}"
+    user, password = await principal(secured_kafka, relay_acls(f"outboxkit.relay.{name}", [topic]))
+    env = relay_environment(secured_kafka, url, topic, name, user)
+    writers = Writers(url, topic, entities=8)
+    with relays(tmp_path, env) as [first]:
+        writers.start()
+        await wait_for(lambda: writers.total >= 150, within=60, what="150 events written")
+        await wait_for(lambda: "partitions assigned" in first.log(), within=60, what="assigned")
+        first.signal(signal.SIGKILL)
+        second = RelayProcess(tmp_path, env).start()
+        try:
+            target = writers.total + 150
+            await wait_for(lambda: writers.total >= target, within=60, what="150 more")
+            await writers.stop()
+            await wait_for(lambda: _drained(url), within=90, what="the outbox to drain")
+        finally:
+            second.kill()
+        logs = first.log() + second.log()
+    print(check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 2)))
+    assert password not in logs
+
+
+async def test_relay_over_mutual_tls_publishes(
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("mtls", partitions=1)
+    await register_topic(url, topic, 1)
+    name = f"mtls-{uuid.uuid4().hex[:6]}"
+    client = f"relay-{name}"
+    for acl in relay_acls(f"outboxkit.relay.{name}", [topic]):
+        await secured_kafka.grant(
+            f"User:CN={client}", acl.resource_type, acl.name, acl.operations, pattern=acl.pattern
+        )
+    env = {
+        **relay_env(url, secured_kafka.mtls_bootstrap, topic),
+        "OUTBOXKIT_RELAY_NAME": name,
+        **secured_kafka.mtls_environment(client),
+    }
+    writers = Writers(url, topic, entities=4)
+    with relays(tmp_path, env):
+        writers.start()
+        await wait_for(lambda: writers.total >= 100, within=60, what="100 events written")
+        await writers.stop()
+        await wait_for(lambda: _drained(url), within=90, what="the outbox to drain")
+    check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 1))
+
+
+async def test_inbox_over_sasl_ssl_with_only_its_acls_takes_each_effect_once(
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("payments", partitions=2)
+    admin = secured_kafka.plaintext_bootstrap
+    await make_secured_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
+    await create_effects_table(url)
+    user, password = await principal(secured_kafka, inbox_acls(group_of(topic), [topic]))
+    events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(40)]
+    await produce(admin, [*events, *events[:10]])  # a re-delivery among them
+    env = {
+        **inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic),
+        **secured_kafka.environment(user),
+    }
+    worker = InboxProcess(tmp_path, env).start()
+    try:
+        await wait_for(
+            lambda: caught_up(admin, group_of(topic), topic, 2), within=90, what="catch up"
+        )
+        found = await effects(url)
+        assert sorted(event_id for event_id, _, _ in found) == sorted(e.id for e in events)
+        assert worker.terminate() == 0, worker.log()
+    finally:
+        worker.kill()
+    assert password not in worker.log()
+
+
+def test_a_wrong_password_is_one_line_and_exit_1(secured_kafka: SecuredKafkaCluster) -> None:
+    env = {
+        **secured_kafka.environment("alice"),
+        "OUTBOXKIT_KAFKA_SASL_PASSWORD": "not-it",
+        "OUTBOXKIT_DATABASE_URL": "memory://check",
+    }
+    result = run_cli("check", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "refused the login of alice with SCRAM-SHA-512" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def _without(acls: list[Acl], resource_type: str, operation: str) -> list[Acl]:
+    """``acls`` with one operation taken away."""
+    kept = []
+    for acl in acls:
+        operations = tuple(
+            op for op in acl.operations if (acl.resource_type, op) != (resource_type, operation)
+        )
+        if operations:
+            kept.append(Acl(acl.resource_type, acl.name, operations, acl.why, acl.pattern))
+    return kept
+
+
+RELAY_OPERATIONS = [
+    (acl.resource_type, op) for acl in relay_acls("g", ["t"]) for op in acl.operations
+]
+
+
+def _refused_at_start(process: RelayProcess | InboxProcess, operation: str, resource: str) -> str:
+    assert process.process is not None
+    log = process.log()
+    assert process.process.returncode == 1, log
+    assert "Traceback" not in log, log
+    [line] = [line for line in log.splitlines() if line.startswith("error:")]
+    assert "Kafka does not allow" in line, log
+    # Without its only ACL a topic cannot even be described (READ and WRITE imply DESCRIBE).
+    assert operation in line or "DESCRIBE" in line, line
+    assert resource in line, line
+    return log
+
+
+def _stopped(process: RelayProcess | InboxProcess) -> bool:
+    return process.process is not None and process.process.poll() is not None
+
+
+@pytest.mark.parametrize(("resource_type", "operation"), RELAY_OPERATIONS)
+async def test_a_relay_missing_one_acl_says_which_at_start_and_exits_1(  # noqa: PLR0917
+    resource_type: str,
+    operation: str,
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("short", partitions=1)
+    await register_topic(url, topic, 1)
+    name = f"short-{uuid.uuid4().hex[:6]}"
+    group = f"outboxkit.relay.{name}"
+    acls = _without(relay_acls(group, [topic]), resource_type, operation)
+    user, password = await principal(secured_kafka, acls)
+    env = relay_environment(secured_kafka, url, topic, name, user)
+    relay = RelayProcess(tmp_path, env).start()
+    try:
+        await wait_for(lambda: _stopped(relay), within=60, what="the relay to refuse to start")
+    finally:
+        relay.kill()
+    resource = {"TOPIC": topic, "GROUP": group, "TRANSACTIONAL_ID": group}[resource_type]
+    assert password not in _refused_at_start(relay, operation, resource)
+
+
+#: Each of the inbox's ACLs, by its place in the list: (index, resource type, operation).
+INBOX_ACLS = [
+    (i, acl.resource_type, operation)
+    for i, acl in enumerate(inbox_acls("g", ["t"]))
+    for operation in acl.operations
+]
+
+
+@pytest.mark.parametrize(("index", "resource_type", "operation"), INBOX_ACLS)
+async def test_an_inbox_missing_one_acl_says_which_at_start_and_exits_1(  # noqa: PLR0917
+    index: int,
+    resource_type: str,
+    operation: str,
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("short", partitions=1)
+    await make_secured_topic(name=f"{topic}.dlq")
+    await create_effects_table(url)
+    acls = inbox_acls(group_of(topic), [topic])
+    removed = acls.pop(index)
+    assert (removed.resource_type, removed.operations) == (resource_type, (operation,))
+    user, password = await principal(secured_kafka, acls)
+    env = {
+        **inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic),
+        **secured_kafka.environment(user),
+    }
+    worker = InboxProcess(tmp_path, env).start()
+    try:
+        await wait_for(lambda: _stopped(worker), within=60, what="the inbox to refuse to start")
+    finally:
+        worker.kill()
+    assert password not in _refused_at_start(worker, operation, removed.name)
+
+
+async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recovers(
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    """Never a crash loop, never a silent stall: the relay keeps running, /healthz turns 503
+    with the missing permission, and once the ACL is back everything committed meanwhile is
+    published, in order."""
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("revoked", partitions=1)
+    await register_topic(url, topic, 1)
+    name = f"rev-{uuid.uuid4().hex[:6]}"
+    user, password = await principal(secured_kafka, relay_acls(f"outboxkit.relay.{name}", [topic]))
+    port = free_port()
+    env = {
+        **relay_environment(secured_kafka, url, topic, name, user),
+        "OUTBOXKIT_HTTP_PORT": str(port),
+        "OUTBOXKIT_STALL_AFTER": "2",
+    }
+    writers = Writers(url, topic, entities=4)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+
+        async def health() -> tuple[int, str]:
+            try:
+                response = await http.get("/healthz")
+            except httpx.TransportError:
+                return 0, ""
+            return response.status_code, response.text
+
+        async def status_is(code: int, text: str = "") -> bool:
+            status, body = await health()
+            return status == code and text in body
+
+        with relays(tmp_path, env) as [relay]:
+            writers.start()
+            await wait_for(lambda: status_is(200), within=60, what="a healthy relay")
+            await wait_for(lambda: writers.total >= 50, within=30, what="50 events written")
+            await secured_kafka.revoke(f"User:{user}", "TOPIC", topic, ["WRITE"])
+            await wait_for(
+                lambda: status_is(503, f"WRITE on Topic:{topic}"),
+                within=60,
+                what="/healthz to name the missing permission",
+            )
+            assert relay.process is not None
+            assert relay.process.poll() is None, "the relay keeps running"
+            await secured_kafka.grant(f"User:{user}", "TOPIC", topic, ["WRITE"])
+            await writers.stop()
+            await wait_for(lambda: _drained(url), within=90, what="the backlog to drain")
+            await wait_for(lambda: status_is(200), within=30, what="healthy again")
+            log = relay.log()
+    check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 1))
+    assert password not in log
+    assert "partitions fenced" not in log, "a missing ACL is not a fencing"
