@@ -163,16 +163,36 @@ async def test_inbox_over_sasl_ssl_with_only_its_acls_takes_each_effect_once(
     assert password not in worker.log()
 
 
-def test_a_wrong_password_is_one_line_and_exit_1(secured_kafka: SecuredKafkaCluster) -> None:
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("wrong password", "refused the login of alice with SCRAM-SHA-512"),
+        ("untrusted certificate", "is not trusted here"),
+        ("another host's certificate", "is not valid for that host name"),
+    ],
+)
+def test_a_connection_kafka_refuses_is_one_line_and_exit_1(
+    case: str, expected: str, secured_kafka: SecuredKafkaCluster, migrated_postgresql_url: str
+) -> None:
     env = {
         **secured_kafka.environment("alice"),
-        "OUTBOXKIT_KAFKA_SASL_PASSWORD": "not-it",
-        "OUTBOXKIT_DATABASE_URL": "memory://check",
+        "OUTBOXKIT_DATABASE_URL": migrated_postgresql_url,
+        "OUTBOXKIT_TOPICS": "orders",
+        "OUTBOXKIT_CONNECT_TIMEOUT": "5",
     }
-    result = run_cli("check", env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "refused the login of alice with SCRAM-SHA-512" in result.stdout + result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
+    if case == "wrong password":
+        env["OUTBOXKIT_KAFKA_SASL_PASSWORD"] = "not-it"
+    elif case == "untrusted certificate":
+        env["OUTBOXKIT_KAFKA_SSL_CA_FILE"] = ""  # the system's authorities
+    else:
+        env["OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS"] = secured_kafka.wrong_host_bootstrap
+    for command in (("check",), ("relay",)):
+        result = run_cli(*command, env=env)
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert expected in output, output
+        assert "Traceback" not in output, output
+        assert secured_kafka.users["alice"] not in output
 
 
 def _without(acls: list[Acl], resource_type: str, operation: str) -> list[Acl]:
@@ -323,7 +343,11 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
             await writers.stop()
             await wait_for(lambda: _drained(url), within=90, what="the backlog to drain")
             await wait_for(lambda: status_is(200), within=30, what="healthy again")
-            log = relay.log()
+            shown = [relay.log(), (await health())[1], (await http.get("/metrics")).text]
+            status = run_cli("relay", "status", env={**env, "OUTBOXKIT_HTTP_PORT": ""})
+            assert status.returncode == 0, status.stdout + status.stderr
+            shown.append(status.stdout + status.stderr)
     check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 1))
-    assert password not in log
-    assert "partitions fenced" not in log, "a missing ACL is not a fencing"
+    for text in shown:  # the log, /healthz, /metrics, `relay status`
+        assert password not in text
+    assert "partitions fenced" not in shown[0], "a missing ACL is not a fencing"
