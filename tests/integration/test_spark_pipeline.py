@@ -25,8 +25,10 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.embedded._process import wait_until
+from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.schemas import Event, encode
 from tests.integration.conftest import REPO, MakeTopic
 
@@ -36,6 +38,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from outboxkit.demo.pipeline import order_totals  # noqa: E402
 from outboxkit.pipeline import BatchInfo, DeltaSink, PipelineSettings, PostgresSink, run  # noqa: E402
+from outboxkit.pipeline.job import read_kafka  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -365,3 +368,37 @@ def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
 
 def serving_rows_orders(url: str) -> int:
     return sum(total.orders for total in serving_table(url).values())
+
+
+@pytest.mark.timeout(300)
+async def test_the_pipeline_reads_a_sasl_ssl_topic(
+    spark: SparkSession,
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    pg_url: str,
+    tmp_path: Path,
+) -> None:
+    """The same Kafka settings as every other component, as the Kafka source's options: TLS
+    with the test authority (a PEM trust store), a SCRAM-SHA-512 login; the password never
+    in the query plan."""
+    topic = await make_secured_topic("shop.orders", partitions=2)
+    events = [order(n, T0 + timedelta(minutes=7 * n), topic=topic) for n in range(30)]
+    await produce(secured_kafka.plaintext_bootstrap, topic, [wire(e) for e in events])
+    kafka = secured_kafka.settings("admin")
+    settings = settings_for(
+        tmp_path, kafka.kafka_bootstrap_servers[0], topic, pg_url, **_security_fields(kafka)
+    )
+    report = await asyncio.to_thread(run, order_totals(settings), settings, spark=spark)
+    assert report.input_rows == len(events)
+    assert serving_table(pg_url) == recount(events)
+    plan = read_kafka(spark, settings, [topic])._jdf.queryExecution().analyzed().toString()
+    assert secured_kafka.users["admin"] not in plan + str(report)
+    assert "jaas" in spark.conf.get("spark.sql.redaction.options.regex", "")
+
+
+def _security_fields(kafka: KafkaConnectionSettings) -> dict[str, Any]:
+    return {
+        name: getattr(kafka, name)
+        for name in KafkaConnectionSettings.model_fields
+        if name != "kafka_bootstrap_servers"
+    }
