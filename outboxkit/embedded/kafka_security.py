@@ -41,23 +41,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import (
-    CompactArray,
-    CompactBytes,
-    CompactString,
-    Int8,
-    Int16,
-    Int32,
-    Schema,
-    TaggedFields,
-)
 from pydantic import SecretStr
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.embedded.kafka import KafkaCluster
+from outboxkit.embedded.kafka_scram import AlterScram, DescribeScram, Upsertion
 
 if TYPE_CHECKING:
     import trustme
@@ -133,7 +123,6 @@ _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _PASSWORD = re.compile(r"[A-Za-z0-9._~-]+")
 
 #: An AlterUserScramCredentials upsertion: name, mechanism, iterations, salt, salted password, tags
-_Upsertion = tuple[str, int, int, bytes, bytes, dict[int, bytes]]
 
 #: How long a new ACL or SCRAM user may take to reach every broker's metadata.
 _ENFORCED_WITHIN = 15.0
@@ -385,15 +374,15 @@ class SecuredKafkaCluster(KafkaCluster):
         salt = secrets.token_bytes(16)
         digest = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
         salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, _SCRAM_ITERATIONS)
-        upsertion: _Upsertion = (name, _SCRAM_TYPES[mechanism], _SCRAM_ITERATIONS, salt, salted, {})
+        upsertion: Upsertion = (name, _SCRAM_TYPES[mechanism], _SCRAM_ITERATIONS, salt, salted, {})
         async with self._admin_client() as client:
-            response = await client.send(client.get_random_node(), _AlterScram([upsertion]))
+            response = await client.send(client.get_random_node(), AlterScram([upsertion]))
             for _, error_code, message, _tags in response.results:
                 if error_code:
                     raise for_code(error_code)(message)
 
             async def known(node_id: int) -> bool:
-                response = await client.send(node_id, _DescribeScram([(name, {})]))
+                response = await client.send(node_id, DescribeScram([(name, {})]))
                 return any(
                     error_code == 0 and any(info[0] == _SCRAM_TYPES[mechanism] for info in infos)
                     for _, error_code, _message, infos, _tags in response.results
@@ -509,108 +498,3 @@ async def _on_every_broker(
         raise TimeoutError(
             f"{what}: not in effect on every broker after {_ENFORCED_WITHIN:.0f} s"
         ) from None
-
-
-# --- the SCRAM requests aiokafka lacks (KIP-554; flexible versions only) ---------------------
-
-
-class _AlterScramResponseV0(Response):  # type: ignore[misc]
-    API_KEY = 51
-    API_VERSION = 0
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        (
-            "results",
-            CompactArray(
-                ("user", CompactString("utf-8")),
-                ("error_code", Int16),
-                ("error_message", CompactString("utf-8")),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class _AlterScramRequestV0(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 51
-    API_VERSION = 0
-    RESPONSE_TYPE = _AlterScramResponseV0
-    SCHEMA = Schema(
-        (
-            "deletions",
-            CompactArray(
-                ("name", CompactString("utf-8")), ("mechanism", Int8), ("tags", TaggedFields)
-            ),
-        ),
-        (
-            "upsertions",
-            CompactArray(
-                ("name", CompactString("utf-8")),
-                ("mechanism", Int8),
-                ("iterations", Int32),
-                ("salt", CompactBytes),
-                ("salted_password", CompactBytes),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class _AlterScram(Request[_AlterScramRequestV0]):  # type: ignore[misc]
-    API_KEY = 51
-
-    def __init__(self, upsertions: list[_Upsertion]) -> None:
-        self._upsertions = upsertions
-
-    def build(self, request_struct_class: type[Any]) -> Any:
-        return request_struct_class([], self._upsertions, {})
-
-
-class _DescribeScramResponseV0(Response):  # type: ignore[misc]
-    API_KEY = 50
-    API_VERSION = 0
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        ("error_message", CompactString("utf-8")),
-        (
-            "results",
-            CompactArray(
-                ("user", CompactString("utf-8")),
-                ("error_code", Int16),
-                ("error_message", CompactString("utf-8")),
-                (
-                    "credential_infos",
-                    CompactArray(
-                        ("mechanism", Int8), ("iterations", Int32), ("tags", TaggedFields)
-                    ),
-                ),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class _DescribeScramRequestV0(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 50
-    API_VERSION = 0
-    RESPONSE_TYPE = _DescribeScramResponseV0
-    SCHEMA = Schema(
-        ("users", CompactArray(("name", CompactString("utf-8")), ("tags", TaggedFields))),
-        ("tags", TaggedFields),
-    )
-
-
-class _DescribeScram(Request[_DescribeScramRequestV0]):  # type: ignore[misc]
-    API_KEY = 50
-
-    def __init__(self, users: list[tuple[str, dict[int, bytes]]]) -> None:
-        self._users = users
-
-    def build(self, request_struct_class: type[Any]) -> Any:
-        return request_struct_class(self._users, {})
