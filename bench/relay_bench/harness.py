@@ -28,6 +28,7 @@ from outboxkit.schemas import EncodedEvent, Event
 
 if TYPE_CHECKING:
     from bench.relay_bench.outbox import BenchOutbox
+    from bench.relay_bench.security import KafkaSecurity
 
 SOURCE = "urn:service:bench"
 CEILING_TOPIC = "bench.ceiling"
@@ -225,6 +226,11 @@ class CpuMeter:
         return "CPU cores busy: " + ", ".join(parts) + f" (of {os.cpu_count()})"
 
 
+def relay_cpu_ms(before: CpuSnapshot, after: CpuSnapshot, events: float) -> float:
+    """Relay-process CPU milliseconds per event."""
+    return before.seconds(after, "relays") * 1000 / max(events, 1)
+
+
 def relay_cpu_per_event(before: CpuSnapshot, after: CpuSnapshot, events: float) -> str:
     """Relay-process CPU per event: the figure the relay's own efficiency is judged by."""
     seconds = before.seconds(after, "relays")
@@ -250,6 +256,8 @@ class Ctx:
     admin: AIOKafkaAdminClient
     workdir: Path
     cpu: CpuMeter
+    #: How the relays reach Kafka (``--kafka-security``); ``bootstrap`` is the bench's own.
+    security: KafkaSecurity
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     results: list[Result] = field(default_factory=list)
     ceiling_plain: float | None = None
@@ -259,22 +267,36 @@ class Ctx:
     database: str = "postgresql"
     #: Several databases in one run: each result's phase names its database.
     labelled: bool = False
+    #: Several ``--kafka-security`` values in one run: each result's phase names its protocol.
+    security_labelled: bool = False
     #: Relay count → drain rate (events/s; the median of the runs), for the comparison.
     drain_rates: dict[int, float] = field(default_factory=dict)
     #: One line per per-key order violation found (shared by every database's context): the
     #: run prints them after the summary and exits non-zero.
     order_failures: list[str] = field(default_factory=list)
+    #: Figures compared across ``--kafka-security`` values (``main.compare_security``): drain
+    #: events/s and relay CPU ms/event per relay count, steady p50/p99 seconds and CPU…
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        """Which database and protocol this context measures, as far as the run has several."""
+        parts = [self.database] if self.labelled else []
+        return ", ".join(parts + ([self.security.label] if self.security_labelled else []))
 
     def add(self, result: Result) -> None:
-        if self.labelled and result.phase != "ceiling":
-            result.phase = f"{result.phase} ({self.database})"
+        parts = [self.database] if self.labelled and result.phase != "ceiling" else []
+        parts += [self.security.label] if self.security_labelled else []
+        if parts:
+            result.phase = f"{result.phase} ({', '.join(parts)})"
         self.results.append(result)
 
     def check_order(self, case: str, records: Iterable[Published]) -> int:
         """Per-key order (G2) of what ``case`` (its phase first) read back; each violation is
         kept for the end of the run. Returns how many records broke it."""
         violations = order_violations(records)
-        where = f"{case} ({self.database})"
+        labels = [self.database] + ([self.security.label] if self.security_labelled else [])
+        where = f"{case} ({', '.join(labels)})"
         for violation in violations[:ORDER_SHOWN]:
             self.order_failures.append(f"{where}: {violation}")
         if len(violations) > ORDER_SHOWN:
@@ -287,10 +309,10 @@ class Ctx:
 
 def transactional_producer(ctx: Ctx, name: str, **config: Any) -> AIOKafkaProducer:
     """A transactional producer set up as the relay's (acks=all, idempotent, no linger, 10 s
-    transaction and request timeouts), named ``bench-<name>`` (unique per run); ``config``
-    adds or overrides aiokafka settings."""
+    transaction and request timeouts), named ``bench-<name>`` (unique per run), on the listener
+    the relays use (``ctx.security``); ``config`` adds or overrides aiokafka settings."""
     settings: dict[str, Any] = {
-        "bootstrap_servers": ctx.bootstrap,
+        **ctx.security.client_options(),
         "acks": "all",
         "enable_idempotence": True,
         "transactional_id": f"bench-{name}-{ctx.run_id}",

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,16 @@ from bench.relay_bench.phase_idle import phase_idle
 from bench.relay_bench.phase_steady import phase_steady
 from bench.relay_bench.phase_writer import phase_writer
 from bench.relay_bench.relays import child_relay
+from bench.relay_bench.security import (
+    SECURITIES,
+    KafkaSecurity,
+    Plaintext,
+    SaslSsl,
+    compare_security,
+    warm_up,
+)
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo
 
 PHASES: dict[str, Callable[[Ctx], Awaitable[None]]] = {
@@ -92,6 +102,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "starting one (the bench uses its database outboxkit_bench)",
     )
     p.add_argument("--kafka", help="use this Kafka (bootstrap servers) instead of starting one")
+    p.add_argument(
+        "--kafka-security",
+        default="plaintext",
+        help="how the relays reach Kafka: plaintext, sasl_ssl, or both (plaintext,sasl_ssl: "
+        "one secured broker, every phase runs over one listener then the other, in this order, "
+        "and SASL_SSL/PLAINTEXT ratios are printed); sasl_ssl starts the embedded "
+        "SecuredKafkaCluster (not with --kafka)",
+    )
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--keys", type=int, default=1000, help="distinct event keys")
     p.add_argument("--ceiling-records", type=int, default=60_000)
@@ -150,14 +168,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.relays = [int(x) for x in str(args.relays).split(",") if x]
     args.churn_modes = [x.strip() for x in str(args.churn_modes).split(",") if x.strip()]
     args.phases = [x.strip() for x in str(args.only).split(",") if x.strip()]
-    args.databases = [x.strip() for x in str(args.database).split(",") if x.strip()]
-    if not args.databases or set(args.databases) - set(DATABASES):
-        p.error(f"--database: one or more of {', '.join(DATABASES)}")
+    _check_servers(p, args)
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
     _check_keys(p, args)
     return args
+
+
+def _check_servers(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--database`` and ``--kafka-security`` as lists, in the order given (the order they
+    run in)."""
+    args.databases = [x.strip() for x in str(args.database).split(",") if x.strip()]
+    if not args.databases or set(args.databases) - set(DATABASES):
+        p.error(f"--database: one or more of {', '.join(DATABASES)}")
+    args.securities = list(
+        dict.fromkeys(x.strip() for x in str(args.kafka_security).split(",") if x.strip())
+    )
+    if not args.securities or set(args.securities) - set(SECURITIES):
+        p.error(f"--kafka-security: one or more of {', '.join(SECURITIES)}")
+    if "sasl_ssl" in args.securities and args.kafka:
+        p.error("--kafka-security sasl_ssl starts its own secured broker: not with --kafka")
 
 
 def _check_keys(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -173,56 +204,71 @@ async def run_phases(
     args: argparse.Namespace,
     outboxes: dict[str, BenchOutbox],
     bootstrap: str,
+    securities: Sequence[KafkaSecurity],
+    *,
     cpu: CpuMeter,
     workdir: Path,
 ) -> Ctx:
-    """Every phase asked for, each on every database in turn (the ceiling once: it is Kafka's).
-    Returns the first database's context; every context shares its results."""
+    """Every phase asked for, each on every database and over every ``--kafka-security`` in
+    turn (the ceiling once per protocol: it is Kafka's). Returns the first context; every
+    context shares its results."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
-    first, *others = outboxes
-    ctx = Ctx(args, outboxes[first], bootstrap, admin, workdir, cpu, database=first)
-    ctxs = [ctx] + [
-        Ctx(
+    run_id = uuid.uuid4().hex[:6]
+    ctxs: list[Ctx] = []
+    results: list[Result] = []
+    order_failures: list[str] = []
+    for db, security in itertools.product(outboxes, securities):
+        each = Ctx(
             args,
             outboxes[db],
             bootstrap,
             admin,
             workdir,
             cpu,
+            security,
             database=db,
-            results=ctx.results,
-            order_failures=ctx.order_failures,
+            results=results,
+            order_failures=order_failures,
+            labelled=len(outboxes) > 1,
+            # Over SASL_SSL alone, the rows say so too.
+            security_labelled=[s.name for s in securities] != ["plaintext"],
         )
-        for db in others
-    ]
-    for each in ctxs:
-        each.labelled = len(ctxs) > 1
-        each.run_id = f"{ctx.run_id}-{each.database[:2]}"
+        suffix = f"-{security.name[:2]}" if each.security_labelled else ""
+        each.run_id = f"{run_id}-{db[:2]}{suffix}"
+        ctxs.append(each)
     try:
-        for each in ctxs:
+        for db, outbox in outboxes.items():
             if set(args.phases) - _KAFKA_ONLY - _POSTGRES_ONLY or (
-                each.database == "postgresql" and set(args.phases) & _POSTGRES_ONLY
+                db == "postgresql" and set(args.phases) & _POSTGRES_ONLY
             ):
-                await each.outbox.prepare()
+                await outbox.prepare()
+        first_db = ctxs[0].database
+        if len(securities) > 1:
+            await warm_up([c for c in ctxs if c.database == first_db])
         for phase, run in PHASES.items():
             if phase not in args.phases:
                 continue
-            for each in ctxs[:1] if phase in _KAFKA_ONLY else ctxs:
+            kafka_only = phase in _KAFKA_ONLY
+            for each in [c for c in ctxs if c.database == first_db] if kafka_only else ctxs:
                 await _run_phase(each, phase, run)
                 for other in ctxs:
-                    other.ceiling_plain = other.ceiling_plain or each.ceiling_plain
-                    other.ceiling_txn = other.ceiling_txn or each.ceiling_txn
+                    if other.security is each.security:
+                        other.ceiling_plain = other.ceiling_plain or each.ceiling_plain
+                        other.ceiling_txn = other.ceiling_txn or each.ceiling_txn
+            compare_security(ctxs, phase, kafka_only=kafka_only)
         compare_drains(ctxs)
     finally:
         await admin.close()
         for outbox in outboxes.values():
             await outbox.close()
-    return ctx
+    return ctxs[0]
 
 
 async def _run_phase(ctx: Ctx, phase: str, run: Callable[[Ctx], Awaitable[None]]) -> None:
-    where = f" ({ctx.database})" if phase not in _KAFKA_ONLY else ""
+    labels = [] if phase in _KAFKA_ONLY else [ctx.database]
+    labels += [ctx.security.label] if ctx.security_labelled else []
+    where = f" ({', '.join(labels)})" if labels else ""
     say(f"\n== {phase}{where} ==")
     if phase in _POSTGRES_ONLY and ctx.database != "postgresql":
         say(f"n/a on {ctx.database}: this phase measures PostgreSQL itself")
@@ -240,24 +286,27 @@ async def _run_phase(ctx: Ctx, phase: str, run: Callable[[Ctx], Awaitable[None]]
 
 
 def compare_drains(ctxs: Sequence[Ctx]) -> None:
-    """MongoDB's drain rate over PostgreSQL's, per relay count, when both ran (target ≥ 0.5x)."""
-    by_db = {c.database: c for c in ctxs}
-    mongo, pg = by_db.get("mongodb"), by_db.get("postgresql")
-    if mongo is None or pg is None:
-        return
-    for n in sorted(mongo.drain_rates.keys() & pg.drain_rates.keys()):
-        ratio = mongo.drain_rates[n] / pg.drain_rates[n]
-        figure = f"{mongo.drain_rates[n]:,.0f} / {pg.drain_rates[n]:,.0f} ev/s"
-        say(f"drain, {n} relay(s): MongoDB / PostgreSQL = {figure} = {ratio:.2f}x")
-        mongo.add(
-            Result(
-                "drain",
-                f"{n} relay(s), MongoDB / PostgreSQL",
-                figure,
-                f"{ratio:.2f}x",
-                "target ≥ 0.5x",
+    """MongoDB's drain rate over PostgreSQL's, per relay count, when both ran (target ≥ 0.5x);
+    over each ``--kafka-security`` protocol."""
+    for security in dict.fromkeys(c.security for c in ctxs):
+        by_db = {c.database: c for c in ctxs if c.security is security}
+        mongo, pg = by_db.get("mongodb"), by_db.get("postgresql")
+        if mongo is None or pg is None:
+            continue
+        over = f" over {security.label}" if mongo.security_labelled else ""
+        for n in sorted(mongo.drain_rates.keys() & pg.drain_rates.keys()):
+            ratio = mongo.drain_rates[n] / pg.drain_rates[n]
+            figure = f"{mongo.drain_rates[n]:,.0f} / {pg.drain_rates[n]:,.0f} ev/s"
+            say(f"drain, {n} relay(s){over}: MongoDB / PostgreSQL = {figure} = {ratio:.2f}x")
+            mongo.results.append(
+                Result(
+                    "drain",
+                    f"{n} relay(s), MongoDB / PostgreSQL{over}",
+                    figure,
+                    f"{ratio:.2f}x",
+                    "target ≥ 0.5x",
+                )
             )
-        )
 
 
 def report_slow_statements(log: Path, limit: int = 40) -> None:
@@ -355,22 +404,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         servers = Servers(args, stack, cpu)
         outboxes = {db: servers.outbox(db) for db in args.databases}
+        securities: list[KafkaSecurity]
         if args.kafka:
             bootstrap = args.kafka
+            securities = [Plaintext(bootstrap, on_secured_broker=False)]
+            kafka_described = f"at {args.kafka}"
         else:
-            kafka = stack.enter_context(KafkaCluster(1))
+            secured = "sasl_ssl" in args.securities
+            kafka = stack.enter_context(SecuredKafkaCluster(1) if secured else KafkaCluster(1))
             bootstrap = kafka.bootstrap_servers
             pid = kafka.nodes[0].pid
             if pid is not None:
                 cpu.roots["kafka"] = [pid]
+            securities = [
+                SaslSsl(kafka)
+                if name == "sasl_ssl" and isinstance(kafka, SecuredKafkaCluster)
+                else Plaintext(bootstrap, on_secured_broker=secured)
+                for name in args.securities
+            ]
+            kafka_described = (
+                "1 embedded secured node (SecuredKafkaCluster: StandardAuthorizer, ACLs "
+                "enforced); the bench's own clients on its PLAINTEXT listener"
+                if secured
+                else "1 embedded node"
+            )
         say(
             f"outboxkit relay benchmark: {os.cpu_count()} CPUs, load average "
             f"{os.getloadavg()[0]:.1f}; {'; '.join(servers.described)}; Kafka "
-            f"{'at ' + args.kafka if args.kafka else '1 embedded node'}; phases "
+            f"{kafka_described}; {'; '.join(s.describe() for s in securities)}; phases "
             f"{', '.join(args.phases)}; relays as {args.relay_mode}; relay settings "
             f"{args.relay_setting or 'defaults'}; workdir {workdir}"
         )
-        ctx = asyncio.run(run_phases(args, outboxes, bootstrap, cpu, workdir))
+        ctx = asyncio.run(
+            run_phases(args, outboxes, bootstrap, securities, cpu=cpu, workdir=workdir)
+        )
         if servers.pg_log is not None:
             report_slow_statements(servers.pg_log)
             if ctx.keep_workdir:

@@ -6,7 +6,8 @@ MongoDB, which has no such declaration: nothing is pending); the event's commit 
 as in ``steady``. And Kafka's part alone, the floor under the relay's, measured first: one
 transactional producer, one record per transaction (begin + AddPartitionsToTxn + Produce until
 acknowledged, then EndTxn), warm (one every 20 ms) and after the same ``--idle-gap`` as the
-relay's events (a client and a broker that sat idle, as the relay's did).
+relay's events (a client and a broker that sat idle, as the relay's did), over the listener the
+relay uses (``--kafka-security``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bench.relay_bench.harness import (
     Result,
     ensure_topic,
     latency_figures,
+    pct,
     relay_cpu_per_event,
     say,
     stage_breakdown,
@@ -45,6 +47,7 @@ async def phase_idle(ctx: Ctx) -> None:
     try:
         whole, send, commit, cpu_ms = await _kafka_alone(ctx, 0.02, 200)
         after_gap = await _kafka_alone(ctx, args.idle_gap, args.idle_events)
+        ctx.figures["idle kafka alone"] = whole / 1000
         floor = (
             f"Kafka alone: a one-record transaction p50 {whole:.2f} ms, "
             f"{after_gap[0]:.2f} ms after {args.idle_gap:g} s idle"
@@ -88,6 +91,8 @@ async def phase_idle(ctx: Ctx) -> None:
     idle = latency.get("idle", [])
     stages = stage_breakdown(metrics0, metrics1)
     cpu = relay_cpu_per_event(snap, after, len(idle))
+    if idle:
+        ctx.figures["idle p50"] = pct(idle, 0.5)
     say(
         f"idle: {len(idle)} events, commit→consumer {latency_figures(idle)}; commit→relay send "
         f"{pickup_figures(pickup.get('idle', []))}; missing {missing}; {cpu} (idle time included)"

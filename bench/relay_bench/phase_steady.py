@@ -35,6 +35,7 @@ from bench.relay_bench.harness import (
     histogram_buckets,
     latency_figures,
     pct,
+    relay_cpu_ms,
     relay_cpu_per_event,
     say,
     stage_breakdown,
@@ -87,6 +88,10 @@ async def phase_steady(ctx: Ctx) -> None:
     sends = pickup.get("steady", [])
     events = len([1 for label in commits.labels.values() if label == "steady"])
     cpu = relay_cpu_per_event(snap, after, events)
+    if steady:
+        ctx.figures["steady p50"] = pct(steady, 0.5)
+        ctx.figures["steady p99"] = pct(steady, 0.99)
+        ctx.figures["steady cpu"] = relay_cpu_ms(snap, after, events)
     late = 100 * len(commits.behind) / max(len(commits.at), 1)
     stages = stage_breakdown(metrics0, metrics1)
     hist0 = histogram_buckets(metrics0, HISTOGRAM)

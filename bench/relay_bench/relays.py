@@ -88,11 +88,13 @@ def relay_overrides(ctx: Ctx) -> dict[str, str]:
     return found
 
 
-def relay_env(ctx: Ctx, topic: str, group: str, **extra: str) -> dict[str, str]:
+async def relay_env(ctx: Ctx, topic: str, group: str, **extra: str) -> dict[str, str]:
+    """The relays' OUTBOXKIT_* variables: Kafka as ``ctx.security`` says (over SASL_SSL, the
+    group's user and its ACLs are made here), then ``--relay-setting`` and ``extra``."""
     settings = {**relay_overrides(ctx), **extra}
     return {
         "OUTBOXKIT_DATABASE_URL": ctx.outbox.url,
-        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": ctx.bootstrap,
+        **await ctx.security.relay_environment(group, topic),
         "OUTBOXKIT_TOPICS": topic,
         "OUTBOXKIT_RELAY_NAME": group,
         **{f"OUTBOXKIT_{k.upper()}": v for k, v in settings.items()},
@@ -104,13 +106,9 @@ class InProcessRelays:
     ``backend_for`` gives the database's URL, as the CLI does)."""
 
     def __init__(self, ctx: Ctx, n: int, topic: str, group: str) -> None:
-        self.settings = RelaySettings(
-            database_url=ctx.outbox.url,
-            kafka_bootstrap_servers=ctx.bootstrap,
-            topics=topic,
-            relay_name=group,
-            **cast(dict[str, Any], relay_overrides(ctx)),
-        )
+        self.ctx = ctx
+        self.topic = topic
+        self.group = group
         self.n = n
         self.registries = [CollectorRegistry() for _ in range(n)]
         self._stack = contextlib.AsyncExitStack()
@@ -122,10 +120,13 @@ class InProcessRelays:
         return [os.getpid()]
 
     async def start(self) -> None:
+        env = await relay_env(self.ctx, self.topic, self.group)
+        fields = {k.removeprefix("OUTBOXKIT_").lower(): v for k, v in env.items()}
+        settings = RelaySettings(**cast(dict[str, Any], fields))
         for registry in self.registries:
-            backend = backend_for(self.settings.database_url)
-            storage, wakeups = await self._stack.enter_async_context(backend.relay(self.settings))
-            relay = Relay(self.settings, storage, wakeups, metrics=RelayMetrics(registry))
+            backend = backend_for(settings.database_url)
+            storage, wakeups = await self._stack.enter_async_context(backend.relay(settings))
+            relay = Relay(settings, storage, wakeups, metrics=RelayMetrics(registry))
             self.relays.append(relay)
             self._tasks.append(asyncio.create_task(relay.run()))
 
@@ -162,7 +163,9 @@ class SubprocessRelays:
         self, ctx: Ctx, n: int, topic: str, group: str, *, instance_ids: bool = False, **extra: str
     ) -> None:
         self.ctx = ctx
-        self.env = relay_env(ctx, topic, group, **extra)
+        self.topic = topic
+        self.extra = extra
+        self.env: dict[str, str] = {}
         self.n = n
         self.group = group
         self.instance_ids = instance_ids
@@ -180,6 +183,8 @@ class SubprocessRelays:
             await self.start_one(i)
 
     async def start_one(self, i: int) -> None:
+        if not self.env:
+            self.env = await relay_env(self.ctx, self.topic, self.group, **self.extra)
         # Unbuffered: a SIGKILLed relay keeps its last lines.
         env = {
             **os.environ,
