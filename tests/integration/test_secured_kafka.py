@@ -58,6 +58,25 @@ async def principal(kafka: SecuredKafkaCluster, acls: list[Acl]) -> tuple[str, s
     return name, password
 
 
+async def login(
+    kafka: SecuredKafkaCluster, auth: str, acls: list[Acl]
+) -> tuple[dict[str, str], str]:
+    """A new principal with exactly ``acls``, logging in by ``auth`` (``scram``: SASL_SSL
+    SCRAM-SHA-512; ``mtls``: a client certificate): its ``OUTBOXKIT_KAFKA_*`` environment and
+    the secret that must never be shown (the password, or the private key)."""
+    if auth == "scram":
+        user, password = await principal(kafka, acls)
+        return kafka.environment(user), password
+    client = f"c-{uuid.uuid4().hex[:8]}"
+    for acl in acls:
+        await kafka.grant(
+            f"User:CN={client}", acl.resource_type, acl.name, acl.operations, pattern=acl.pattern
+        )
+    env = kafka.mtls_environment(client)
+    _, key_file = kafka.client_cert(client)
+    return env, key_file.read_bytes().splitlines()[1].decode()  # a line of the private key
+
+
 def relay_environment(
     kafka: SecuredKafkaCluster, url: str, topic: str, name: str, user: str
 ) -> dict[str, str]:
@@ -72,7 +91,9 @@ async def _drained(url: str) -> bool:
     return await pending(url) == 0
 
 
-async def test_relay_over_sasl_ssl_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
+@pytest.mark.parametrize("auth", ["scram", "mtls"])
+async def test_relay_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
+    auth: str,
     secured_kafka: SecuredKafkaCluster,
     make_secured_topic: MakeTopic,
     migrated_postgresql_url: str,
@@ -82,8 +103,10 @@ async def test_relay_over_sasl_ssl_with_only_its_acls_keeps_g1_g2_across_a_sigki
     topic = await make_secured_topic("relay", partitions=2)
     await register_topic(url, topic, 2)
     name = f"sec-{uuid.uuid4().hex[:6]}"
-    user, password = await principal(secured_kafka, relay_acls(f"outboxkit.relay.{name}", [topic]))
-    env = relay_environment(secured_kafka, url, topic, name, user)
+    kafka_env, secret = await login(
+        secured_kafka, auth, relay_acls(f"outboxkit.relay.{name}", [topic])
+    )
+    env = {**relay_env(url, "", topic), "OUTBOXKIT_RELAY_NAME": name, **kafka_env}
     writers = Writers(url, topic, entities=8)
     with relays(tmp_path, env) as [first]:
         writers.start()
@@ -100,39 +123,12 @@ async def test_relay_over_sasl_ssl_with_only_its_acls_keeps_g1_g2_across_a_sigki
             second.kill()
         logs = first.log() + second.log()
     print(check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 2)))
-    assert password not in logs
+    assert secret not in logs
 
 
-async def test_relay_over_mutual_tls_publishes(
-    secured_kafka: SecuredKafkaCluster,
-    make_secured_topic: MakeTopic,
-    migrated_postgresql_url: str,
-    tmp_path: Path,
-) -> None:
-    url = migrated_postgresql_url
-    topic = await make_secured_topic("mtls", partitions=1)
-    await register_topic(url, topic, 1)
-    name = f"mtls-{uuid.uuid4().hex[:6]}"
-    client = f"relay-{name}"
-    for acl in relay_acls(f"outboxkit.relay.{name}", [topic]):
-        await secured_kafka.grant(
-            f"User:CN={client}", acl.resource_type, acl.name, acl.operations, pattern=acl.pattern
-        )
-    env = {
-        **relay_env(url, secured_kafka.mtls_bootstrap, topic),
-        "OUTBOXKIT_RELAY_NAME": name,
-        **secured_kafka.mtls_environment(client),
-    }
-    writers = Writers(url, topic, entities=4)
-    with relays(tmp_path, env):
-        writers.start()
-        await wait_for(lambda: writers.total >= 100, within=60, what="100 events written")
-        await writers.stop()
-        await wait_for(lambda: _drained(url), within=90, what="the outbox to drain")
-    check_guarantees(writers, await read_topic(secured_kafka.plaintext_bootstrap, topic, 1))
-
-
-async def test_inbox_over_sasl_ssl_with_only_its_acls_takes_each_effect_once(
+@pytest.mark.parametrize("auth", ["scram", "mtls"])
+async def test_inbox_with_only_its_acls_takes_each_effect_once(
+    auth: str,
     secured_kafka: SecuredKafkaCluster,
     make_secured_topic: MakeTopic,
     migrated_postgresql_url: str,
@@ -143,13 +139,10 @@ async def test_inbox_over_sasl_ssl_with_only_its_acls_takes_each_effect_once(
     admin = secured_kafka.plaintext_bootstrap
     await make_secured_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(url)
-    user, password = await principal(secured_kafka, inbox_acls(group_of(topic), [topic]))
+    kafka_env, secret = await login(secured_kafka, auth, inbox_acls(group_of(topic), [topic]))
     events = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in range(40)]
     await produce(admin, [*events, *events[:10]])  # a re-delivery among them
-    env = {
-        **inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic),
-        **secured_kafka.environment(user),
-    }
+    env = {**inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic), **kafka_env}
     worker = InboxProcess(tmp_path, env).start()
     try:
         await wait_for(
@@ -160,7 +153,7 @@ async def test_inbox_over_sasl_ssl_with_only_its_acls_takes_each_effect_once(
         assert worker.terminate() == 0, worker.log()
     finally:
         worker.kill()
-    assert password not in worker.log()
+    assert secret not in worker.log()
 
 
 @pytest.mark.parametrize(
