@@ -59,8 +59,9 @@ class BenchOutbox(Protocol):
         event's ``seq`` is its place among its key's events in the order the relays must
         publish them (``harness.with_seq``)."""
 
-    async def load_backlog(self, rows: int) -> None:
-        """Make ``rows`` of the seed pending at once (one commit wakes idle relays)."""
+    async def load_backlog(self, rows: int) -> float:
+        """Make ``rows`` of the seed pending (one commit wakes idle relays); return the
+        ``time.perf_counter()`` of the first commit, from when relays can drain."""
 
     async def clear(self) -> None:
         """No pending records, no relay declared waiting."""
@@ -203,9 +204,11 @@ class PostgresBenchOutbox:
         self._seeded = rows
         return seeded(rows, elapsed, distinct, "rows written by PostgresOutbox.add_many")
 
-    async def load_backlog(self, rows: int, table: str = "outboxkit.outbox") -> None:
-        async with await self.connect() as conn, conn.transaction():
-            await load_backlog(conn, table, rows)
+    async def load_backlog(self, rows: int, table: str = "outboxkit.outbox") -> float:
+        async with await self.connect() as conn:
+            async with conn.transaction():
+                await load_backlog(conn, table, rows)
+            return time.perf_counter()
 
     async def clear(self) -> None:
         async with await self.connect() as conn:
