@@ -312,27 +312,11 @@ class SecuredKafkaCluster(KafkaCluster):
         """Allow ``principal`` (``User:alice``, ``User:CN=relay``) ``operations`` on a resource
         (``name`` is :data:`CLUSTER_RESOURCE` for CLUSTER; a prefix if ``pattern`` is
         PREFIXED). Returns once every broker enforces the new ACLs."""
-        wanted = {_OPERATIONS[op] for op in operations}
         if resource_type == "CLUSTER" and name != CLUSTER_RESOURCE:
             raise ConfigurationError(f"the CLUSTER resource is named {CLUSTER_RESOURCE!r}")
-        resource = (_RESOURCE_TYPES[resource_type], name, _PATTERN_TYPES[pattern])
-        async with self._admin_client() as client:
-            for operation in sorted(wanted):
-                request = CreateAclsRequest(*resource, principal, host, operation, _ALLOW)
-                response = await client.send(client.get_random_node(), request)
-                for error_code, message in response.creation_responses:
-                    if error_code:
-                        raise for_code(error_code)(message)
-
-            async def enforced(node_id: int) -> bool:
-                request = DescribeAclsRequest(*resource, principal, host, _ANY_OPERATION, _ALLOW)
-                response = await client.send(node_id, request)
-                if response.error_code:
-                    raise for_code(response.error_code)(response.error_message)
-                seen = {acl[2] for res in response.resources for acl in res[3]}
-                return wanted <= seen
-
-            await _on_every_broker(client, enforced, f"ACLs of {principal} on {name}")
+        await self._change_acls(
+            "grant", principal, (resource_type, name, pattern), operations, host
+        )
 
     async def revoke(
         self,
@@ -345,25 +329,43 @@ class SecuredKafkaCluster(KafkaCluster):
         host: str = "*",
     ) -> None:
         """Take back what :meth:`grant` gave; returns once no broker enforces it any more."""
-        unwanted = {_OPERATIONS[op] for op in operations}
+        await self._change_acls(
+            "revoke", principal, (resource_type, name, pattern), operations, host
+        )
+
+    async def _change_acls(
+        self,
+        change: Literal["grant", "revoke"],
+        principal: str,
+        target: tuple[ResourceType, str, PatternType],
+        operations: Iterable[AclOperation],
+        host: str,
+    ) -> None:
+        changed = {_OPERATIONS[op] for op in operations}
+        resource_type, name, pattern = target
         resource = (_RESOURCE_TYPES[resource_type], name, _PATTERN_TYPES[pattern])
         async with self._admin_client() as client:
-            for operation in sorted(unwanted):
-                request = DeleteAclsRequest(*resource, principal, host, operation, _ALLOW)
-                response = await client.send(client.get_random_node(), request)
-                for error_code, message, *_ in response.filter_responses:
+            for operation in sorted(changed):
+                acl = (*resource, principal, host, operation, _ALLOW)
+                if change == "grant":
+                    response = await client.send(client.get_random_node(), CreateAclsRequest(*acl))
+                    errors = [(code, message) for code, message in response.creation_responses]
+                else:
+                    response = await client.send(client.get_random_node(), DeleteAclsRequest(*acl))
+                    errors = [(code, message) for code, message, *_ in response.filter_responses]
+                for error_code, message in errors:
                     if error_code:
                         raise for_code(error_code)(message)
 
-            async def gone(node_id: int) -> bool:
+            async def in_effect(node_id: int) -> bool:
                 request = DescribeAclsRequest(*resource, principal, host, _ANY_OPERATION, _ALLOW)
                 response = await client.send(node_id, request)
                 if response.error_code:
                     raise for_code(response.error_code)(response.error_message)
                 seen = {acl[2] for res in response.resources for acl in res[3]}
-                return not (unwanted & seen)
+                return changed <= seen if change == "grant" else not changed & seen
 
-            await _on_every_broker(client, gone, f"ACLs of {principal} on {name} revoked")
+            await _on_every_broker(client, in_effect, f"{change} of ACLs of {principal} on {name}")
 
     async def add_scram_user(
         self, name: str, password: str, mechanism: ScramMechanism = "SCRAM-SHA-512"
