@@ -7,6 +7,7 @@ Worker side: :class:`Relay` publishes the partitions its consumer-group member o
 
 from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
+    EventTooLargeError,
     NotInTransactionError,
     OwnershipLostError,
     RelayError,
@@ -29,6 +30,7 @@ from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
 from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
 __all__ = [
+    "EventTooLargeError",
     "GroupStatus",
     "InMemoryOutbox",
     "InMemoryOutboxStorage",

@@ -3,6 +3,7 @@
 RelayError
 ├── NotInTransactionError   the writer was handed a connection with no transaction
 ├── UnknownTopicError       the writer wrote to a topic the relay has not registered
+├── EventTooLargeError      the writer refused an event the relay could never publish
 ├── OwnershipLostError      Kafka fenced this relay's producer: another relay owns the partition
 └── StorageUnavailableError the database cannot be reached (retriable)
 """
@@ -20,6 +21,10 @@ class NotInTransactionError(RelayError):
 
 class UnknownTopicError(RelayError):
     """The topic is not registered in outboxkit.topics."""
+
+
+class EventTooLargeError(RelayError):
+    """An event whose key or Kafka record is over the writer's limit (relay/limits.py)."""
 
 
 class OwnershipLostError(RelayError):

@@ -15,6 +15,7 @@ from uuid import UUID
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.relay.exceptions import UnknownTopicError
+from outboxkit.relay.limits import check_size
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -273,7 +274,9 @@ class InMemoryOutbox:
     async def add_many(self, tx: MemoryTransaction, events: Iterable[Event]) -> None:
         added = list(events)
         for event in added:  # fail inside the transaction, as the database writers do
-            self.storage.check_topic(encode(event, source=self.source).topic)
+            wire = encode(event, source=self.source)
+            check_size(wire, event.id)
+            self.storage.check_topic(wire.topic)
 
         def commit() -> None:
             for event in added:

@@ -63,6 +63,9 @@ T = TypeVar("T")
 #: The head's choice reads this many records per record it may return: with repeated keys near the
 #: head, a wider window still fills the batch with distinct keys.
 _SCAN_FACTOR = 4
+#: Bytes of blocked keys the head read's ``$nin`` carries at most (mongod's commands are limited
+#: to 16 MB; keys are at most 4 KiB, relay/limits.py): beyond, keys are dropped after the read.
+_BLOCKED_IN_QUERY = 1_000_000
 #: The partial index of pending records the head read uses (migrations/mongodb/0002).
 HEAD_INDEX = "outbox_head_idx"
 
@@ -169,14 +172,18 @@ class MongoOutboxStorage(MongoConnection):
     ) -> list[Any]:
         """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
         first (see :meth:`head_pipeline`), from one snapshot: every transaction is seen whole
-        or not at all."""
-        pipeline = self.head_pipeline(tp, blocked, limit, depth)
+        or not at all. Blocked keys are left out by the query up to :data:`_BLOCKED_IN_QUERY`
+        bytes of them, so that no command grows with the parked keys (mongod refuses a command
+        over 16 MB); any more are left out of what it returns."""
+        in_query, rest = _split_by_size(blocked, _BLOCKED_IN_QUERY)
+        pipeline = self.head_pipeline(tp, in_query, limit, depth)
         async with self._client.start_session(snapshot=True, causal_consistency=False) as session:
             cursor = await _guard_snapshot(
                 self.outbox.aggregate(pipeline, hint=HEAD_INDEX, session=session)
             )
             heads = await _guard_snapshot(cursor.to_list())
-        return [i for head in heads for i in head["ids"]]
+        skipped = set(rest)
+        return [i for head in heads if bytes(head["_id"]) not in skipped for i in head["ids"]]
 
     async def _older_pending(
         self, keys: Mapping[TopicPartition, dict[bytes, int]]
@@ -392,6 +399,16 @@ class MongoOutboxStorage(MongoConnection):
 
 #: Fields of a published record that its replayed copy does not take.
 _PUBLISHED_ONLY = {"_id", "published_at", "expires_at", "last_error", "attempts"}
+
+
+def _split_by_size(keys: list[bytes], budget: int) -> tuple[list[bytes], list[bytes]]:
+    """``keys`` as the longest prefix of at most ``budget`` bytes, and the rest."""
+    used = 0
+    for index, key in enumerate(keys):
+        used += len(key)
+        if used > budget:
+            return keys[:index], keys[index:]
+    return keys, []
 
 
 async def _guard(operation: Awaitable[T]) -> T:

@@ -11,6 +11,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.core.mongo import Document, collection, require_transaction
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
+from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
 from outboxkit.relay.mongodb.positions import take_positions
 from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
 
@@ -35,13 +36,22 @@ class MongoOutbox:
     and MongoDB makes one of them retry (that is what keeps a key's events in commit order).
     """
 
-    def __init__(self, *, source: str, database: str) -> None:
+    def __init__(
+        self,
+        *,
+        source: str,
+        database: str,
+        max_key_bytes: int = MAX_KEY_BYTES,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+    ) -> None:
         if not source:
             raise ValueError("source must name the producing service, e.g. urn:service:orders")
         if not database:
             raise ValueError("database must name the MongoDB database of outboxkit's collections")
         self.source = source
         self.database = database
+        self.max_key_bytes = max_key_bytes
+        self.max_record_bytes = max_record_bytes
 
     async def add(self, session: AsyncClientSession, event: Event) -> None:
         await self.add_many(session, [event])
@@ -52,6 +62,13 @@ class MongoOutbox:
         encoded = [(event, encode(event, source=self.source)) for event in events]
         if not encoded:
             return
+        for event, wire in encoded:
+            check_size(
+                wire,
+                event.id,
+                max_key_bytes=self.max_key_bytes,
+                max_record_bytes=self.max_record_bytes,
+            )
         session = require_transaction(session, NotInTransactionError)
         db = session.client.get_database(self.database)
         partitions = await _partition_counts(db, session, {wire.topic for _, wire in encoded})

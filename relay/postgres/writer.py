@@ -10,6 +10,7 @@ from psycopg import pq
 
 from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
+from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
 from outboxkit.schemas import Event, encode, murmur2
 
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
@@ -28,10 +29,18 @@ class PostgresOutbox:
             await outbox.add(conn, OrderPlaced(order_id=…, customer_id=…))
     """
 
-    def __init__(self, *, source: str) -> None:
+    def __init__(
+        self,
+        *,
+        source: str,
+        max_key_bytes: int = MAX_KEY_BYTES,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+    ) -> None:
         if not source:
             raise ValueError("source must name the producing service, e.g. urn:service:orders")
         self.source = source
+        self.max_key_bytes = max_key_bytes
+        self.max_record_bytes = max_record_bytes
 
     async def add(self, conn: psycopg.AsyncConnection[Any], event: Event) -> None:
         await self.add_many(conn, [event])
@@ -50,6 +59,12 @@ class PostgresOutbox:
 
     def _params(self, event: Event) -> dict[str, Any]:
         wire = encode(event, source=self.source)
+        check_size(
+            wire,
+            event.id,
+            max_key_bytes=self.max_key_bytes,
+            max_record_bytes=self.max_record_bytes,
+        )
         return {
             "topic": wire.topic,
             "key_hash": murmur2(wire.key),
