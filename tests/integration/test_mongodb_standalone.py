@@ -1,0 +1,97 @@
+"""A relay on a standalone mongod (no replica set) does not run at all, as docs/mongodb.md says:
+the command refuses to start, and a relay run in code stops at its first claim, which mongod
+refuses. There is no sweep-only mode."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+
+from outboxkit.embedded._process import free_port, spawn, stop_process, wait_until
+from outboxkit.embedded.mongodb import find_mongod
+from outboxkit.relay.mongodb import MongoOutboxStorage
+from outboxkit.relay.records import TopicPartition
+from outboxkit.relay.worker import RETRIABLE
+from tests.docs_snippets import REPO
+from tests.helpers import run_cli
+
+#: What the relay command prints (after the URL), and what mongod answers the relay's claim.
+REFUSED = "is not a replica set"
+SNAPSHOT_REFUSED = "node needs to be a replica set member to use readConcern: snapshot"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def standalone_url(tmp_path: Path) -> Iterator[str]:
+    """``mongodb://127.0.0.1:<port>/shop`` on a mongod started without ``--replSet``."""
+    port = free_port()
+    data = tmp_path / "mongo"
+    data.mkdir()
+    log = tmp_path / "mongod.log"
+    argv = [str(find_mongod(fetch=True)), "--dbpath", str(data), "--port", str(port)]
+    argv += ["--bind_ip", "127.0.0.1", "--nounixsocket", "--wiredTigerCacheSizeGB", "0.25"]
+    process = spawn(argv, log_path=log)
+    client: MongoClient[dict[str, object]] = MongoClient(
+        f"127.0.0.1:{port}", directConnection=True, serverSelectionTimeoutMS=500
+    )
+
+    def answers() -> bool:
+        try:
+            client.admin.command("ping")
+        except PyMongoError:
+            return False
+        return True
+
+    try:
+        wait_until(answers, timeout=60, what="standalone mongod", process=process, log_path=log)
+        yield f"mongodb://127.0.0.1:{port}/shop"
+    finally:
+        client.close()
+        stop_process(process, signal.SIGTERM, timeout=30)
+
+
+def _standalone_sentence() -> str:
+    """docs/mongodb.md's sentence on a relay and a standalone mongod (the change-stream part)."""
+    text = (REPO / "docs/mongodb.md").read_text()
+    section = text.split("## The change stream is a wake-up, not the truth", 1)[1].split("\n## ")[0]
+    [sentence] = [
+        s for s in re.split(r"(?<=\.)\s+", " ".join(section.split())) if "standalone" in s
+    ]
+    return sentence
+
+
+def test_the_documents_say_the_relay_refuses_a_standalone_mongod() -> None:
+    sentence = _standalone_sentence()
+    assert "sweep" not in sentence, sentence
+    assert REFUSED in sentence
+    assert SNAPSHOT_REFUSED in sentence
+
+
+def test_the_relay_command_refuses_to_start(standalone_url: str) -> None:
+    env = {
+        "OUTBOXKIT_DATABASE_URL": standalone_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",  # nothing listens
+        "OUTBOXKIT_TOPICS": "orders",
+        "OUTBOXKIT_CONNECT_TIMEOUT": "2",
+    }
+    migrated = run_cli("migrate", env=env)  # migrations need no replica set
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    result = run_cli("relay", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"error: MongoDB at {standalone_url} {REFUSED}" in result.stderr
+
+
+async def test_a_relay_in_code_stops_at_its_first_claim(standalone_url: str) -> None:
+    assert run_cli("migrate", env={"OUTBOXKIT_DATABASE_URL": standalone_url}).returncode == 0
+    async with MongoOutboxStorage(standalone_url, connect_timeout=2) as storage:
+        with pytest.raises(OperationFailure, match=SNAPSHOT_REFUSED) as refused:
+            await storage.next_batch([TopicPartition("orders", 0)], 10)
+    # Not an error the relay retries: its partition worker, then the relay, stop with it.
+    assert not isinstance(refused.value, RETRIABLE)
