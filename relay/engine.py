@@ -48,6 +48,11 @@ _SLOW_LOG_EVERY = 30.0
 #: A check for dead relays that keeps failing for a reason other than an outage (a missing
 #: privilege) is logged this often.
 _REFUSED_LOG_EVERY = 60.0
+#: A block's worker that failed unexpectedly restarts after 0.5 s, then twice as long after each
+#: further failure, up to 30 s; failures more than 5 minutes apart count as the first again.
+_CRASH_BACKOFF = 0.5
+_CRASH_BACKOFF_MAX = 30.0
+_CRASH_MEMORY = 300.0
 
 __all__ = ["Ownership", "PartitionStatus", "Relay", "RelayHealth", "first_per_key"]
 
@@ -138,10 +143,12 @@ class RelayHealth:
     #: This relay's consumer-group member id (``outboxkit relay status`` lists every member).
     member_id: str | None = None
     partitions: list[PartitionStatus] = field(default_factory=list)
+    #: Owned partitions whose worker failed unexpectedly and waits to be restarted.
+    crashed: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        return self.running and not self.stalled
+        return self.running and not self.stalled and not self.crashed
 
 
 class Relay:
@@ -182,9 +189,11 @@ class Relay:
         self._stalled: set[TopicPartition] = set()
         self._backlog: dict[TopicPartition, PartitionBacklog] = {}
         self._backlog_at = 0.0
-        self._worker_failed = asyncio.Event()
+        #: Per block: consecutive unexpected failures, and when the last one was.
+        self._crashes: dict[Block, tuple[int, float]] = {}
+        self._restarts: dict[Block, asyncio.TimerHandle] = {}
+        self._side_tasks: set[asyncio.Task[None]] = set()
         self._assigned = asyncio.Event()
-        self._worker_error: BaseException | None = None
         self._ownership: Ownership | None = None
         self._fencer: Fencer | None = None
         self._ctx: WorkerContext | None = None
@@ -228,7 +237,6 @@ class Relay:
                 asyncio.create_task(self._dispatch_wakeups(), name="wakeups"),
                 asyncio.create_task(self._measure_backlog(), name="metrics"),
                 asyncio.create_task(self._watch(), name="watch"),
-                asyncio.create_task(self._worker_failed.wait(), name="partition worker"),
             ]
             if self.settings.retention is not None:
                 side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
@@ -240,17 +248,19 @@ class Relay:
                 )
             done, _ = await asyncio.wait([stopping, *side_tasks], return_when="FIRST_COMPLETED")
             for task in done:
-                if task.get_name() == "partition worker" and self._worker_error is not None:
-                    raise self._worker_error
                 if task is not stopping:
                     # A side task never ends by itself: its exception stops the relay.
                     task.result()
                     raise RuntimeError(f"relay task {task.get_name()} ended unexpectedly")
         finally:
             self._running = False
-            for task in [stopping, *side_tasks]:
+            for restart in self._restarts.values():
+                restart.cancel()
+            self._restarts.clear()
+            restarting = list(self._side_tasks)
+            for task in [stopping, *side_tasks, *restarting]:
                 task.cancel()
-            await _settle([*side_tasks, stopping])
+            await _settle([*side_tasks, *restarting, stopping])
             await self.revoke(frozenset(self._owned))
             await leave_group(
                 ownership.stop(),
@@ -337,9 +347,48 @@ class Relay:
         await _settle(tasks)
 
     def _on_worker_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._worker_error = task.exception()
-            self._worker_failed.set()
+        """A worker that failed unexpectedly (a bug, or data no handler foresaw) is logged with
+        its partitions, shown on the health, and restarted after a backoff that grows with its
+        block's consecutive failures: the relay never exits for it, and the other blocks go
+        on (G8: never a crash loop, a poison partition blocks only itself)."""
+        if task.cancelled() or task.exception() is None or self._stopping.is_set():
+            return
+        error = task.exception()
+        assert error is not None
+        worker = next((w for w in self._workers.values() if w.task is task), None)
+        if worker is None:
+            return
+        block = worker.block
+        now = time.monotonic()
+        failures, last = self._crashes.get(block, (0, now))
+        failures = 1 if now - last > _CRASH_MEMORY else failures + 1
+        self._crashes[block] = (failures, now)
+        delay = min(_CRASH_BACKOFF * 2 ** (failures - 1), _CRASH_BACKOFF_MAX)
+        self._last_error = describe(error)
+        self.metrics.publish_errors.labels(block.topic, "crashed").inc()
+        logger.error(
+            "partition worker failed unexpectedly; restarting it",
+            block=str(block),
+            partitions=[str(tp) for tp in worker.tps],
+            failures=failures,
+            restart_in=delay,
+            exc_info=error,
+        )
+        restart = asyncio.get_running_loop().call_later(delay, self._restart_soon, block)
+        self._restarts[block] = restart
+
+    def _restart_soon(self, block: Block) -> None:
+        self._restarts.pop(block, None)
+        if not self._stopping.is_set():
+            restarted = asyncio.create_task(self._restart(), name=f"restart {block}")
+            self._side_tasks.add(restarted)
+            restarted.add_done_callback(self._side_tasks.discard)
+
+    async def _restart(self) -> None:
+        """Start again every owned block whose worker is not alive (:meth:`_reconcile`)."""
+        async with self._reconciling:
+            if not self._stopping.is_set():
+                await self._reconcile()
 
     def _on_progress(self) -> None:
         self._last_progress = time.monotonic()
@@ -361,6 +410,13 @@ class Relay:
             last_error=self._last_error,
             member_id=self._ownership.member_id if self._ownership is not None else None,
             partitions=self._partition_status(),
+            crashed=sorted(
+                str(tp)
+                for w in self._workers.values()
+                if w.block in self._restarts
+                for tp in w.tps
+                if tp in self._owned
+            ),
         )
 
     def _partition_status(self) -> list[PartitionStatus]:

@@ -315,15 +315,30 @@ async def test_run_raises_when_a_side_task_ends(
     assert (health.running, health.owned, health.healthy) == (False, [], False)
 
 
-async def test_run_raises_when_a_partition_worker_dies(make: MakeHarness) -> None:
-    h = await make(partitions=1)
+async def test_a_partition_worker_that_dies_is_restarted_and_the_others_go_on(
+    make: MakeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """G8, never a crash loop: an unexpected failure (a bug, or data nothing foresaw) in one
+    block's worker is shown on the health and the block restarted with backoff; the relay does
+    not exit and the other partitions keep publishing."""
+    monkeypatch.setattr("outboxkit.relay.engine._CRASH_BACKOFF", 0.01)
+    h = await make(partitions=2)
     h.broker.always[tp(0)] = "crash"
-    h.add(0)
+    poisoned, fine = h.add(0), h.add(1)
     await h.start()
-    task, h.task = h.task, None
-    assert task is not None
-    with pytest.raises(RuntimeError, match="a bug in the publisher"):
-        await asyncio.wait_for(task, 0.5)
+    await until(lambda: fine.id in h.broker.ids(tp(1)), "partition 1 published")
+    await until(
+        lambda: h.metric("outboxkit_relay_publish_errors_total", topic=TOPIC, kind="crashed") >= 3,
+        "the poisoned block restarted, again and again",
+    )
+    health = h.relay.health()
+    assert health.running
+    assert "a bug in the publisher" in (health.last_error or "")
+    assert h.task is not None
+    assert not h.task.done(), "the relay keeps running"
+    del h.broker.always[tp(0)]
+    await until(lambda: poisoned.id in h.broker.ids(tp(0)), "partition 0 published")
+    await until(lambda: not h.relay.health().crashed, "no crashed partition left")
 
 
 async def test_failed_start_leaves_no_workers_behind(make: MakeHarness) -> None:
