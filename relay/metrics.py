@@ -51,8 +51,8 @@ class RelayMetrics:
         )
         self.publish_errors = Counter(
             "outboxkit_relay_publish_errors",
-            "Failed publish attempts: rejected (the record), retriable (the broker), fenced, crashed "
-            "(the block's worker failed unexpectedly and is restarted)",
+            "Failed publish attempts: rejected (the record), retriable (the broker), fenced, "
+            "crashed (the block's worker failed unexpectedly and is restarted)",
             ["topic", "kind"],
             registry=reg,
         )
