@@ -353,6 +353,14 @@ class WorkerSettings(ConnectionSettings):
     retry_backoff_max: float = Field(
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )
+    startup_grace: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a worker waits at start for a database or broker that does not "
+        "answer yet (restarting, failing over), with a warning every few seconds, before it "
+        "exits with the error; what waiting cannot fix (a refused login, missing tables or "
+        "topics) stops it at once",
+    )
 
     @field_validator("topics")
     @classmethod

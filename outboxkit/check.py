@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
-from pymongo.errors import PyMongoError
+from pymongo.errors import ConnectionFailure, PyMongoError
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
@@ -32,6 +32,10 @@ class CheckResult:
     ok: bool
     summary: str
     fix: str | None = None
+    #: The server did not answer (it may be starting, restarting or failing over): a worker
+    #: waits for it during its start-up grace. False for what waiting cannot fix (a refused
+    #: login, a missing table, a certificate).
+    unreachable: bool = False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -85,10 +89,12 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
             application_name="outboxkit-check",
         )
     except psycopg.Error as exc:
-        return [CheckResult("database", False, *explain_database_error(exc, where))]
+        summary, fix = explain_database_error(exc, where)
+        unreachable = summary.startswith("cannot connect")
+        return [CheckResult("database", False, summary, fix, unreachable=unreachable)]
     except OSError as exc:
         summary, fix = explain_database_error(psycopg.OperationalError(str(exc)), where)
-        return [CheckResult("database", False, summary, fix)]
+        return [CheckResult("database", False, summary, fix, unreachable=True)]
     async with conn:
         cur = await conn.execute("SHOW server_version")
         row = await cur.fetchone()
@@ -141,6 +147,7 @@ async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
                 False,
                 f"cannot connect to MongoDB at {where}: {_first_line(exc)}",
                 "Is mongod running and reachable from here? Check OUTBOXKIT_DATABASE_URL.",
+                unreachable=isinstance(exc, ConnectionFailure),
             )
         ]
     finally:
@@ -198,7 +205,15 @@ async def check_kafka(
         if isinstance(exc, KafkaConnectionError | TimeoutError):
             handshake = await diagnose_handshake(settings, within=settings.connect_timeout)
             if handshake.what is not None:
-                return [CheckResult("kafka", False, handshake.what, handshake.fix)]
+                return [
+                    CheckResult(
+                        "kafka",
+                        False,
+                        handshake.what,
+                        handshake.fix,
+                        unreachable=handshake.unreachable,
+                    )
+                ]
         reason = "" if isinstance(exc, KafkaConnectionError | TimeoutError) else _first_line(exc)
         return [
             CheckResult(
@@ -208,6 +223,7 @@ async def check_kafka(
                 "Is the broker running and reachable from here? Check "
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS (the broker's advertised listeners must "
                 f"resolve from this host too; {DEV_HINT}).",
+                unreachable=not reason,
             )
         ]
     finally:

@@ -90,14 +90,16 @@ def render() -> str:
         "or ISO 8601 (`PT90S`, `P7D`); lists are comma-separated.",
         "",
     ]
-    seen: set[str] = set()
+    #: Each variable listed so far, with the default it was listed with: a later component
+    #: that reads it with another default lists it again.
+    seen: dict[str, str] = {}
     for title, target, what in SECTIONS:
         cls = _load(target)
         lines += [f"## {title}", "", what, "", "| variable | default | meaning |", "|---|---|---|"]
         for name, info in cls.model_fields.items():
-            if name in seen:
+            if seen.get(name) == _default(info):
                 continue
-            seen.add(name)
+            seen[name] = _default(info)
             meaning = (info.description or "").replace("|", "\\|")
             lines.append(f"| `{ENV_PREFIX}{name.upper()}` | {_default(info)} | {meaning} |")
         lines.append("")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ from outboxkit.relay.settings import RelaySettings
 logger = structlog.get_logger("outboxkit")
 
 EXIT_FAILED = 1
+#: While a worker waits at start: how often it looks again, and warns.
+_RETRY_EVERY = 1.0
+_WAIT_LOG_EVERY = 5.0
 EXIT_CONFIG = 2
 
 
@@ -136,17 +140,38 @@ async def preflight(
     kafka: bool = True,
     topics: Sequence[str] = (),
     group: str | None = None,
+    grace: float = 0.0,
 ) -> None:
     """Check what a command needs — the database reachable with outboxkit's schema up to date,
     Kafka reachable with ``topics`` and, over an authenticated connection, the ACLs of the
     worker (the relay's, or the inbox's of consumer group ``group``) — and raise
-    :class:`PreflightError` with every problem."""
-    checks = []
-    if database:
-        checks.append(backend_for(settings.database_url).check(settings))
-    if kafka:
-        checks.append(check_kafka(settings, topics=topics))
-    results = [r for group in await asyncio.gather(*checks) for r in group]
+    :class:`PreflightError` with every problem.
+
+    For ``grace`` seconds, a server that does not answer (restarting, failing over, not up
+    yet) is waited for, with a warning every few seconds: a worker started during an outage
+    then starts when it ends, instead of exiting into an orchestrator's crash-loop back-off.
+    What waiting cannot fix (a refused login, missing tables or topics) fails at once."""
+    deadline = time.monotonic() + grace
+    warned_at: float | None = None
+    while True:
+        checks = []
+        if database:
+            checks.append(backend_for(settings.database_url).check(settings))
+        if kafka:
+            checks.append(check_kafka(settings, topics=topics))
+        results = [r for group_ in await asyncio.gather(*checks) for r in group_]
+        failed = [r for r in results if not r.ok]
+        now = time.monotonic()
+        if not failed or not all(r.unreachable for r in failed) or now >= deadline:
+            break
+        if warned_at is None or now - warned_at >= _WAIT_LOG_EVERY:
+            warned_at = now
+            logger.warning(
+                "waiting for what this worker needs",
+                problems=[r.summary for r in failed],
+                gives_up_in=round(deadline - now),
+            )
+        await asyncio.sleep(min(_RETRY_EVERY, max(deadline - now, 0)))
     problems = _problems(results)
     if kafka and not problems:
         problems = await _permission_problems(settings, topics, group)

@@ -31,6 +31,8 @@ class Handshake:
 
     what: str | None
     fix: str | None = None
+    #: Nothing answered (no TLS or SASL verdict): the broker may be starting.
+    unreachable: bool = False
 
 
 _REACH_FIX = (
@@ -110,5 +112,5 @@ def _describe(settings: KafkaConnectionSettings, server: str, exc: BaseException
             "SASL_SSL)?",
         )
     if isinstance(exc, OSError | TimeoutError | KafkaConnectionError):
-        return Handshake(f"cannot reach Kafka at {server}", _REACH_FIX)
+        return Handshake(f"cannot reach Kafka at {server}", _REACH_FIX, unreachable=True)
     return Handshake(f"cannot connect to Kafka at {server}: {type(exc).__name__}", _REACH_FIX)

@@ -81,7 +81,14 @@ def inbox_command(
     )
     dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
     group = f"outboxkit.inbox.{inbox.name}"
-    asyncio.run(preflight(settings, topics=[*settings.topics, *dlqs], group=group))
+    asyncio.run(
+        preflight(
+            settings,
+            topics=[*settings.topics, *dlqs],
+            group=group,
+            grace=settings.startup_grace,
+        )
+    )
 
     async def run() -> None:
         async with backend_for(settings.database_url).inbox_store(settings) as store:

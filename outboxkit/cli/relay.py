@@ -72,7 +72,7 @@ def relay(
         topics=topics,
         relay_name=relay_name,
     )
-    asyncio.run(preflight(settings, topics=settings.topics))
+    asyncio.run(preflight(settings, topics=settings.topics, grace=settings.startup_grace))
 
     async def run() -> None:
         async with backend_for(settings.database_url).relay(settings) as (storage, wakeups):

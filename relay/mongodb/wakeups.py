@@ -10,8 +10,9 @@ holding its resume point (``ChangeStreamHistoryLost``), the collection dropped (
 — is simply opened again *from now*, and the first thing yielded on every (re)open is ``None``:
 "look again everywhere". Nothing can be missed, and no resume token needs keeping (the driver
 still resumes by itself across the transient errors it knows, before we see them). If the
-stream cannot be opened at all (a standalone mongod has no change streams), the relay runs on
-its periodic sweep, and this logs why.
+stream cannot be opened at all, the relay runs on its periodic sweep until it can, and this logs
+why. (A standalone mongod, which has neither change streams nor snapshot reads, is refused at
+start: ``outboxkit relay`` says it is not a replica set.)
 """
 
 from __future__ import annotations

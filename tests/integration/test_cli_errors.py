@@ -53,9 +53,18 @@ def _fails(args: list[str], env: dict[str, str], code: int, *expected: str, line
     return stderr
 
 
+#: Workers wait for an unreachable server during their start-up grace (test_startup_grace.py);
+#: these tests ask for the verdict at once.
+NO_GRACE = {"OUTBOXKIT_STARTUP_GRACE": "0"}
+
+
 def test_unreachable_database(servers: Servers) -> None:
     url = _with(servers.pg, host=servers.closed)
-    env = {"OUTBOXKIT_DATABASE_URL": url, "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": servers.kafka}
+    env = {
+        "OUTBOXKIT_DATABASE_URL": url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": servers.kafka,
+        **NO_GRACE,
+    }
     expected = ("cannot connect to PostgreSQL at", servers.closed, "Is the server running")
     _fails(["relay", "--topics", servers.topic], env, 1, *expected)
     _fails(
@@ -73,6 +82,7 @@ def test_unreachable_broker(servers: Servers) -> None:
     env = {
         "OUTBOXKIT_DATABASE_URL": servers.pg,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": servers.closed,
+        **NO_GRACE,
     }
     expected = (f"cannot reach Kafka at {servers.closed}", "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS")
     _fails(["relay", "--topics", servers.topic], env, 1, *expected)
