@@ -149,10 +149,15 @@ ExistingFile = Annotated[Path | None, EmptyIsUnset, AfterValidator(_file)]
 
 class KafkaConnectionSettings(BaseSettings):
     """Where the Kafka cluster is and how to log in: every Kafka client outboxkit makes is
-    built from these (:mod:`outboxkit.core.kafka_clients`)."""
+    built from these (:mod:`outboxkit.core.kafka_clients`). A validation error never shows
+    what was given (a password could be in it)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     kafka_bootstrap_servers: BootstrapServers = Field(
@@ -333,7 +338,11 @@ class KafkaSettings(KafkaConnectionSettings):
     """Where the Kafka cluster is: for the commands that need no database (``topics create``)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", validate_default=True
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="ignore",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     topics: CommaList = Field(default=[])

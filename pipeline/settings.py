@@ -27,7 +27,11 @@ class PipelineSettings(KafkaConnectionSettings):
     security settings are the same as every other component's (:mod:`.kafka_options`)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     topics: CommaList = Field(

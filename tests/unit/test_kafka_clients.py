@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trustme
 from aiokafka.abc import AbstractTokenProvider
+from pydantic import ValidationError
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
@@ -246,3 +247,15 @@ def test_spark_gets_the_same_connection_as_jvm_kafka_options(tls_files: dict[str
     )
     with pytest.raises(ConfigurationError, match="PLAIN or SCRAM only"):
         spark_kafka_options(oauth)
+
+
+def test_a_raw_validation_error_does_not_show_the_password() -> None:
+    """Code that builds settings itself sees pydantic's error, never the input."""
+    with pytest.raises(ValidationError) as refused:
+        KafkaSettings(
+            kafka_security_protocol="SASL_SSL",
+            kafka_sasl_mechanism="PLAIN",
+            kafka_sasl_password=PASSWORD,
+            kafka_client_options={"acks": 0},
+        )
+    assert PASSWORD not in str(refused.value)
