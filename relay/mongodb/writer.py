@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from bson import Binary
 from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.core.mongo import Document, collection, require_transaction
@@ -109,7 +110,9 @@ def record_document(
         "key": wire.key,
         "value": wire.value,
         "headers": [[name, value] for name, value in wire.headers],
-        "event_id": event.id,
+        # As a UUID binary of its own (subtype 4): the caller's client may have no UUID
+        # representation configured (pymongo's default), and the relay's reads it as a UUID.
+        "event_id": Binary.from_uuid(event.id),
         "event_type": event.event_type,
         "created_at": now,
         "state": "pending",

@@ -22,6 +22,7 @@ from outboxkit.relay import (
     TopicPartition,
 )
 from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES
+from outboxkit.relay.mongodb.writer import MongoOutbox
 from outboxkit.schemas import Event
 from tests.integration.backends import BackendCase
 
@@ -110,3 +111,27 @@ async def test_parked_keys_over_16_mb_do_not_stop_the_mongodb_head_read(
     finally:
         await client.close()
     assert sorted(r.key for r in found) == sorted(r["key"] for r in fine)
+
+
+async def test_a_mongodb_writer_works_with_the_callers_default_client(
+    migrated_mongodb_url: str,
+) -> None:
+    """A service's own `AsyncMongoClient(url)` has no UUID representation configured (pymongo's
+    default): the writer still adds events, and the relay reads their ids (#28)."""
+    url = migrated_mongodb_url
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)  # no uuidRepresentation
+    outbox = MongoOutbox(source="urn:test", database=database_name(url))
+    event = Blob(entity="a")
+    try:
+        async with MongoOutboxStorage(url) as storage:
+            await storage.register_topics({TOPIC: 1})
+            async with client.start_session() as session:
+
+                async def write(s: Any) -> None:
+                    await outbox.add(s, event)
+
+                await session.with_transaction(write)
+            [record] = await storage.next_batch([TP0], 10)
+    finally:
+        await client.close()
+    assert record.event_id == event.id
