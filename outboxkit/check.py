@@ -9,11 +9,14 @@ import asyncio
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from pymongo import AsyncMongoClient
 from pymongo.errors import ConnectionFailure, PyMongoError
+from pymongo.uri_parser import parse_uri
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
@@ -42,6 +45,9 @@ def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
 
+
+#: Seconds the direct probe of each MongoDB host waits at most (check_mongodb).
+_PROBE_SECONDS = 2.0
 
 DEV_HINT = 'on a laptop, `eval "$(outboxkit dev up)"` starts PostgreSQL and Kafka'
 
@@ -133,8 +139,73 @@ def _migrations_result(pending: list[Migration], where: str) -> CheckResult:
     )
 
 
+async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResult | None:
+    """Each host of the URL asked directly, within a couple of seconds: a failure that the
+    replica-set client would only report after its whole timeout, as a dump of its topology,
+    named instead — nothing answers, a standalone mongod, another replica set's name. None
+    when a host answers as a member of the URL's replica set (or the URL names none)."""
+    if settings.database_url.startswith("mongodb+srv://"):
+        return None  # the hosts come from DNS: the replica-set client's own check applies
+    try:
+        parsed = parse_uri(settings.database_url, validate=False, warn=True)
+    except (PyMongoError, ValueError):
+        return None
+    options = {name.lower(): value for name, value in parsed["options"].items()}
+    if any(options.get(name) for name in ("tls", "ssl", "loadbalanced", "directconnection")):
+        return None  # connections this plain probe cannot make: the client's own check applies
+    wanted = options.get("replicaset")
+    within_ms = int(min(settings.connect_timeout, _PROBE_SECONDS) * 1000)
+    answers: list[tuple[str, dict[str, Any]]] = []
+    for host, port in parsed["nodelist"]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            host,
+            port,
+            directConnection=True,
+            serverSelectionTimeoutMS=within_ms,
+            connectTimeoutMS=within_ms,
+        )
+        try:
+            answers.append((f"{host}:{port}", await client.admin.command("hello")))
+        except PyMongoError:
+            continue
+        finally:
+            await client.close()
+    if not answers:
+        return CheckResult(
+            "database",
+            False,
+            f"cannot connect to MongoDB at {where}: nothing answers at "
+            f"{', '.join(f'{h}:{p}' for h, p in parsed['nodelist'])}",
+            "Is mongod running and reachable from here? Check OUTBOXKIT_DATABASE_URL.",
+            unreachable=True,
+        )
+    if not wanted or any(hello.get("setName") == wanted for _, hello in answers):
+        return None
+    address, hello = answers[0]
+    name = hello.get("setName")
+    if name is None:
+        return CheckResult(
+            "database",
+            False,
+            f"MongoDB at {address} is a standalone mongod, not a member of replica set "
+            f"{wanted} (the URL's replicaSet)",
+            "Change streams and multi-document transactions need a replica set: start mongod "
+            "with --replSet and run rs.initiate() (a single node is enough).",
+        )
+    return CheckResult(
+        "database",
+        False,
+        f"MongoDB at {address} is a member of replica set {name}, not {wanted} (the URL's "
+        "replicaSet)",
+        f"Set replicaSet={name} in OUTBOXKIT_DATABASE_URL, or connect to the right set.",
+    )
+
+
 async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
+    probed = await _probe_mongodb(settings, where)
+    if probed is not None:
+        return [probed]
     client = make_client(
         settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
     )

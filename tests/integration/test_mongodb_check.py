@@ -3,6 +3,9 @@ OUTBOXKIT_TEST_MONGO_URL)."""
 
 from __future__ import annotations
 
+import time
+
+from outboxkit.embedded import free_port
 from tests.helpers import run_cli
 
 
@@ -17,3 +20,33 @@ def test_check_reports_the_replica_set(mongo_url: str, kafka_bootstrap: str) -> 
     result = run_cli("check", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   database    MongoDB replica set" in result.stdout
+
+
+def _check_within(url: str, kafka_bootstrap: str, seconds: float) -> str:
+    env = {
+        "OUTBOXKIT_DATABASE_URL": url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_TOPICS": "",
+    }
+    started = time.monotonic()
+    result = run_cli("check", env=env)
+    took = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert took < seconds, f"{took:.1f} s: {output}"
+    assert "TopologyDescription" not in output, output
+    return output
+
+
+def test_nothing_listening_is_named_within_seconds(kafka_bootstrap: str) -> None:
+    """#28: an unreachable URL took 12 s and printed the driver's topology dump."""
+    port = free_port()
+    output = _check_within(f"mongodb://127.0.0.1:{port}/x?replicaSet=rs0", kafka_bootstrap, 8)
+    assert f"nothing answers at 127.0.0.1:{port}" in output
+
+
+def test_another_replica_sets_name_is_named(mongo_url: str, kafka_bootstrap: str) -> None:
+    wrong = mongo_url.replace("replicaSet=rs0", "replicaSet=other")
+    output = _check_within(wrong, kafka_bootstrap, 8)
+    assert "is a member of replica set rs0, not other" in output
+    assert "replicaSet=rs0" in output

@@ -96,3 +96,18 @@ async def test_a_relay_in_code_fails_every_claim(standalone_url: str) -> None:
                 await storage.next_batch([TopicPartition("orders", 0)], 10)
     # Not a retriable outage: the partition worker fails (and is restarted with backoff).
     assert not isinstance(refused.value, RETRIABLE)
+
+
+def test_check_names_a_standalone_mongod_behind_a_replica_set_url(standalone_url: str) -> None:
+    """#28: `?replicaSet=rs0` pointed at a standalone mongod waited 11.6 s and printed the
+    driver's topology dump."""
+    env = {
+        "OUTBOXKIT_DATABASE_URL": f"{standalone_url}?replicaSet=rs0",
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "OUTBOXKIT_CONNECT_TIMEOUT": "5",
+    }
+    result = run_cli("check", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "is a standalone mongod, not a member of replica set rs0" in output
+    assert "TopologyDescription" not in output
