@@ -279,14 +279,6 @@ class ConnectionSettings(KafkaConnectionSettings):
     The database URL holds a password: validation errors never quote an input, and the
     settings' ``repr`` shows the URL redacted (:func:`~outboxkit.core.redact.redact`)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        frozen=True,
-        extra="forbid",
-        validate_default=True,
-        hide_input_in_errors=True,
-    )
-
     database_url: str = Field(
         description=(
             "The database holding the outbox/inbox tables, e.g. "
@@ -337,13 +329,8 @@ class ConnectionSettings(KafkaConnectionSettings):
 class KafkaSettings(KafkaConnectionSettings):
     """Where the Kafka cluster is: for the commands that need no database (``topics create``)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        frozen=True,
-        extra="ignore",
-        validate_default=True,
-        hide_input_in_errors=True,
-    )
+    # The rest of the configuration is KafkaConnectionSettings': pydantic merges it.
+    model_config = SettingsConfigDict(extra="ignore")
 
     topics: CommaList = Field(default=[])
     connect_timeout: float = Field(default=10.0, gt=0)

@@ -10,9 +10,8 @@ from datetime import timedelta
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
 
-from outboxkit.core.settings import ENV_PREFIX, CommaList, Duration, KafkaConnectionSettings
+from outboxkit.core.settings import CommaList, Duration, KafkaConnectionSettings
 
 AVAILABLE_NOW: Literal["available-now"] = "available-now"
 
@@ -25,14 +24,6 @@ def spark_duration(value: timedelta) -> str:
 class PipelineSettings(KafkaConnectionSettings):
     """Where the pipeline reads, where it writes, and how it treats time. Kafka's brokers and
     security settings are the same as every other component's (:mod:`.kafka_options`)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        frozen=True,
-        extra="forbid",
-        validate_default=True,
-        hide_input_in_errors=True,
-    )
 
     topics: CommaList = Field(
         default=[],

@@ -87,6 +87,15 @@ def relay_environment(
     }
 
 
+async def relay_topic(
+    make_topic: MakeTopic, url: str, prefix: str, partitions: int
+) -> tuple[str, str]:
+    """A new topic, registered for the writers, and a new relay name for it."""
+    topic = await make_topic(prefix, partitions=partitions)
+    await register_topic(url, topic, partitions)
+    return topic, f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
 async def _drained(url: str) -> bool:
     return await pending(url) == 0
 
@@ -100,9 +109,7 @@ async def test_relay_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
     tmp_path: Path,
 ) -> None:
     url = migrated_postgresql_url
-    topic = await make_secured_topic("relay", partitions=2)
-    await register_topic(url, topic, 2)
-    name = f"sec-{uuid.uuid4().hex[:6]}"
+    topic, name = await relay_topic(make_secured_topic, url, "relay", 2)
     kafka_env, secret = await login(
         secured_kafka, auth, relay_acls(f"outboxkit.relay.{name}", [topic])
     )
@@ -232,9 +239,7 @@ async def test_a_relay_missing_one_acl_says_which_at_start_and_exits_1(  # noqa:
     tmp_path: Path,
 ) -> None:
     url = migrated_postgresql_url
-    topic = await make_secured_topic("short", partitions=1)
-    await register_topic(url, topic, 1)
-    name = f"short-{uuid.uuid4().hex[:6]}"
+    topic, name = await relay_topic(make_secured_topic, url, "short", 1)
     group = f"outboxkit.relay.{name}"
     acls = _without(relay_acls(group, [topic]), resource_type, operation)
     user, password = await principal(secured_kafka, acls)
@@ -296,9 +301,7 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
     with the missing permission, and once the ACL is back everything committed meanwhile is
     published, in order."""
     url = migrated_postgresql_url
-    topic = await make_secured_topic("revoked", partitions=1)
-    await register_topic(url, topic, 1)
-    name = f"rev-{uuid.uuid4().hex[:6]}"
+    topic, name = await relay_topic(make_secured_topic, url, "revoked", 1)
     user, password = await principal(secured_kafka, relay_acls(f"outboxkit.relay.{name}", [topic]))
     port = free_port()
     env = {
