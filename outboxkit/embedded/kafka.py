@@ -235,6 +235,14 @@ class KafkaCluster(ManagedServer):
         """Bootstrap servers of the PLAINTEXT listener."""
         return ",".join(node.address for node in self.nodes)
 
+    def node(self, node_id: int) -> KafkaNode:
+        """The node whose ``node.id`` is ``node_id`` (as Kafka's metadata and
+        :mod:`~outboxkit.embedded.kafka_topology` name brokers)."""
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no Kafka node {node_id} in this cluster")
+
     def listener_bootstrap(self, listener: str) -> str:
         """Bootstrap servers of one of the :attr:`extra_listeners`."""
         return ",".join(node.listener_address(listener) for node in self.nodes)
