@@ -9,16 +9,20 @@ HTTP models are in :mod:`.models`.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from outboxkit.backends import backend_for
+from outboxkit.core.kafka import partition_counts
+from outboxkit.core.logs import configure_logging
 from outboxkit.core.settings import load_settings
 from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
@@ -38,6 +42,28 @@ async def prepare_database(database_url: str, own_schema: OwnSchema) -> None:
     production, run ``outboxkit migrate`` (or your migration tool) in the deploy pipeline."""
     await backend_for(database_url).migrate(connect_timeout=10.0)
     await own_schema(database_url)
+
+
+async def register_topics(settings: RelaySettings) -> None:
+    """What ``outboxkit topics sync`` does, for the topics the service publishes: record their
+    partition counts, which a writer needs to place an event. The relay records them too, but
+    only once it has joined its group, seconds after the service could take its first write;
+    done here, before the service answers, that first write succeeds. In production, run
+    ``outboxkit topics sync`` in the deploy pipeline after ``outboxkit migrate``."""
+    counts = await partition_counts(settings, settings.topics)
+    async with backend_for(settings.database_url).outbox_storage(settings) as storage:
+        await storage.register_topics(counts)
+
+
+def configure_service_logging() -> None:
+    """Logs at ``OUTBOXKIT_LOG_LEVEL`` (info by default) in ``OUTBOXKIT_LOG_FORMAT`` (console or
+    json), as the ``outboxkit`` workers log; unless the process configured structlog itself
+    (structlog unconfigured prints every level, debug included)."""
+    if structlog.is_configured():
+        return
+    log_format = os.environ.get("OUTBOXKIT_LOG_FORMAT", "console").strip().lower()
+    level = os.environ.get("OUTBOXKIT_LOG_LEVEL", "info").strip() or "info"
+    configure_logging("json" if log_format == "json" else "console", level)
 
 
 def sql_schema(path: Path) -> OwnSchema:
@@ -66,20 +92,25 @@ def service_app(
     workers: bool = True,
 ) -> tuple[FastAPI, Outboxkit[TX]]:
     """A FastAPI app named ``name`` whose lifespan prepares its database (outboxkit's migrations,
-    then ``own_schema``) and runs its relay (publishing ``publishes``' topic) and ``inbox``;
+    then ``own_schema``, then the partition counts of ``publishes``' topic), so that it takes
+    writes from its first request, and runs its relay (publishing that topic) and ``inbox``;
     with the health router. The transaction type ``TX`` is the inbox's: a psycopg connection on
     PostgreSQL, a pymongo session on MongoDB. ``workers=False`` runs neither relay nor inbox
     (tests drive them: examples/orders_payments/tests)."""
+    relay = relay_settings(name, publishes.event_topic or "") if workers else None
     kit = Outboxkit(
         source=f"urn:example:{name}",
-        relay=relay_settings(name, publishes.event_topic or "") if workers else False,
+        relay=relay or False,
         inbox=inbox if workers else None,
         registry=registry,
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        configure_service_logging()
         await prepare_database(kit.database_url, own_schema)
+        if relay is not None:
+            await register_topics(relay)
         async with kit.lifespan(app) as state:
             yield state
 

@@ -3,9 +3,9 @@ database per service), the embedded Tansu broker (``--broker kafka``: Apache Kaf
 jars in ~/.cache/outboxkit), and each app under uvicorn. Ctrl-C stops everything.
 
     python -m examples.orders_payments.local
-    curl -s localhost:8001/orders -H 'content-type: application/json' \\
+    curl -sS -w '\\n' localhost:8001/orders -H 'content-type: application/json' \\
          -d '{"customer_id": "c-1", "lines": [{"sku": "tea", "quantity": 2, "unit_price": "3.25"}]}'
-    curl -s localhost:8001/orders/<order_id>      # "status": "paid" a moment later
+    curl -sS -w '\\n' localhost:8001/orders/<order_id>  # "status": "paid" a moment later
 
 :func:`serve` is the part that does not depend on the database; the MongoDB services' runner
 (``examples.orders_payments_mongodb.local``) uses it too.
@@ -20,6 +20,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -75,12 +78,34 @@ def arguments(doc: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def wait_until_ready(apps: Mapping[int, subprocess.Popen[bytes]], within: float = 120.0) -> None:
+    """Wait until every app (by port) answers ``/healthz`` with 200: its database is prepared,
+    its topic registered, its relay and inbox running. :class:`SystemExit` if one exits first
+    or the deadline passes, so that the banner never announces a service that cannot work."""
+    deadline = time.monotonic() + within
+    waiting = dict(apps)
+    while waiting:
+        for port, app in list(waiting.items()):
+            if app.poll() is not None:
+                raise SystemExit(f"the service on :{port} exited with {app.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    del waiting[port]  # 200; a 503 raises HTTPError
+            except (urllib.error.URLError, OSError):
+                pass
+        if waiting and time.monotonic() > deadline:
+            ports = ", ".join(f":{port}" for port in waiting)
+            raise SystemExit(f"not ready within {within:.0f} s: the service on {ports}")
+        if waiting:
+            time.sleep(0.2)
+
+
 def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespace) -> None:
     """Start the broker and its topics, then ``<package>.orders`` and ``<package>.payments``
     under uvicorn, each on its own database (``database_urls`` by service); until Ctrl-C."""
     with broker(args.broker) as (bootstrap, broker_env):
         asyncio.run(create_topics(bootstrap))
-        apps = []
+        apps: dict[int, subprocess.Popen[bytes]] = {}
         for name, port in (("orders", args.orders_port), ("payments", args.payments_port)):
             env = {
                 **os.environ,
@@ -90,16 +115,22 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
                 "PYTHONPATH": str(REPO),
             }
             command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(port)]
-            apps.append(subprocess.Popen([*command, f"{package}.{name}:create_app"], env=env))
-        print(f"orders on :{args.orders_port}, payments on :{args.payments_port} — Ctrl-C stops")
+            apps[port] = subprocess.Popen([*command, f"{package}.{name}:create_app"], env=env)
         try:
+            wait_until_ready(apps)
+            # Flushed at once: a script that reads this line may send its first order then.
+            print(
+                f"orders on :{args.orders_port}, payments on :{args.payments_port} — ready; "
+                "Ctrl-C stops",
+                flush=True,
+            )
             signal.pause()
         except KeyboardInterrupt:
             pass
         finally:
-            for app in apps:
+            for app in apps.values():
                 app.terminate()
-            for app in apps:
+            for app in apps.values():
                 app.wait(30)
 
 

@@ -1,0 +1,93 @@
+"""The example services started the way their README starts them (``python -m
+examples.orders_payments.local``, ``…_mongodb.local``): on their own embedded database and
+broker, each app under uvicorn. Once the runner prints its banner, the very first order is taken
+(201, not a refused connection nor a 500 for an unregistered topic) and paid, and the services
+log nothing at debug level by default."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from outboxkit.embedded._process import free_port
+from tests.docs_snippets import REPO
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+ORDER = {"customer_id": "c-1", "lines": [{"sku": "tea", "quantity": 2, "unit_price": "3.25"}]}
+
+
+@contextlib.contextmanager
+def runner(package: str, log: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``python -m <package>.local`` on free ports, its output in ``log``; the orders
+    service's URL. Stopped with SIGTERM (as Ctrl-C) afterwards."""
+    orders, payments = free_port(), free_port()
+    ports = ["--orders-port", str(orders), "--payments-port", str(payments)]
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-u", "-m", f"{package}.local", *ports],
+            cwd=REPO,
+            env={k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield process, f"http://127.0.0.1:{orders}"
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        pytest.param("examples.orders_payments", id="postgresql"),
+        pytest.param("examples.orders_payments_mongodb", id="mongodb", marks=pytest.mark.mongodb),
+    ],
+)
+async def test_the_first_order_after_the_banner_is_taken_and_paid(package: str) -> None:
+    """Catches a runner that announces its services before they can take a write: a refused
+    connection (uvicorn not listening yet) or a 500 (the writer's topic not registered until
+    the relay joined its group), both seen on 4bac9f4; and debug logs at the default level."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        runner(package, Path(tmp) / "out.log") as (
+            process,
+            url,
+        ),
+    ):
+        log = Path(tmp) / "out.log"
+
+        def banner() -> bool:
+            assert process.poll() is None, log.read_text()[-3000:]
+            return "payments on :" in log.read_text()
+
+        await wait_for(banner, within=100, interval=0.05, what="the runner's banner")
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            placed = await client.post("/orders", json=ORDER)  # at once, no retry
+            assert placed.status_code == 201, placed.text + log.read_text()[-3000:]
+            order_id = placed.json()["order_id"]
+
+            async def paid() -> bool:
+                order = (await client.get(f"/orders/{order_id}")).json()
+                return bool(order["status"] == "paid")
+
+            await wait_for(paid, within=60, interval=0.2, what="the first order paid")
+        output = log.read_text()
+    assert "[debug" not in output, [line for line in output.splitlines() if "[debug" in line]
+    assert "Traceback" not in output, output[-3000:]
