@@ -50,6 +50,7 @@ from outboxkit.embedded.kafka_jars import fetch_kafka_jars
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
+from outboxkit.embedded.spark_cluster import SparkCluster
 from outboxkit.migrations import migrate
 from outboxkit.migrations.mongo import migrate as migrate_mongodb
 from tests.integration.backends import BACKENDS, BackendCase, open_case
@@ -455,3 +456,11 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def spark_cluster(spark_jars: list[Path], tmp_path: Path) -> Iterator[SparkCluster]:
+    """A Spark standalone cluster of its own (a master, two workers of one core and 1 GiB each)
+    that the test may kill workers of; ``spark_jars`` skips it without the [spark] extra."""
+    with SparkCluster(2, base_dir=tmp_path / "spark-cluster") as cluster:
+        yield cluster
