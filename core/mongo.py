@@ -26,7 +26,12 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
+from pymongo.errors import (
+    ConnectionFailure,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 from pymongo.read_concern import ReadConcern
 from pymongo.uri_parser import parse_uri
 from pymongo.write_concern import WriteConcern
@@ -157,22 +162,33 @@ async def _backoff(attempt: int) -> None:
     await asyncio.sleep(random.uniform(0, min(0.002 * 2**attempt, 0.2)))
 
 
+#: What mongod answers for a transaction it aborted behind the client's back (its lifetime
+#: ran out, also after a failover): NoSuchTransaction; TransactionExceededLifetimeLimitSeconds
+#: on servers that say why.
+_ABORTED_CODES = frozenset({251, 290})
+
+
 async def in_transaction(
     client: Client,
     work: Callable[[AsyncClientSession], Awaitable[T]],
     *,
     unavailable: type[OutboxkitError],
+    too_long: Callable[[float], OutboxkitError] | None = None,
+    lifetime: float | None = None,
 ) -> T:
     """Run ``work(session)`` in a multi-document transaction and commit it.
 
     ``work`` may run more than once (after a transient error its effects were rolled back);
     an exception it raises aborts the transaction and propagates. Server and network failures
-    that outlast the retries raise ``unavailable``."""
+    that outlast the retries raise ``unavailable``. A transaction that mongod aborted after it
+    ran ``lifetime`` seconds or more (``transactionLifetimeLimitSeconds``) raises
+    ``too_long(seconds it ran)`` instead of being run again: it would only be aborted again."""
     async with client.start_session() as session:
         deadline = time.monotonic() + TRANSACTION_TIME_LIMIT
         attempt = 0
         while time.monotonic() < deadline:
             attempt += 1
+            started = time.monotonic()
             await session.start_transaction(write_concern=MAJORITY_WRITE)
             try:
                 result = await work(session)
@@ -180,6 +196,7 @@ async def in_transaction(
                 if session.in_transaction:
                     with contextlib.suppress(PyMongoError):  # the server aborts it anyway
                         await session.abort_transaction()
+                _raise_if_outlived(exc, time.monotonic() - started, lifetime, too_long)
                 if is_transient(exc):
                     await _backoff(attempt)
                     continue
@@ -189,6 +206,7 @@ async def in_transaction(
             try:
                 await _commit(session)
             except PyMongoError as exc:
+                _raise_if_outlived(exc, time.monotonic() - started, lifetime, too_long)
                 if is_transient(exc):
                     await _backoff(attempt)
                     continue
@@ -197,6 +215,22 @@ async def in_transaction(
                 raise
             return result
     raise unavailable(f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s")
+
+
+def _raise_if_outlived(
+    exc: BaseException,
+    elapsed: float,
+    lifetime: float | None,
+    too_long: Callable[[float], OutboxkitError] | None,
+) -> None:
+    if (
+        too_long is not None
+        and lifetime is not None
+        and elapsed >= lifetime
+        and isinstance(exc, OperationFailure)
+        and exc.code in _ABORTED_CODES
+    ):
+        raise too_long(elapsed) from exc
 
 
 async def _commit(session: AsyncClientSession) -> None:

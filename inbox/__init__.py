@@ -18,6 +18,7 @@ from outboxkit.inbox.exceptions import (
     HandlerRegistrationError,
     InboxError,
     InboxStorageUnavailableError,
+    InboxTransactionTooLongError,
 )
 from outboxkit.inbox.handlers import Inbox
 from outboxkit.inbox.memory import InMemoryInboxStore
@@ -41,6 +42,7 @@ __all__ = [
     "InboxSettings",
     "InboxStorageUnavailableError",
     "InboxStore",
+    "InboxTransactionTooLongError",
     "InboxWorker",
     "MemoryTransaction",
     "MongoInboxStore",

@@ -37,13 +37,13 @@ from tenacity import (
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import leave_group
 from outboxkit.inbox.deadletter import DeadLetterWriter
-from outboxkit.inbox.exceptions import InboxStorageUnavailableError
+from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
 from outboxkit.inbox.handlers import TX, Inbox
 from outboxkit.inbox.kafka import Fetched, InboxConsumer, UnreadableRecord
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.progress import PartitionProgress, PartitionState, is_stalled
 from outboxkit.inbox.settings import InboxSettings
-from outboxkit.inbox.store import Delivery, InboxStore
+from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
 from outboxkit.schemas import EventDecodeError
 
 logger = structlog.get_logger("outboxkit.inbox")
@@ -267,11 +267,30 @@ class InboxWorker(Generic[TX]):
         self, tp: TopicPartition, batch: list[Delivery[TX]], progress: PartitionProgress
     ) -> None:
         """Commit ``batch`` in one transaction; a delivery whose handler raises goes through the
-        one-record path (retries with backoff, then the dead-letter topic). Empties ``batch``."""
+        one-record path (retries with backoff, then the dead-letter topic). A transaction the
+        database aborted for outliving its time limit is split in halves, down to one record,
+        whose handler then counts as failing (G8). Empties ``batch``."""
+        size = len(batch)
         while batch:
             started = time.perf_counter()
+            chunk = batch[:size]
             try:
-                outcome = await self.store.process_batch(self.inbox.name, batch)
+                outcome = await self.store.process_batch(self.inbox.name, chunk)
+            except InboxTransactionTooLongError as exc:
+                if len(chunk) == 1:
+                    outcome = BatchOutcome(failed=(0, exc))
+                else:
+                    size = len(chunk) // 2
+                    self.metrics.splits.labels(self.inbox.name).inc()
+                    self._log.warning(
+                        "transaction outlived the database's time limit, splitting the batch",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        records=len(chunk),
+                        into=size,
+                        error=str(exc),
+                    )
+                    continue
             except InboxStorageUnavailableError as exc:
                 # Not the records' fault: keep the position and try the same batch again.
                 self._storage_unavailable(exc, progress)

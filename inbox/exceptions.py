@@ -3,6 +3,7 @@
 InboxError
 ├── HandlerRegistrationError   a handler declared for a non-Event or twice
 ├── InboxStorageUnavailableError   the database cannot be reached (retriable: pause, never DLQ)
+├── InboxTransactionTooLongError   the database aborted a transaction that outlived its limit
 └── DeadLetterError            a dead-letter topic cannot be read, or a replay is impossible
 """
 
@@ -25,3 +26,10 @@ class InboxStorageUnavailableError(InboxError):
 
 class DeadLetterError(InboxError):
     """A dead-letter topic cannot be read or replayed as asked."""
+
+
+class InboxTransactionTooLongError(InboxError):
+    """The database aborted a transaction for outliving its time limit (MongoDB's
+    ``transactionLifetimeLimitSeconds``, PostgreSQL's ``transaction_timeout`` or
+    ``idle_in_transaction_session_timeout``). Not an outage: the worker splits the batch, and a
+    single record that still does not fit counts as a failure of its handler."""

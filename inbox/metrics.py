@@ -81,3 +81,10 @@ class InboxMetrics:
             ["inbox"],
             registry=reg,
         )
+        self.splits = Counter(
+            "outboxkit_inbox_transaction_splits",
+            "Batches split because the database aborted their transaction for outliving its "
+            "time limit",
+            ["inbox"],
+            registry=reg,
+        )

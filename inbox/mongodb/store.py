@@ -15,15 +15,24 @@ which events took effect.
 
 MongoDB has no savepoints, so when a handler raises, the batch is redone one delivery per
 transaction: exactly the deliveries before the failing one commit, as on PostgreSQL.
+
+A transaction must fit mongod's ``transactionLifetimeLimitSeconds`` (read from the server, 60 s
+when the user may not read it), past which mongod aborts it (``NoSuchTransaction``, labelled
+transient: rerunning it would fail the same way, forever). A batch therefore commits what its
+handlers did once they used a share of it (:mod:`outboxkit.inbox.budget`), and a transaction
+aborted after running that long raises :class:`InboxTransactionTooLongError`, which the worker
+answers by splitting the batch.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from bson import MinKey
 from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.errors import OperationFailure
 
 from outboxkit.core.mongo import (
     MAJORITY_WRITE,
@@ -35,8 +44,12 @@ from outboxkit.core.mongo import (
     is_transient,
     is_unavailable,
 )
-from outboxkit.inbox.exceptions import InboxStorageUnavailableError
+from outboxkit.inbox.budget import CachedLimit, TransactionLimit
+from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
 from outboxkit.inbox.store import BatchOutcome, Delivery
+
+#: mongod's ``transactionLifetimeLimitSeconds`` unless it says otherwise.
+DEFAULT_LIFETIME = 60.0
 
 
 class _HandlerFailedError(Exception):
@@ -62,10 +75,14 @@ class MongoInboxStore(MongoConnection):
         super().__init__(url, connect_timeout=connect_timeout, app_name=app_name)
         self._records = collection(self.database, "inbox", write_concern=MAJORITY_WRITE)
         self.retention = retention
+        self._limit = CachedLimit(self._read_limit)
 
     async def process_batch(
         self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
     ) -> BatchOutcome:
+        """As the protocol says; the batch stops growing once its handlers used their share of
+        ``transactionLifetimeLimitSeconds`` (:mod:`outboxkit.inbox.budget`), and one mongod
+        aborted for outliving it raises :class:`InboxTransactionTooLongError`."""
         try:
             return BatchOutcome(ran=await self._transact(consumer, deliveries))
         except _HandlerFailedError as failed:
@@ -79,13 +96,34 @@ class MongoInboxStore(MongoConnection):
             except _HandlerFailedError as failed:
                 outcome.failed = (index, failed.error)
                 break
+            except InboxTransactionTooLongError as exc:
+                outcome.failed = (index, exc)  # alone, it does not fit: its handler's failure
+                break
             outcome.ran.append(ran)
         return outcome
+
+    async def _read_limit(self) -> TransactionLimit:
+        try:
+            reply = await guarded(
+                self._client.admin.command(
+                    {"getParameter": 1, "transactionLifetimeLimitSeconds": 1}
+                ),
+                InboxStorageUnavailableError,
+            )
+            seconds = float(reply["transactionLifetimeLimitSeconds"])
+            name = f"MongoDB's transactionLifetimeLimitSeconds ({seconds:g} s)"
+        except (OperationFailure, KeyError):  # not allowed to read it: mongod's default
+            seconds = DEFAULT_LIFETIME
+            name = f"MongoDB's transactionLifetimeLimitSeconds (assumed {seconds:g} s)"
+        return TransactionLimit(lifetime=seconds, name=name)
 
     async def _transact(
         self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
     ) -> list[bool]:
+        limit = await self._limit.get()
+
         async def work(session: AsyncClientSession) -> list[bool]:
+            deadline = limit.deadline(time.monotonic())
             now = datetime.now(UTC)
             ids = [{"consumer": consumer, "event_id": d.event.id} for d in deliveries]
             # An expired record no longer counts, whether or not mongod's TTL monitor (which
@@ -126,11 +164,19 @@ class MongoInboxStore(MongoConnection):
                     if is_transient(exc) or is_unavailable(exc):
                         raise  # not the handler's fault: retried, or the database is away
                     raise _HandlerFailedError(index, exc) from exc
+                if time.monotonic() >= deadline:
+                    break  # commit what ran; the rest goes in the next transaction
             if new:
                 await self._records.insert_many(new, session=session)
             return ran
 
-        return await in_transaction(self._client, work, unavailable=InboxStorageUnavailableError)
+        return await in_transaction(
+            self._client,
+            work,
+            unavailable=InboxStorageUnavailableError,
+            too_long=lambda elapsed: InboxTransactionTooLongError(limit.message(elapsed)),
+            lifetime=limit.lifetime,
+        )
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         # Each record carries its expiry (received + this store's retention, older_than);

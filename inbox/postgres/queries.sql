@@ -36,6 +36,19 @@ ORDER BY e.event_id
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id::text
 
+-- unclaim_events --
+-- Takes back claims this transaction made for events whose handlers it did not run (the batch
+-- stopped growing at its time budget): deleting rows the transaction inserted itself leaves the
+-- table as it was, and the events go in the next transaction.
+DELETE FROM outboxkit.inbox
+WHERE consumer = %(consumer)s AND event_id = ANY(%(event_ids)s::uuid[])
+
+-- session_limits --
+-- The limits past which PostgreSQL ends a transaction (and the session), in milliseconds, 0 for
+-- none: set on the role, the database or the server. transaction_timeout is PostgreSQL 17+.
+SELECT name, setting::bigint FROM pg_settings
+WHERE name IN ('transaction_timeout', 'idle_in_transaction_session_timeout')
+
 -- purge --
 -- Oldest first through inbox_received_at_idx, in small batches that never hold long locks.
 DELETE FROM outboxkit.inbox
