@@ -100,6 +100,13 @@ class Commits:
     behind: list[float] = field(default_factory=list)
     #: Each key's next ``seq`` (see :func:`paced_writes`).
     sequences: KeySequences = field(default_factory=KeySequences)
+    #: Events whose commit was cut off (the database went away): committed or not, nobody
+    #: knows, so they are neither expected nor timed.
+    in_doubt: set[str] = field(default_factory=set)
+
+
+class InDoubtError(Exception):
+    """A writer lost its database during ``write``: the event may or may not be committed."""
 
 
 class LatencyConsumer:
@@ -211,7 +218,11 @@ async def paced_writes(
             key = owned[rng.randrange(len(owned))]
             seq = commits.sequences.take(customer_id(key))
             event = make_event(rng, keys, topic, key=key, seq=seq)
-            await writer.write(event)
+            try:
+                await writer.write(event)
+            except InDoubtError:
+                commits.in_doubt.add(str(event.id))
+                continue
             commits.at[str(event.id)] = time.time()
             commits.labels[str(event.id)] = label
             written += 1

@@ -29,6 +29,7 @@ from outboxkit.schemas import EncodedEvent, Event
 if TYPE_CHECKING:
     from bench.relay_bench.outbox import BenchOutbox
     from bench.relay_bench.security import KafkaSecurity
+    from outboxkit.embedded import EmbeddedMongo, EmbeddedPostgres, KafkaCluster
 
 SOURCE = "urn:service:bench"
 CEILING_TOPIC = "bench.ceiling"
@@ -277,6 +278,10 @@ class Ctx:
     #: Figures compared across ``--kafka-security`` values (``main.compare_security``): drain
     #: events/s and relay CPU ms/event per relay count, steady p50/p99 seconds and CPU…
     figures: dict[str, float] = field(default_factory=dict)
+    #: The servers this run started (None when given by URL): the churn phase's ``faults`` case
+    #: kills and restarts them.
+    kafka_cluster: KafkaCluster | None = None
+    database_server: EmbeddedPostgres | EmbeddedMongo | None = None
 
     @property
     def where(self) -> str:

@@ -14,7 +14,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 from pymongo import MongoClient
 
+from bench.relay_bench.churn_faults import FAULTS
 from bench.relay_bench.consumer import consumer_child
 from bench.relay_bench.harness import CpuMeter, Ctx, Result, print_table, say
 from bench.relay_bench.outbox import BenchOutbox, PostgresBenchOutbox
@@ -80,6 +81,11 @@ PG_SETTINGS = {
     "session_preload_libraries": "auto_explain",
     "auto_explain.log_min_duration": "1s",
 }
+
+
+def _names(text: str) -> list[str]:
+    """``"a, b,"`` → ``["a", "b"]``."""
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -143,7 +149,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-writers", type=int, default=16, help="writer connections")
     p.add_argument("--idle-events", type=int, default=20)
     p.add_argument("--idle-gap", type=float, default=0.3, help="idle seconds before each event")
-    p.add_argument("--churn-modes", default="dynamic,kafka-only,static", help="membership cases")
+    p.add_argument(
+        "--churn-modes",
+        default="dynamic,kafka-only,static,faults",
+        type=_names,
+        help="membership cases, and faults: random kills with other faults (churn_faults.py)",
+    )
+    p.add_argument(
+        "--churn-faults",
+        default=",".join(FAULTS),
+        type=_names,
+        help=f"the faults of the churn's faults case, some of {','.join(FAULTS)}",
+    )
     p.add_argument("--churn-rate", type=float, default=300, help="churn: events/s")
     p.add_argument("--churn-seconds", type=float, default=60)
     p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills")
@@ -166,13 +183,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-consumer", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.relays = [int(x) for x in str(args.relays).split(",") if x]
-    args.churn_modes = [x.strip() for x in str(args.churn_modes).split(",") if x.strip()]
     args.phases = [x.strip() for x in str(args.only).split(",") if x.strip()]
     _check_servers(p, args)
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")
     _check_keys(p, args)
+    if set(args.churn_faults) - set(FAULTS):
+        p.error(f"--churn-faults: some of {', '.join(FAULTS)}")
     return args
 
 
@@ -208,6 +226,8 @@ async def run_phases(
     *,
     cpu: CpuMeter,
     workdir: Path,
+    kafka_cluster: KafkaCluster | None = None,
+    database_servers: Mapping[str, EmbeddedPostgres | EmbeddedMongo] | None = None,
 ) -> Ctx:
     """Every phase asked for, each on every database and over every ``--kafka-security`` in
     turn (the ceiling once per protocol: it is Kafka's). Returns the first context; every
@@ -230,6 +250,8 @@ async def run_phases(
             database=db,
             results=results,
             order_failures=order_failures,
+            kafka_cluster=kafka_cluster,
+            database_server=(database_servers or {}).get(db),
             labelled=len(outboxes) > 1,
             # Over SASL_SSL alone, the rows say so too.
             security_labelled=[s.name for s in securities] != ["plaintext"],
@@ -343,6 +365,8 @@ class Servers:
         self.needs_db = bool(set(args.phases) - _KAFKA_ONLY)
         self.pg_log: Path | None = None
         self.described: list[str] = []
+        #: The database servers started here, by database name (for the churn phase's faults).
+        self.started: dict[str, EmbeddedPostgres | EmbeddedMongo] = {}
 
     def outbox(self, database: str) -> BenchOutbox:
         return self.postgres() if database == "postgresql" else self.mongodb()
@@ -352,6 +376,7 @@ class Servers:
         if not self.args.postgres and self.needs_db:
             pg = self.stack.enter_context(EmbeddedPostgres(settings=PG_SETTINGS))
             url, self.pg_log = pg.url(), pg.log_path
+            self.started["postgresql"] = pg
             assert pg.pid is not None
             self.cpu.roots["postgres"] = [pg.pid]
         self.described.append(
@@ -365,6 +390,7 @@ class Servers:
         if not self.args.mongodb and self.needs_db:
             mongo = self.stack.enter_context(EmbeddedMongo(fetch=True, parameters=MONGO_PARAMETERS))
             url = mongo.url()
+            self.started["mongodb"] = mongo
             assert mongo.pid is not None
             self.cpu.roots["mongodb"] = [mongo.pid]
             client: MongoClient[dict[str, Any]]
@@ -377,6 +403,35 @@ class Servers:
             "; writers commit with majority write concern, journaled)"
         )
         return MongoBenchOutbox(url)
+
+
+def start_kafka(
+    args: argparse.Namespace, stack: contextlib.ExitStack, cpu: CpuMeter
+) -> tuple[KafkaCluster | None, str, list[KafkaSecurity], str]:
+    """The broker (``--kafka``'s, or one node started here), its bootstrap servers, the
+    ``--kafka-security`` protocols over it, and a description for the header."""
+    if args.kafka:
+        plaintext: list[KafkaSecurity] = [Plaintext(args.kafka, on_secured_broker=False)]
+        return None, args.kafka, plaintext, f"at {args.kafka}"
+    secured = "sasl_ssl" in args.securities
+    kafka = stack.enter_context(SecuredKafkaCluster(1) if secured else KafkaCluster(1))
+    bootstrap = kafka.bootstrap_servers
+    pid = kafka.nodes[0].pid
+    if pid is not None:
+        cpu.roots["kafka"] = [pid]
+    securities: list[KafkaSecurity] = [
+        SaslSsl(kafka)
+        if name == "sasl_ssl" and isinstance(kafka, SecuredKafkaCluster)
+        else Plaintext(bootstrap, on_secured_broker=secured)
+        for name in args.securities
+    ]
+    described = (
+        "1 embedded secured node (SecuredKafkaCluster: StandardAuthorizer, ACLs "
+        "enforced); the bench's own clients on its PLAINTEXT listener"
+        if secured
+        else "1 embedded node"
+    )
+    return kafka, bootstrap, securities, described
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -404,30 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         servers = Servers(args, stack, cpu)
         outboxes = {db: servers.outbox(db) for db in args.databases}
-        securities: list[KafkaSecurity]
-        if args.kafka:
-            bootstrap = args.kafka
-            securities = [Plaintext(bootstrap, on_secured_broker=False)]
-            kafka_described = f"at {args.kafka}"
-        else:
-            secured = "sasl_ssl" in args.securities
-            kafka = stack.enter_context(SecuredKafkaCluster(1) if secured else KafkaCluster(1))
-            bootstrap = kafka.bootstrap_servers
-            pid = kafka.nodes[0].pid
-            if pid is not None:
-                cpu.roots["kafka"] = [pid]
-            securities = [
-                SaslSsl(kafka)
-                if name == "sasl_ssl" and isinstance(kafka, SecuredKafkaCluster)
-                else Plaintext(bootstrap, on_secured_broker=secured)
-                for name in args.securities
-            ]
-            kafka_described = (
-                "1 embedded secured node (SecuredKafkaCluster: StandardAuthorizer, ACLs "
-                "enforced); the bench's own clients on its PLAINTEXT listener"
-                if secured
-                else "1 embedded node"
-            )
+        kafka, bootstrap, securities, kafka_described = start_kafka(args, stack, cpu)
         say(
             f"outboxkit relay benchmark: {os.cpu_count()} CPUs, load average "
             f"{os.getloadavg()[0]:.1f}; {'; '.join(servers.described)}; Kafka "
@@ -436,7 +468,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{args.relay_setting or 'defaults'}; workdir {workdir}"
         )
         ctx = asyncio.run(
-            run_phases(args, outboxes, bootstrap, securities, cpu=cpu, workdir=workdir)
+            run_phases(
+                args,
+                outboxes,
+                bootstrap,
+                securities,
+                cpu=cpu,
+                workdir=workdir,
+                kafka_cluster=kafka,
+                database_servers=servers.started,
+            )
         )
         if servers.pg_log is not None:
             report_slow_statements(servers.pg_log)

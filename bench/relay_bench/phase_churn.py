@@ -14,7 +14,11 @@ Three cases (``--churn-modes``):
 - ``kafka-only``: dynamic membership with that check off, so a killed relay's member stays in
   the group until its session times out, and every rebalance waits for it;
 - ``static``: static membership (``OUTBOXKIT_INSTANCE_ID``): the restarted relay takes its
-  member's place, and its partitions, without a rebalance.
+  member's place, and its partitions, without a rebalance;
+- ``faults``: dynamic membership, a random relay killed every 2-4 s and replaced by a fresh
+  process, plus a broker kill, the relays' connections ended, a database restart and a frozen
+  relay, one after another (``churn_faults.py``; ``--churn-faults`` picks some of them).
+  Its figures include the latency of the events committed in each 10 s of the run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ import random
 import time
 from collections import defaultdict
 
+from bench.relay_bench.churn_faults import (
+    Faults,
+    ReconnectingWriter,
+    kill_at_random,
+    say_timeline,
+)
 from bench.relay_bench.consumer import Arrival, Commits, LatencyConsumer, paced_writes, split
 from bench.relay_bench.harness import (
     CHURN_TOPIC,
@@ -35,6 +45,7 @@ from bench.relay_bench.harness import (
     latency_figures,
     say,
 )
+from bench.relay_bench.outbox import Writer
 from bench.relay_bench.relays import SubprocessRelays, wait_ready
 
 RELAYS = 3
@@ -45,6 +56,7 @@ _MODES = {
     "dynamic": "dynamic membership",
     "kafka-only": "dynamic membership, database check off",
     "static": "static membership",
+    "faults": "dynamic membership, random kills and other faults",
 }
 
 
@@ -73,28 +85,24 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     )
     commits = Commits()
     kills = 0
+    faults: Faults | None = None
     async with LatencyConsumer(ctx, CHURN_TOPIC, f"churn-{mode}") as consumer:
         await relays.start()
         try:
             await wait_ready(ctx, relays, RELAYS, CHURN_TOPIC, f"outboxkit.relay.{group}")
-            writers = await ctx.outbox.writers(WRITERS)
+            if mode == "faults":
+                faults = Faults(ctx, relays, args.churn_faults, args.churn_seconds)
+                writers: list[Writer] = [ReconnectingWriter(ctx.outbox) for _ in range(WRITERS)]
+            else:
+                writers = list(await ctx.outbox.writers(WRITERS))
             stop = asyncio.Event()
-
-            async def killer() -> None:
-                nonlocal kills
-                victim = 0
-                while not stop.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), args.churn_every)
-                    if stop.is_set():
-                        return
-                    await relays.kill(victim)
-                    await relays.start_one(victim)
-                    kills += 1
-                    victim = (victim + 1) % RELAYS
-
             began = time.time()
-            killing = asyncio.create_task(killer())
+            killing = asyncio.create_task(
+                kill_at_random(relays, faults, stop, random.Random(5))
+                if faults is not None
+                else _kill_round_robin(relays, args.churn_every, stop)
+            )
+            faulting = asyncio.create_task(faults.run(began)) if faults is not None else None
             try:
                 await paced_writes(
                     writers,
@@ -108,7 +116,9 @@ async def _churn(ctx: Ctx, mode: str) -> None:
                 )
             finally:
                 stop.set()
-                await killing
+                kills = await killing
+                if faulting is not None:
+                    await faulting
                 for w in writers:
                     await w.close()
             ended = time.time()
@@ -119,6 +129,37 @@ async def _churn(ctx: Ctx, mode: str) -> None:
                 (ctx.workdir / f"churn-{mode}-diagnosis.txt").write_text(await relays.diagnose())
         finally:
             await relays.stop()
+    await _report(ctx, mode, consumer, commits, faults=faults, writing=(began, ended), kills=kills)
+
+
+async def _kill_round_robin(relays: SubprocessRelays, every: float, stop: asyncio.Event) -> int:
+    """SIGKILL the next relay every ``every`` seconds and start it again at once."""
+    victim, killed = 0, 0
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        if stop.is_set():
+            break
+        await relays.kill(victim)
+        await relays.start_one(victim)
+        killed += 1
+        victim = (victim + 1) % RELAYS
+    return killed
+
+
+async def _report(
+    ctx: Ctx,
+    mode: str,
+    consumer: LatencyConsumer,
+    commits: Commits,
+    *,
+    faults: Faults | None,
+    writing: tuple[float, float],
+    kills: int,
+) -> None:
+    args = ctx.args
+    session = args.churn_session_timeout
+    began, ended = writing
     arrivals = await consumer.arrivals()
     latency, _, missing = split(commits, arrivals)
     violations = ctx.check_order(f"churn, {mode}", await consumer.published(commits.labels))
@@ -126,6 +167,20 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     outage, worst_partition = _longest_outage(arrivals, commits, began, ended)
     if missing:
         await _say_missing(ctx, commits, arrivals)
+    if faults is not None:
+        ctx.keep_workdir = True  # the relays' logs show what each fault did to them
+        for line in faults.log:
+            say(f"  fault: {line}")
+        say(f"  {len(commits.in_doubt)} writes in doubt (the database went away at commit)")
+        say_timeline(
+            [
+                (commits.at[a.ce_id], a.at - commits.at[a.ce_id])
+                for a in arrivals
+                if commits.labels.get(a.ce_id) == "churn"
+            ],
+            began,
+            10.0,
+        )
     say(
         f"churn ({_MODES[mode]}, session timeout {session:g} s): {kills} kills in "
         f"{ended - began:.0f} s of writes ({args.churn_seconds:.0f} s planned), "
@@ -136,7 +191,8 @@ async def _churn(ctx: Ctx, mode: str) -> None:
     ctx.add(
         Result(
             "churn",
-            f"{_MODES[mode]}, kill+restart every {args.churn_every:g} s",
+            f"{_MODES[mode]}, kill+restart every "
+            f"{'2-4' if faults is not None else f'{args.churn_every:g}'} s",
             latency_figures(values),
             f"p99 {(_p99(values) / session):.1f}x session timeout",
             f"session timeout {session:g} s; longest partition outage {outage:.1f} s; "

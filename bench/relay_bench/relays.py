@@ -212,6 +212,12 @@ class SubprocessRelays:
             proc.kill()
             await proc.wait()
 
+    def signal(self, i: int, signum: int) -> None:
+        """Send ``signum`` to relay ``i`` if it runs (SIGSTOP/SIGCONT: the churn's faults)."""
+        proc = self.procs[i]
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signum)
+
     async def stop(self) -> None:
         for proc in self.procs:
             if proc is not None and proc.returncode is None:
