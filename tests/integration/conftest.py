@@ -48,7 +48,7 @@ from outboxkit.embedded._process import (
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_jars import fetch_kafka_jars
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
-from outboxkit.embedded.mongodb import EmbeddedMongo
+from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.embedded.spark_cluster import SparkCluster
 from outboxkit.migrations import migrate
@@ -291,6 +291,36 @@ def mongo_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedMongo]]:
     yield start
     for server in servers:
         server.close()
+
+
+#: A three-member set that fails over in a few seconds: a killed primary is replaced after 2 s
+#: without heartbeats (mongod's default 10 s), and a member stopped with SIGTERM exits after 1 s
+#: of quiesce (default 15 s).
+FAST_FAILOVER: dict[str, Any] = {
+    "election_timeout_ms": 2000,
+    "heartbeat_interval_ms": 500,
+    "parameters": {"shutdownTimeoutMillisForSignaledShutdown": "1000"},
+}
+
+
+@pytest.fixture
+def mongo_replica_set_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedMongoReplicaSet]]:
+    """Starts three-member mongod replica sets (priorities 3, 2, 1) whose members this test may
+    step down, stop, kill and restart. Keyword arguments go to :class:`EmbeddedMongoReplicaSet`
+    over :data:`FAST_FAILOVER`, e.g. ``mongo_replica_set_factory(election_timeout_ms=10000)``."""
+    sets: list[EmbeddedMongoReplicaSet] = []
+
+    def start(**options: Any) -> EmbeddedMongoReplicaSet:
+        chosen = {**FAST_FAILOVER, **options}
+        replica_set = EmbeddedMongoReplicaSet(
+            tmp_path / f"mongo-rs{len(sets)}", fetch=True, **chosen
+        )
+        sets.append(replica_set)
+        return replica_set.start()
+
+    yield start
+    for replica_set in sets:
+        replica_set.close()
 
 
 async def migrate_mongodb_database(url: str) -> None:
