@@ -19,7 +19,7 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
-_MONGO_FIXTURES = {"mongo_server_url", "mongo_factory"}
+_MONGO_FIXTURES = {"mongo_server_url", "mongo_factory", "mongo_replica_set_factory"}
 
 
 def unit_tests_first(items: list[pytest.Item]) -> None:
