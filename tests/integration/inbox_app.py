@@ -15,7 +15,7 @@ import os
 import random
 import signal
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import Field
@@ -40,7 +40,11 @@ FAILING_ENTITY = os.environ.get("TEST_FAILING_ENTITY", "always-fails")
 #: The entity whose events the handler never finishes (a hung dependency).
 HANGING_ENTITY = "hangs"
 
-EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS effects (event_id uuid, entity text, seq int)"
+#: ``at``: when the handler ran (the failover tests measure the inbox's delay with it).
+EFFECTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS effects "
+    "(event_id uuid, entity text, seq int, at timestamptz DEFAULT clock_timestamp())"
+)
 
 
 class Payment(Event, type="test.payment", key_field="entity"):
@@ -57,13 +61,17 @@ async def take_effect(event: Payment, tx: Any) -> None:
         await asyncio.Event().wait()
     if ON_MONGODB:
         effects = tx.client.get_database(database_name(DATABASE_URL)).effects
-        row = {"event_id": event.id, "entity": event.entity, "seq": event.seq}
+        row = {"event_id": event.id, "entity": event.entity, "seq": event.seq, "at": _now()}
         await effects.insert_one(row, session=tx)
         return
     await tx.execute(
         "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
         (event.id, event.entity, event.seq),
     )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Refund(Event, type="test.refund", key_field="entity"):

@@ -10,9 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -131,13 +132,17 @@ async def pending(url: str) -> int:
 @dataclass
 class Writers:
     """Writes ``entities`` entities' events in series, each event with a business row in the
-    same transaction. ``committed[entity]`` lists the event ids known committed, in order."""
+    same transaction. ``committed[entity]`` lists the event ids known committed, in order;
+    ``committed_at`` when each commit returned (wall clock). ``kind`` is the event class: any
+    with ``entity`` and ``seq`` fields (the inbox tests' ``Payment`` has a handler)."""
 
     url: str
     topic: str
     entities: int = 8
+    kind: Callable[..., Event] = Step
     committed: dict[str, list[UUID]] = field(default_factory=lambda: defaultdict(list))
     seq_of: dict[UUID, tuple[str, int]] = field(default_factory=dict)
+    committed_at: dict[UUID, float] = field(default_factory=dict)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -163,7 +168,7 @@ class Writers:
             while not self._stop.is_set():
                 entity = entities[turn % len(entities)]
                 turn += 1
-                event = Step(topic=self.topic, entity=entity, seq=seqs[entity])
+                event = self.kind(topic=self.topic, entity=entity, seq=seqs[entity])
                 try:
                     await writer.write(event)
                 except DatabaseAwayError:
@@ -171,8 +176,9 @@ class Writers:
                     # once it is back; the business row tells.
                     if not await self._committed_after_all(writer, event.id):
                         continue  # the database answered: not committed, write it again
+                self.committed_at[event.id] = time.time()
                 self.committed[entity].append(event.id)
-                self.seq_of[event.id] = (entity, event.seq)
+                self.seq_of[event.id] = (entity, seqs[entity])
                 seqs[entity] += 1
                 await asyncio.sleep(pause)
         finally:

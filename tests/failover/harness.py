@@ -1,0 +1,363 @@
+"""A steady load through relays and inbox workers, faults injected by the caller, and the
+checks afterwards.
+
+::
+
+    async with FailoverRun(db_url, cluster.bootstrap_servers, tmp_path) as run:
+        async with run.fault("leader kill") as fault:
+            node = cluster.node(await run.topology.partition_leader(run.topic, run.busiest()))
+            fault.detail = f"SIGKILL node {node.node_id}"
+            await asyncio.to_thread(node.kill)
+            ...
+        report = await run.finish()
+    print(report)
+    report.assert_ok(max_gap=30)
+
+Writers commit ``Payment`` events (the inbox test app's handler writes one ``effects`` row per
+event, with its time) at about ``rate`` per second on ``entities`` keys; ``relays`` relay
+processes (one group) publish them to a topic of ``partitions`` partitions (replication factor
+3 when the cluster has 3 brokers), ``inboxes`` inbox worker processes (one group) take their
+effects. Every process serves ``/healthz``. Leaving ``fault()``, the run waits until everything
+committed so far has reached Kafka and taken effect (the fault's recovery), so faults in
+sequence each start from a steady state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from uuid import UUID
+
+import httpx
+import psycopg
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
+
+from outboxkit.core.kafka import admin_client
+from outboxkit.core.mongo import database_name
+from outboxkit.core.settings import KafkaConnectionSettings, database_kind
+from outboxkit.embedded._process import free_port
+from outboxkit.embedded.kafka_topology import KafkaTopology
+from outboxkit.relay.blocks import plan
+from outboxkit.relay.ownership import describe_group
+from outboxkit.relay.records import TopicPartition
+from tests.failover.arrivals import ArrivalRecorder
+from tests.failover.publishers import check_one_publisher, producer_sessions
+from tests.failover.report import Fault, Report, gaps
+from tests.helpers import wait_for
+from tests.integration.inbox_app import Payment
+from tests.integration.inbox_harness import (
+    InboxProcess,
+    caught_up,
+    create_effects_table,
+    group_of,
+    inbox_env,
+)
+from tests.integration.relay_harness import (
+    RelayProcess,
+    Writers,
+    check_guarantees,
+    pending,
+    read_topic,
+    register_topic,
+    relay_env,
+)
+
+
+@dataclass
+class Worker:
+    """A relay or inbox process and the port of its ``/healthz``."""
+
+    name: str
+    process: RelayProcess | InboxProcess
+    port: int
+
+    def alive(self) -> bool:
+        popen = self.process.process
+        return popen is not None and popen.poll() is None
+
+    async def healthy(self) -> bool:
+        try:
+            async with httpx.AsyncClient() as http:
+                response = await http.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2)
+                return response.status_code == 200
+        except (httpx.HTTPError, OSError):
+            return False
+
+
+@dataclass
+class FailoverRun:
+    url: str
+    bootstrap: str
+    log_dir: Path
+    partitions: int = 6
+    relays: int = 3
+    inboxes: int = 2
+    rate: float = 300.0
+    entities: int = 24
+    #: Seconds a fault may take to recover (everything committed has reached Kafka and taken
+    #: effect) before the run fails with what is missing.
+    recovery_timeout: float = 90.0
+    topic: str = field(default_factory=lambda: f"failover-{uuid.uuid4().hex[:8]}")
+    faults: list[Fault] = field(default_factory=list)
+    workers: list[Worker] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.relay_env = relay_env(self.url, self.bootstrap, self.topic)
+        self.writers = Writers(self.url, self.topic, entities=self.entities, kind=Payment)
+        self.arrivals = ArrivalRecorder(self.bootstrap, self.topic, self.partitions)
+        self.topology = KafkaTopology(self.bootstrap)
+        self._exit = contextlib.AsyncExitStack()
+        self._writing = False
+
+    @property
+    def relay_group(self) -> str:
+        return f"outboxkit.relay.{self.relay_env['OUTBOXKIT_RELAY_NAME']}"
+
+    @property
+    def inbox_group(self) -> str:
+        return group_of(self.topic)
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _start(self) -> None:
+        await self._exit.enter_async_context(self.topology)
+        brokers = len(self.bootstrap.split(","))
+        replicas = min(3, brokers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [
+                    NewTopic(self.topic, self.partitions, replicas),
+                    NewTopic(f"{self.topic}.dlq", 1, replicas),  # the inbox wants its DLQ
+                ]
+            )
+        finally:
+            await admin.close()
+        await create_effects_table(self.url)
+        await register_topic(self.url, self.topic, self.partitions)
+        await self.arrivals.start()
+        for i in range(self.relays):
+            self._spawn(f"relay-{i}", RelayProcess, self.relay_env)
+        for i in range(self.inboxes):
+            self._spawn(f"inbox-{i}", InboxProcess, inbox_env(self.url, self.bootstrap, self.topic))
+        writers = 4
+        self.writers.start(writers=writers, pause=writers / self.rate)
+        self._writing = True
+        # Steady: every partition published and effects taken.
+        await wait_for(
+            lambda: len(self.arrivals.per_partition) == self.partitions,
+            within=90,
+            interval=0.2,
+            what="every partition to receive events",
+        )
+        await self._caught_up_to(time.time(), within=90)
+
+    def _spawn(
+        self, name: str, kind: type[RelayProcess] | type[InboxProcess], env: dict[str, str]
+    ) -> None:
+        port = free_port()
+        process = kind(self.log_dir, {**env, "OUTBOXKIT_HTTP_PORT": str(port)}).start()
+        self.workers.append(Worker(name, process, port))
+
+    async def close(self) -> None:
+        """Stops everything (idempotent): writers, processes, the arrival reader."""
+        if self._writing:
+            self._writing = False
+            await self.writers.stop()
+        for worker in self.workers:
+            worker.process.kill()
+        await self.arrivals.stop()
+        await self._exit.aclose()
+
+    # -- faults -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def fault(self, name: str) -> AsyncIterator[Fault]:
+        """Marks a fault: inject it (and bring the server back) inside the block. Leaving it,
+        waits until everything committed so far has reached Kafka and taken effect."""
+        fault = Fault(name, time.time())
+        self.faults.append(fault)
+        yield fault
+        fault.ended = time.time()
+        await self._caught_up_to(fault.ended, within=self.recovery_timeout)
+        fault.recovered = time.time()
+
+    def busiest(self) -> int:
+        """The partition that received the most records so far."""
+        return self.arrivals.busiest_partition()
+
+    async def relay_transactional_id(self, partition: int) -> str:
+        """The transactional id the relays publish ``partition`` with now (its owner's block
+        that contains it, as ``outboxkit/relay/blocks.py`` plans them)."""
+        settings = KafkaConnectionSettings(kafka_bootstrap_servers=self.bootstrap.split(","))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            async with admin_client(settings) as admin:
+                _, members = await describe_group(admin, self.relay_group)
+            for member in members:
+                for block in plan(member.assigned, {self.topic: self.partitions}, max_level=5):
+                    if TopicPartition(self.topic, partition) in block.partitions(self.partitions):
+                        return block.transactional_id(self.relay_group)
+            await asyncio.sleep(0.5)  # a rebalance is running
+        raise AssertionError(f"no relay owns {self.topic}/{partition}")
+
+    async def settled(self) -> None:
+        """Wait until everything committed so far has reached Kafka and taken effect (within
+        ``recovery_timeout``)."""
+        await self._caught_up_to(time.time(), within=self.recovery_timeout)
+
+    async def _caught_up_to(self, moment: float, *, within: float) -> None:
+        """Wait until every event committed by ``moment`` is on Kafka and has taken effect."""
+        due = [e for e, at in list(self.writers.committed_at.items()) if at <= moment]
+        arrived = self.arrivals.arrivals
+
+        def on_kafka() -> bool:
+            return all(e in arrived for e in due)
+
+        async def effective() -> bool:
+            return await _effect_count(self.url) >= len(due)
+
+        try:
+            await wait_for(on_kafka, within=within, interval=0.1, what="events reaching Kafka")
+            await wait_for(effective, within=within, interval=0.25, what="the inbox's effects")
+        except AssertionError as exc:
+            missing = [e for e in due if e not in arrived]
+            raise AssertionError(
+                f"{exc}: {len(missing)} of {len(due)} committed events not on Kafka; "
+                f"{await _effect_count(self.url)} effects. Logs in {self.log_dir}"
+            ) from None
+
+    # -- the checks -----------------------------------------------------------------------------
+
+    async def finish(self) -> Report:
+        """Stop writing, let everything drain, and check G1, G2, G4, G6, the processes' health
+        and each fault's gaps."""
+        self._writing = False
+        await self.writers.stop()
+        await wait_for(lambda: _drained(self.url), within=90, interval=0.25, what="outbox drain")
+        await self._caught_up_to(time.time(), within=90)
+        await wait_for(
+            lambda: caught_up(self.bootstrap, self.inbox_group, self.topic, self.partitions),
+            within=60,
+            interval=0.5,
+            what="the inbox's offsets to reach the end",
+        )
+        report = Report()
+        report.health = await self._health()
+        published = await read_topic(self.bootstrap, self.topic, self.partitions)
+        report.guarantees["G1+G2"] = _outcome(lambda: check_guarantees(self.writers, published))
+        sessions = await producer_sessions(self.bootstrap, self.topic, self.partitions)
+        offsets = self.arrivals.offsets
+        report.guarantees["G4"] = _outcome(lambda: check_one_publisher(offsets, sessions))
+        effects = await effect_times(self.url)
+        distinct = {event_id for records in published.values() for _, event_id in records}
+        report.guarantees["G6"] = _outcome(lambda: check_effects_once(effects, distinct))
+        arrived = {e: a.at for e, a in self.arrivals.arrivals.items()}
+        effect_at = {e: min(times) for e, times in effects.items()}
+        report.faults = [
+            gaps(f, self.writers.committed_at, arrived, effect_at) for f in self.faults
+        ]
+        return report
+
+    async def _health(self) -> list[str]:
+        """Every process still the one started (none died), each ``/healthz`` 200 again within
+        30 s, and no traceback in any log."""
+        problems = [f"{w.name} exited" for w in self.workers if not w.alive()]
+
+        async def all_healthy() -> bool:
+            return all([await w.healthy() for w in self.workers if w.alive()])
+
+        try:
+            await wait_for(all_healthy, within=30, interval=0.5, what="healthy")
+        except AssertionError:
+            sick = [w.name for w in self.workers if w.alive() and not await w.healthy()]
+            problems.append(f"/healthz not 200 after 30 s: {', '.join(sick)}")
+        problems += [
+            f"{w.name} logged a traceback ({w.process.log_path})"
+            for w in self.workers
+            if "Traceback" in w.process.log()
+        ]
+        return problems
+
+
+def check_effects_once(effects: dict[UUID, list[float]], published: set[UUID]) -> str:
+    """G6: each published event took effect exactly once, and nothing else did."""
+    twice = [e for e, times in effects.items() if len(times) > 1]
+    missing = published - effects.keys()
+    extra = effects.keys() - published
+    assert not twice, f"G6 violated: {len(twice)} events took effect more than once"
+    assert not missing, f"G6 violated: {len(missing)} published events took no effect"
+    assert not extra, f"G6 violated: {len(extra)} effects of events never published"
+    return f"{len(effects)} events, one effect each"
+
+
+def _outcome(check: Any) -> tuple[bool, str]:
+    try:
+        return True, str(check())
+    except AssertionError as exc:
+        return False, str(exc)
+
+
+async def _drained(url: str) -> bool:
+    return await pending(url) == 0
+
+
+async def _effect_count(url: str) -> int:
+    if database_kind(url) == "mongodb":
+        async with _mongo(url) as client:
+            return await client.get_database(database_name(url)).effects.count_documents({})
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        row = await (await conn.execute("SELECT count(*) FROM effects")).fetchone()
+        return int(row[0]) if row else 0
+
+
+async def effect_times(url: str) -> dict[UUID, list[float]]:
+    """Event id → when each of its effects was written (one, unless G6 broke)."""
+    found: dict[UUID, list[float]] = {}
+    if database_kind(url) == "mongodb":
+        async with _mongo(url) as client:
+            db = client.get_database(database_name(url))
+            async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
+                at = doc["at"].replace(tzinfo=UTC).timestamp()
+                found.setdefault(doc["event_id"], []).append(at)
+        return found
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT event_id, extract(epoch FROM at)::float8 FROM effects")
+        for event_id, at in await cur.fetchall():
+            found.setdefault(event_id, []).append(at)
+    return found
+
+
+@contextlib.asynccontextmanager
+async def _mongo(url: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -1,0 +1,84 @@
+"""MongoDB replica-set faults, each a scenario a :class:`~tests.failover.harness.FailoverRun`
+runs on a three-member :class:`~outboxkit.embedded.mongodb.EmbeddedMongoReplicaSet` (priorities
+3, 2, 1): the test and ``bench/failover.py`` run the same ones.
+
+Every scenario takes the primary away, waits until the pipeline has caught up *without* it
+(the gap an operator sees: an election, the writers' retried transactions, the relays' change
+streams and inbox transactions on the new primary), brings it back, and waits until member 0
+(the highest priority) is primary again and the pipeline has caught up once more — so the
+next scenario starts from the same set as the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from outboxkit.embedded.mongodb import EmbeddedMongoReplicaSet
+from tests.failover.harness import FailoverRun
+
+#: A scenario: one or more faults in ``run`` (each inside ``run.fault``).
+Scenario = Callable[[FailoverRun, EmbeddedMongoReplicaSet], Awaitable[None]]
+
+
+async def _priorities_restored(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> float:
+    """Wait until member 0 is primary again (its priority takeover: one more election, as in
+    production), then until the pipeline caught up; seconds it took."""
+    started = time.time()
+    await asyncio.to_thread(replica_set.wait_for_primary, replica_set.members[0], timeout=90)
+    await run.settled()
+    return time.time() - started
+
+
+async def step_down(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> None:
+    """``replSetStepDown`` of the primary while writers commit and relays read and publish."""
+    async with run.fault("primary step-down") as fault:
+        old, new = await asyncio.to_thread(replica_set.step_down, 5, catch_up_seconds=2)
+        await run.settled()
+        without = time.time() - fault.started
+        back = await _priorities_restored(run, replica_set)
+        fault.detail = (
+            f"replSetStepDown member {old.index} → member {new.index}; caught up after "
+            f"{without:.1f} s; member {old.index} primary again and caught up {back:.1f} s later"
+        )
+
+
+async def kill_primary(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> None:
+    """SIGKILL of the primary; it restarts on its data, rejoins and takes the primary back."""
+    async with run.fault("primary SIGKILL") as fault:
+        victim = await asyncio.to_thread(replica_set.primary)
+        await asyncio.to_thread(victim.kill)
+        killed = time.time()
+        elected = await asyncio.to_thread(replica_set.primary, timeout=90)
+        election = time.time() - killed
+        await run.settled()
+        without = time.time() - fault.started
+        await asyncio.to_thread(victim.start)
+        back = await _priorities_restored(run, replica_set)
+        fault.detail = (
+            f"SIGKILL member {victim.index}; member {elected.index} elected after "
+            f"{election:.1f} s; caught up after {without:.1f} s; member {victim.index} back "
+            f"and primary {back:.1f} s after its restart"
+        )
+
+
+async def rolling_restart(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> None:
+    """Every member stopped (SIGTERM) and started in turn, the primary last after stepping
+    down, as an upgrade does."""
+    async with run.fault("rolling restart") as fault:
+        order = await asyncio.to_thread(replica_set.rolling_restart)
+        restarted = time.time() - fault.started
+        back = await _priorities_restored(run, replica_set)
+        fault.detail = (
+            f"SIGTERM and restart of members {', '.join(str(m.index) for m in order)} "
+            f"in {restarted:.1f} s; member 0 primary again and caught up {back:.1f} s later"
+        )
+
+
+#: Scenario name → scenario. ``bench/failover.py`` runs them by these names (``--only``).
+MONGODB_FAULTS: dict[str, Scenario] = {
+    "mongo-stepdown": step_down,
+    "mongo-kill-primary": kill_primary,
+    "mongo-rolling": rolling_restart,
+}

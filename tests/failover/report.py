@@ -1,0 +1,100 @@
+"""What a failover run measured and checked: per fault, the longest delays, and once for the
+run, the guarantees and the processes' health — as data (for asserts) and as one table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from uuid import UUID
+
+#: Events committed this long before a fault started count towards it (in flight when it hit).
+BEFORE = 1.0
+
+
+@dataclass
+class Fault:
+    """One fault: from when it was injected to when the server was back (``ended``) and the
+    pipeline had caught up again (``recovered``). ``detail`` says what was done to which
+    server (e.g. ``SIGKILL node 2, leader of t/3``)."""
+
+    name: str
+    started: float
+    ended: float = 0.0
+    recovered: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """Over the events committed from just before ``started`` until ``recovered``: the longest
+    commit→Kafka delay, and the longest Kafka→inbox-effect delay."""
+
+    name: str
+    detail: str
+    events: int
+    delivery: float
+    inbox: float
+    #: Seconds from the fault's start until every earlier commit had reached Kafka and taken
+    #: effect.
+    recovery: float
+
+
+def gaps(
+    fault: Fault,
+    committed_at: Mapping[UUID, float],
+    arrived_at: Mapping[UUID, float],
+    effect_at: Mapping[UUID, float],
+) -> Gaps:
+    window = [
+        e for e, at in committed_at.items() if fault.started - BEFORE <= at <= fault.recovered
+    ]
+    delivery = [arrived_at[e] - committed_at[e] for e in window if e in arrived_at]
+    inbox = [max(0.0, effect_at[e] - arrived_at[e]) for e in window if e in effect_at]
+    return Gaps(
+        fault.name,
+        fault.detail,
+        len(window),
+        max(delivery, default=0.0),
+        max(inbox, default=0.0),
+        fault.recovered - fault.started,
+    )
+
+
+@dataclass
+class Report:
+    faults: list[Gaps] = field(default_factory=list)
+    #: Guarantee → (held, what was checked or how it failed).
+    guarantees: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    #: What was wrong with the processes at the end (dead, unhealthy, a traceback logged).
+    health: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(held for held, _ in self.guarantees.values()) and not self.health
+
+    def lines(self) -> list[str]:
+        out = [
+            "| fault | what | events | delivery gap s | inbox gap s | recovered after s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {g.name} | {g.detail} | {g.events} | {g.delivery:.2f} | {g.inbox:.2f} "
+            f"| {g.recovery:.1f} |"
+            for g in self.faults
+        ]
+        out += [
+            f"{name}: {'held' if held else 'VIOLATED'} ({text})"
+            for name, (held, text) in self.guarantees.items()
+        ]
+        out.append("health: " + ("; ".join(self.health) or "every process healthy, no traceback"))
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def assert_ok(self, *, max_gap: float) -> None:
+        """Every guarantee held, every process is healthy, and no fault's delivery or inbox
+        gap exceeded ``max_gap`` seconds."""
+        assert self.ok, str(self)
+        slow = [g for g in self.faults if max(g.delivery, g.inbox) > max_gap]
+        assert not slow, f"gaps over {max_gap} s:\n{self}"
