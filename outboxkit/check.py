@@ -6,6 +6,7 @@ Checks never raise: every failure, expected or not, becomes a :class:`CheckResul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -14,12 +15,14 @@ from typing import Any
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from psycopg.conninfo import conninfo_to_dict
 from pymongo import AsyncMongoClient
-from pymongo.errors import ConnectionFailure, PyMongoError
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_uri
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
+from outboxkit.core.login import refused_login
 from outboxkit.core.mongo import database_name, make_client
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
@@ -52,6 +55,33 @@ _PROBE_SECONDS = 2.0
 DEV_HINT = 'on a laptop, `eval "$(outboxkit dev up)"` starts PostgreSQL and Kafka'
 
 
+#: What PostgreSQL (or libpq, before asking it) says when it will not let this user in.
+_PG_LOGIN_REFUSED = re.compile(
+    r"authentication failed|role .* does not exist|no pg_hba|no password supplied|"
+    r"not permitted to log in"
+)
+
+
+def _pg_user(message: str, where: str | None) -> str | None:
+    """The user PostgreSQL refused: named in its message, else the URL's."""
+    named = re.search(r'(?:user|role) "([^"]+)"', message)
+    if named:
+        return named.group(1)
+    if where:
+        with contextlib.suppress(psycopg.Error):
+            user = conninfo_to_dict(where).get("user")
+            return str(user) if user else None
+    return None
+
+
+def _pg_reason(message: str) -> str:
+    """The server's (or libpq's) own words, without the connection preamble."""
+    for marker in ("FATAL:", "failed: "):
+        if marker in message:
+            return message.rsplit(marker, 1)[1].strip()
+    return message
+
+
 def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tuple[str, str | None]:
     """What failed (naming the server ``where``, if given) and what to do, for a driver error."""
     message = _first_line(exc)
@@ -66,11 +96,14 @@ def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tupl
             f"PostgreSQL{at} refused: {message}",
             "Grant this user USAGE on schema outboxkit and read/write on its tables.",
         )
-    if re.search(r"password authentication failed|role .* does not exist|no pg_hba", message):
-        return (
-            f"PostgreSQL{at} refused the login: {message}",
-            "Check the user and password in OUTBOXKIT_DATABASE_URL.",
-        )
+    if _PG_LOGIN_REFUSED.search(message):
+        return refused_login(
+            f"PostgreSQL{at}",
+            _pg_user(message, where),
+            "the user and password in OUTBOXKIT_DATABASE_URL"
+            + (", and pg_hba.conf" if "pg_hba" in message else ""),
+            _pg_reason(message),
+        ), None
     if re.search(r"database .* does not exist", message):
         return (
             f"PostgreSQL{at} has no such database: {message}",
@@ -201,6 +234,43 @@ async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResul
     )
 
 
+#: mongod's AuthenticationFailed, and its words when a driver reports it otherwise.
+_MONGO_AUTH_FAILED = 18
+
+
+def _mongo_login_refused(exc: PyMongoError) -> bool:
+    if isinstance(exc, OperationFailure) and exc.code == _MONGO_AUTH_FAILED:
+        return True
+    return "Authentication failed" in str(exc)
+
+
+def mongodb_user(url: str) -> str | None:
+    """The user a MongoDB URL logs in as, if any."""
+    with contextlib.suppress(PyMongoError, ValueError):
+        return parse_uri(url, validate=False, warn=True)["username"] or None
+    return None
+
+
+def explain_mongodb_error(
+    exc: PyMongoError, where: str, user: str | None = None
+) -> tuple[str, str | None]:
+    """What failed at MongoDB ``where`` and what to do: a refused login named as such (as
+    ``user``), a server that does not answer, or the driver's first line."""
+    if _mongo_login_refused(exc):
+        details = exc.details if isinstance(exc, OperationFailure) else None
+        reason = details.get("errmsg") if details else None
+        check = "the user, password and authSource in OUTBOXKIT_DATABASE_URL"
+        return refused_login(
+            f"MongoDB at {where}", user, check, reason or _first_line(exc).split(",")[0]
+        ), None
+    if isinstance(exc, ConnectionFailure):
+        return (
+            f"cannot connect to MongoDB at {where}: {_first_line(exc)}",
+            "Is mongod running and reachable from here? Check OUTBOXKIT_DATABASE_URL.",
+        )
+    return f"MongoDB at {where} failed: {_first_line(exc)}", None
+
+
 async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
     probed = await _probe_mongodb(settings, where)
@@ -212,15 +282,9 @@ async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     try:
         hello = await client.admin.command("hello")
     except PyMongoError as exc:
-        return [
-            CheckResult(
-                "database",
-                False,
-                f"cannot connect to MongoDB at {where}: {_first_line(exc)}",
-                "Is mongod running and reachable from here? Check OUTBOXKIT_DATABASE_URL.",
-                unreachable=isinstance(exc, ConnectionFailure),
-            )
-        ]
+        summary, fix = explain_mongodb_error(exc, where, mongodb_user(settings.database_url))
+        unreachable = isinstance(exc, ConnectionFailure) and not _mongo_login_refused(exc)
+        return [CheckResult("database", False, summary, fix, unreachable=unreachable)]
     finally:
         await client.close()
     if not hello.get("setName"):

@@ -22,6 +22,7 @@ from aiokafka.errors import (
 )
 
 from outboxkit.core.kafka_clients import connection_options
+from outboxkit.core.login import refused_login
 from outboxkit.core.settings import KafkaConnectionSettings
 
 
@@ -86,12 +87,15 @@ def _describe(settings: KafkaConnectionSettings, server: str, exc: BaseException
             "PLAINTEXT or SASL_PLAINTEXT listener needs that protocol instead.",
         )
     if isinstance(exc, SaslAuthenticationFailed):
+        mechanism = settings.kafka_sasl_mechanism
         return Handshake(
-            f"SASL: Kafka at {server} refused the login of "
-            f"{settings.kafka_sasl_username or 'this client'} with "
-            f"{settings.kafka_sasl_mechanism}",
-            "Check OUTBOXKIT_KAFKA_SASL_USERNAME and OUTBOXKIT_KAFKA_SASL_PASSWORD, and that the "
-            "user has credentials for this mechanism (SCRAM-SHA-256 and -512 are separate).",
+            refused_login(
+                f"Kafka at {server}",
+                settings.kafka_sasl_username,
+                "OUTBOXKIT_KAFKA_SASL_USERNAME and OUTBOXKIT_KAFKA_SASL_PASSWORD, and that the "
+                f"user has {mechanism} credentials (SCRAM-SHA-256 and -512 are separate)",
+                f"SASL {mechanism}",
+            )
         )
     if isinstance(exc, UnsupportedSaslMechanismError):
         return Handshake(

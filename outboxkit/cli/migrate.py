@@ -13,7 +13,12 @@ import typer
 from pymongo.errors import PyMongoError
 
 from outboxkit.backends import backend_for
-from outboxkit.check import explain_database_error, run_checks
+from outboxkit.check import (
+    explain_database_error,
+    explain_mongodb_error,
+    mongodb_user,
+    run_checks,
+)
 from outboxkit.cli.common import EXIT_FAILED, load
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
 from outboxkit.core.redact import redact
@@ -70,7 +75,14 @@ def migrate_command(
         if fix:
             typer.echo(f"  → {fix}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
-    except (PyMongoError, MigrationError) as exc:
+    except PyMongoError as exc:
+        url = settings.database_url
+        what, fix = explain_mongodb_error(exc, redact(url), mongodb_user(url))
+        typer.echo(f"error: migrating failed: {what}", err=True)
+        if fix:
+            typer.echo(f"  → {fix}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except MigrationError as exc:
         typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     if applied:

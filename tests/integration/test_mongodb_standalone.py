@@ -5,21 +5,19 @@ There is no sweep-only mode."""
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pymongo import MongoClient
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure
 
-from outboxkit.embedded._process import free_port, spawn, stop_process, wait_until
-from outboxkit.embedded.mongodb import find_mongod
+from outboxkit.embedded._process import free_port
 from outboxkit.relay.mongodb import MongoOutboxStorage
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.worker import RETRIABLE
 from tests.docs_snippets import REPO
 from tests.helpers import run_cli
+from tests.integration.standalone_mongod import standalone_mongod
 
 #: What the relay command prints (after the URL), and what mongod answers the relay's claim.
 REFUSED = "is not a replica set"
@@ -31,30 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def standalone_url(tmp_path: Path) -> Iterator[str]:
     """``mongodb://127.0.0.1:<port>/shop`` on a mongod started without ``--replSet``."""
-    port = free_port()
-    data = tmp_path / "mongo"
-    data.mkdir()
-    log = tmp_path / "mongod.log"
-    argv = [str(find_mongod(fetch=True)), "--dbpath", str(data), "--port", str(port)]
-    argv += ["--bind_ip", "127.0.0.1", "--nounixsocket", "--wiredTigerCacheSizeGB", "0.25"]
-    process = spawn(argv, log_path=log)
-    client: MongoClient[dict[str, object]] = MongoClient(
-        f"127.0.0.1:{port}", directConnection=True, serverSelectionTimeoutMS=500
-    )
-
-    def answers() -> bool:
-        try:
-            client.admin.command("ping")
-        except PyMongoError:
-            return False
-        return True
-
-    try:
-        wait_until(answers, timeout=60, what="standalone mongod", process=process, log_path=log)
+    with standalone_mongod(tmp_path) as port:
         yield f"mongodb://127.0.0.1:{port}/shop"
-    finally:
-        client.close()
-        stop_process(process, signal.SIGTERM, timeout=30)
 
 
 def _standalone_sentence() -> str:

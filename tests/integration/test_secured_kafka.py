@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -166,7 +167,11 @@ async def test_inbox_with_only_its_acls_takes_each_effect_once(
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("wrong password", "refused the login of alice with SCRAM-SHA-512"),
+        (
+            "wrong password",
+            "refused the login for user alice: check OUTBOXKIT_KAFKA_SASL_USERNAME and "
+            "OUTBOXKIT_KAFKA_SASL_PASSWORD, and that the user has SCRAM-SHA-512 credentials",
+        ),
         ("untrusted certificate", "is not trusted here"),
         ("another host's certificate", "is not valid for that host name"),
     ],
@@ -187,10 +192,13 @@ def test_a_connection_kafka_refuses_is_one_line_and_exit_1(
     else:
         env["OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS"] = secured_kafka.wrong_host_bootstrap
     for command in (("check",), ("relay",)):
+        started = time.monotonic()
         result = run_cli(*command, env=env)
         output = result.stdout + result.stderr
         assert result.returncode == 1, output
         assert expected in output, output
+        # Not waited for as an outage would be (OUTBOXKIT_STARTUP_GRACE, 60 s by default).
+        assert time.monotonic() - started < 30, output
         assert "Traceback" not in output, output
         assert secured_kafka.users["alice"] not in output
 
