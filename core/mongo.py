@@ -137,10 +137,32 @@ def collection(database: Database, name: str, **options: Any) -> Collection:
     return database.get_collection(PREFIX + name, **options)
 
 
+#: Server errors of a member that is not (or no longer) the primary, or is shutting down: what a
+#: step-down, an election or a restart answers. The driver raises most of them as
+#: ``NotPrimaryError`` (a ``ConnectionFailure``), but not inside a write concern error: a
+#: ``majority`` write the primary applied and then stepped down before a majority had it fails
+#: with ``WriteConcernError`` code 11602 and no retryable label (an ``update_many`` or
+#: ``delete_many`` is not a retryable write). Its outcome is unknown; trying again is right.
+_FAILOVER_CODES = frozenset(
+    {
+        91,  # ShutdownInProgress
+        189,  # PrimarySteppedDown
+        10107,  # NotWritablePrimary
+        11600,  # InterruptedAtShutdown
+        11602,  # InterruptedDueToReplStateChange
+        13435,  # NotPrimaryNoSecondaryOk
+        13436,  # NotPrimaryOrSecondary
+    }
+)
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """A failure of the server or the network, not of the operation: trying later may work."""
-    return isinstance(exc, ConnectionFailure) or (
-        isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError")
+    """A failure of the server or the network, not of the operation: trying later may work.
+    That includes a primary that stepped down or shut down under the operation (a failover)."""
+    return (
+        isinstance(exc, ConnectionFailure)
+        or (isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError"))
+        or (isinstance(exc, OperationFailure) and exc.code in _FAILOVER_CODES)
     )
 
 
