@@ -1,4 +1,5 @@
-"""The SparkSession: local (master and jars from the settings) or spark-submit's own."""
+"""The SparkSession: built from the settings (a local master, or a cluster's: ``spark://…``,
+``yarn``, ``k8s://…``), or spark-submit's own."""
 
 from __future__ import annotations
 
@@ -50,23 +51,48 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs everything in the driver's JVM: ``local``, ``local[n]``,
+    ``local[*]``, ``local[n,retries]`` (``local-cluster[…]`` starts executor JVMs, as a cluster
+    does)."""
+    return master == "local" or master.startswith("local[")
+
+
+def session_conf(settings: PipelineSettings, jars: list[str]) -> dict[str, str]:
+    """What a session built from the settings gets: the master, the jars (a cluster's executors
+    fetch them from the driver), Delta; and, for a local master only, few shuffle partitions
+    and few Delta snapshot tasks. On a cluster they would cap the state store's parallelism for
+    good (the first run fixes it in the checkpoint): Spark's defaults apply there, unless
+    ``OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS`` says otherwise."""
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.jars": ",".join(jars),
+        "spark.ui.showConsoleProgress": "false",
+        **DELTA_CONF,
+    }
+    if is_local(settings.spark_master):
+        partitions = settings.spark_shuffle_partitions or LOCAL_SHUFFLE_PARTITIONS
+        conf["spark.sql.shuffle.partitions"] = str(partitions)
+        conf.update(local_delta_conf(partitions))
+    elif settings.spark_shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(settings.spark_shuffle_partitions)
+    return conf
+
+
 def build_session(settings: PipelineSettings) -> SparkSession:
-    """The session: local (master and jars from the settings) unless under ``spark-submit``,
-    which brings its own master, ``--packages`` and ``--conf`` (see docs/spark.md)."""
+    """The session: master and jars from the settings unless under ``spark-submit``, which
+    brings its own master, ``--packages`` and ``--conf`` (see docs/spark.md)."""
     builder = SparkSession.builder.appName(f"outboxkit-{settings.pipeline_name}")
     partitions = settings.spark_shuffle_partitions
     if not under_spark_submit():
         jars = pipeline_jars(
             settings.spark_jars, connector_version=settings.spark_connector_version
         )
-        builder = (
-            builder.master(settings.spark_master)
-            .config("spark.jars", ",".join(map(str, jars)))
-            .config("spark.ui.showConsoleProgress", "false")
-        )
-        partitions = partitions or LOCAL_SHUFFLE_PARTITIONS
-        for key, value in {**DELTA_CONF, **local_delta_conf(partitions)}.items():
+        conf = session_conf(settings, [str(jar) for jar in jars])
+        for key, value in conf.items():
             builder = builder.config(key, value)
+        shuffle = conf.get("spark.sql.shuffle.partitions")
+        partitions = int(shuffle) if shuffle else None
         use_this_python_for_workers()
     spark = builder.getOrCreate()
     configure_session(spark, shuffle_partitions=partitions)
@@ -74,7 +100,8 @@ def build_session(settings: PipelineSettings) -> SparkSession:
 
 
 def use_this_python_for_workers() -> None:
-    """Local Python workers run this interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+    """Python workers run this interpreter unless ``PYSPARK_PYTHON`` says otherwise — on a
+    cluster too: the driver sends the path to the executors, which need it on every node.
     PySpark reads only that variable (``spark.pyspark.python`` is spark-submit's), and its
     default, ``python3`` from ``PATH``, lacks outboxkit outside an activated virtualenv: the
     decoder's Python pass would fail on the first batch."""
