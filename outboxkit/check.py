@@ -222,8 +222,7 @@ async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResul
             False,
             f"MongoDB at {address} is a standalone mongod, not a member of replica set "
             f"{wanted} (the URL's replicaSet)",
-            "Change streams and multi-document transactions need a replica set: start mongod "
-            "with --replSet and run rs.initiate() (a single node is enough).",
+            REPLICA_SET_FIX,
         )
     return CheckResult(
         "database",
@@ -272,10 +271,26 @@ def explain_mongodb_error(
 
 
 async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
+    server = await check_mongodb_server(settings)
+    if not server.ok:
+        return [server]
+    return [server, await _mongodb_migrations(settings)]
+
+
+#: Why outboxkit needs a replica set, and how to make one: the same words wherever it refuses a
+#: standalone mongod (check, migrate, every worker).
+REPLICA_SET_FIX = (
+    "Change streams and multi-document transactions need a replica set: start mongod with "
+    "--replSet and run rs.initiate() (a single node is enough)."
+)
+
+
+async def check_mongodb_server(settings: ConnectionSettings) -> CheckResult:
+    """MongoDB answers, lets this user in, and is a replica set (``database``)."""
     where = redact(settings.database_url)
     probed = await _probe_mongodb(settings, where)
     if probed is not None:
-        return [probed]
+        return probed
     client = make_client(
         settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
     )
@@ -284,21 +299,14 @@ async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
     except PyMongoError as exc:
         summary, fix = explain_mongodb_error(exc, where, mongodb_user(settings.database_url))
         unreachable = isinstance(exc, ConnectionFailure) and not _mongo_login_refused(exc)
-        return [CheckResult("database", False, summary, fix, unreachable=unreachable)]
+        return CheckResult("database", False, summary, fix, unreachable=unreachable)
     finally:
         await client.close()
     if not hello.get("setName"):
-        return [
-            CheckResult(
-                "database",
-                False,
-                f"MongoDB at {where} is not a replica set",
-                "Change streams and multi-document transactions need a replica set: start mongod "
-                "with --replSet and run rs.initiate() (a single node is enough).",
-            )
-        ]
-    results = [CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")]
-    return [*results, await _mongodb_migrations(settings)]
+        return CheckResult(
+            "database", False, f"MongoDB at {where} is not a replica set", REPLICA_SET_FIX
+        )
+    return CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")
 
 
 async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:

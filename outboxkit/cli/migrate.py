@@ -14,6 +14,7 @@ from pymongo.errors import PyMongoError
 
 from outboxkit.backends import backend_for
 from outboxkit.check import (
+    check_mongodb_server,
     explain_database_error,
     explain_mongodb_error,
     mongodb_user,
@@ -67,6 +68,8 @@ def migrate_command(
         return
     settings = load(ConnectionSettings, database_url=database_url)
     backend = backend_for(settings.database_url)
+    if backend.kind == "mongodb":
+        _refuse_what_workers_refuse(settings)
     try:
         applied = asyncio.run(backend.migrate(settings.connect_timeout))
     except psycopg.Error as exc:
@@ -89,3 +92,15 @@ def migrate_command(
         typer.echo("applied " + ", ".join(applied))
     else:
         typer.echo("schema is up to date")
+
+
+def _refuse_what_workers_refuse(settings: ConnectionSettings) -> None:
+    """MongoDB: a server the workers would refuse (a standalone mongod, which has neither
+    transactions nor change streams; a refused login) is refused before anything is created,
+    with the line ``check`` and the workers print, rather than migrated as if it would do."""
+    server = asyncio.run(check_mongodb_server(settings))
+    if not server.ok:
+        typer.echo(f"error: {server.summary}", err=True)
+        if server.fix:
+            typer.echo(f"  → {server.fix}", err=True)
+        raise typer.Exit(EXIT_FAILED)

@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
+from outboxkit.backends import backend_for
+from outboxkit.check import REPLICA_SET_FIX
 from outboxkit.embedded._process import free_port
 from outboxkit.relay.mongodb import MongoOutboxStorage
 from outboxkit.relay.records import TopicPartition
@@ -57,15 +60,37 @@ def test_the_relay_command_refuses_to_start(standalone_url: str) -> None:
         "OUTBOXKIT_TOPICS": "orders",
         "OUTBOXKIT_CONNECT_TIMEOUT": "2",
     }
-    migrated = run_cli("migrate", env=env)  # migrations need no replica set
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     result = run_cli("relay", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"error: MongoDB at {standalone_url} {REFUSED}" in result.stderr
 
 
+def test_migrate_refuses_a_standalone_mongod_with_the_relays_line(standalone_url: str) -> None:
+    """#28: `outboxkit migrate` said `applied 0001_init, 0002_head_index` and exited 0 on a
+    standalone mongod, which the relay and the writers then refuse. Catches a migrate that
+    creates anything there, or says less than why and what to do."""
+    env = {"OUTBOXKIT_DATABASE_URL": standalone_url, "OUTBOXKIT_CONNECT_TIMEOUT": "2"}
+    result = run_cli("migrate", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: MongoDB at {standalone_url} {REFUSED}",
+        f"  → {REPLICA_SET_FIX}",
+    ]
+    client: MongoClient[dict[str, object]] = MongoClient(standalone_url, timeoutMS=2000)
+    with client:
+        assert "outboxkit.migrations" not in client.shop.list_collection_names()
+    # Behind a replicaSet URL, the check's line (the probe's) rather than a topology dump.
+    behind = run_cli(
+        "migrate", env=env | {"OUTBOXKIT_DATABASE_URL": f"{standalone_url}?replicaSet=rs0"}
+    )
+    assert behind.returncode == 1, behind.stdout + behind.stderr
+    assert "is a standalone mongod, not a member of replica set rs0" in behind.stderr
+    assert REPLICA_SET_FIX in behind.stderr
+
+
 async def test_a_relay_in_code_fails_every_claim(standalone_url: str) -> None:
-    assert run_cli("migrate", env={"OUTBOXKIT_DATABASE_URL": standalone_url}).returncode == 0
+    # Created in code: `outboxkit migrate` refuses a standalone mongod.
+    await backend_for(standalone_url).migrate(connect_timeout=2)
     async with MongoOutboxStorage(standalone_url, connect_timeout=2) as storage:
         for _ in range(2):  # not a passing state: the next claim meets the same refusal
             with pytest.raises(OperationFailure, match=SNAPSHOT_REFUSED) as refused:
