@@ -9,6 +9,10 @@ a record being parked later.
   ``relay/publisher.py``) with room for the request's own framing, and under Kafka's default
   ``max.message.bytes`` (1,048,588). A topic configured lower refuses larger records; the relay
   then parks them (``outboxkit outbox failed``). Writers take lower limits as arguments.
+
+And what the relay holds: a claim reads records of a partition only while those before them
+come to less than its share of ``max_claim_bytes`` (:func:`record_bytes`; the storages'
+``next_batch``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outboxkit.relay.exceptions import EventTooLargeError
+from outboxkit.relay.records import OutboxRecord
 from outboxkit.schemas import EncodedEvent
 
 MAX_KEY_BYTES = 4096
@@ -44,3 +49,12 @@ def check_size(
             f"{max_record_bytes} (what the relay's producer and a default topic accept): put "
             "large content elsewhere and send a reference. Roll back this transaction."
         )
+
+
+def record_bytes(record: OutboxRecord) -> int:
+    """What a record counts for in a claim's byte bound (``max_claim_bytes``): its key, value,
+    header names (UTF-8) and header values — what it holds in the relay's memory, give or take
+    Python's overhead. Every storage measures the same (PostgreSQL with octet_length, MongoDB
+    with $binarySize and $strLenBytes), so the relay can tell a partition cut short."""
+    size = len(record.key) + (0 if record.value is None else len(record.value))
+    return size + sum(len(name.encode()) + len(value) for name, value in record.headers)

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.relay.exceptions import UnknownTopicError
-from outboxkit.relay.limits import check_size
+from outboxkit.relay.limits import check_size, record_bytes
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -104,6 +104,7 @@ class InMemoryOutboxStorage:
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
         depth: int = 1,
+        max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
         self._settle(published, keep=keep)
         wanted = set(tps)
@@ -127,7 +128,16 @@ class InMemoryOutboxStorage:
             if len(of_key) < depth:
                 of_key.append(row.record)
                 found.append(row.record)
-        return found
+        if max_bytes is None:
+            return found
+        before: dict[TopicPartition, int] = {}  # bytes of the partition's records before
+        bounded = []
+        for record in found:
+            tp = _tp(record)
+            if before.get(tp, 0) < max_bytes:
+                bounded.append(record)
+                before[tp] = before.get(tp, 0) + record_bytes(record)
+        return bounded
 
     def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)

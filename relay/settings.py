@@ -36,6 +36,16 @@ class RelaySettings(WorkerSettings):
         "before the next, so a backlog with few keys needs a claim per this many transactions, "
         "not one per transaction",
     )
+    max_claim_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="Bytes (keys, values, headers) of records one claim reads at most, shared "
+        "by the partitions it reads; a partition always gets its first record, so a large one "
+        "still moves. The default is what a full claim of 1 KB records holds anyway (batch size "
+        "500 x claim depth 4 x 32 partitions): it cuts only claims of large records (each up to "
+        "1 MB, the writers' limit), which used to hold up to batch size x claim depth of them "
+        "per partition",
+    )
     partitions_per_transaction: int = Field(
         default=32,
         ge=1,

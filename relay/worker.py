@@ -37,6 +37,7 @@ from outboxkit.relay.batches import InFlightBudget, by_depth
 from outboxkit.relay.blocks import Block, fence_ids
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from outboxkit.relay.fencing import Fencer
+from outboxkit.relay.limits import record_bytes
 from outboxkit.relay.metrics import STAGES, RelayMetrics
 from outboxkit.relay.publisher import Publisher, PublisherFactory, StageTimes, describe
 from outboxkit.relay.records import OutboxRecord, TopicPartition
@@ -324,6 +325,7 @@ class BlockWorker:
         self._dirty, self._finished = set(), []
         self._wake.clear()
         limit = ctx.settings.batch_size
+        share = max(1, ctx.settings.max_claim_bytes // max(1, len(look)))
         try:
             with self._stage("claim"):
                 records = await ctx.storage.next_batch(
@@ -332,6 +334,7 @@ class BlockWorker:
                     published=finished,
                     keep=ctx.settings.retention is not None,
                     depth=ctx.settings.claim_depth,
+                    max_bytes=share,
                 )
         except BaseException:
             # Maybe not settled: settling twice is harmless, not settling is not.
@@ -343,7 +346,7 @@ class BlockWorker:
         for record in ranks[0] if ranks else ():
             tp = TopicPartition(record.topic, record.partition)
             counts[tp] = counts.get(tp, 0) + 1
-        full = {tp for tp, n in counts.items() if n >= limit}
+        full = {tp for tp, n in counts.items() if n >= limit} | _cut_by_bytes(records, share)
         self._backlog = bool(full) or len(ranks) > 1
         self._dirty |= full
         for depth, batch in enumerate(ranks):
@@ -569,3 +572,13 @@ def retrying(
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def _cut_by_bytes(records: list[OutboxRecord], share: int) -> set[TopicPartition]:
+    """The partitions whose records in this claim reached their share of ``max_claim_bytes``:
+    the storage may have more of them (it stops once the bytes before a record reach it)."""
+    size: dict[TopicPartition, int] = {}
+    for record in records:
+        tp = TopicPartition(record.topic, record.partition)
+        size[tp] = size.get(tp, 0) + record_bytes(record)
+    return {tp for tp, n in size.items() if n >= share}

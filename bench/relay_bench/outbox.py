@@ -294,6 +294,7 @@ def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str,
         "scan": limit * 4,
         "keep": False,
         "depth": 1,  # one record per key: the strategies compared claim one per key
+        "max_bytes": 64 * 1024 * 1024,  # the relay's default max_claim_bytes
     }
 
 

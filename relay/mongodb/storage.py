@@ -66,6 +66,27 @@ _SCAN_FACTOR = 4
 #: Bytes of blocked keys the head read's ``$nin`` carries at most (mongod's commands are limited
 #: to 16 MB; keys are at most 4 KiB, relay/limits.py): beyond, keys are dropped after the read.
 _BLOCKED_IN_QUERY = 1_000_000
+#: A record's bytes as relay/limits.py's record_bytes counts them: key, value, header names
+#: (UTF-8) and values (headers are stored as [name, value] pairs).
+_SIZE: Document = {
+    "$add": [
+        {"$binarySize": "$key"},
+        {"$ifNull": [{"$binarySize": "$value"}, 0]},
+        {
+            "$reduce": {
+                "input": "$headers",
+                "initialValue": 0,
+                "in": {
+                    "$add": [
+                        "$$value",
+                        {"$strLenBytes": {"$arrayElemAt": ["$$this", 0]}},
+                        {"$binarySize": {"$arrayElemAt": ["$$this", 1]}},
+                    ]
+                },
+            }
+        },
+    ]
+}
 #: The partial index of pending records the head read uses (migrations/mongodb/0002).
 HEAD_INDEX = "outbox_head_idx"
 
@@ -145,6 +166,7 @@ class MongoOutboxStorage(MongoConnection):
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
         depth: int = 1,
+        max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
         # Settled first (the write is acknowledged before the reads start), so the reads find
         # the settled keys' next records and never the settled ones.
@@ -161,11 +183,47 @@ class MongoOutboxStorage(MongoConnection):
         ids = [record_id for head in chosen for record_id in head]
         if not ids:
             return []
-        found = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
-        by_id = {doc["_id"]: doc for doc in await _guard(found.to_list())}
+        if max_bytes is None:
+            found = await _guard(self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS).to_list())
+        else:
+            found = await self._read_bounded(ids, max_bytes)
+        by_id = {doc["_id"]: doc for doc in found}
         # A record the CLI skipped or retried meanwhile is simply not there.
         read = [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
         return await self._barrier.admit(read, self._older_pending)
+
+    async def _read_bounded(self, ids: list[Any], max_bytes: int) -> list[Document]:
+        """The documents of ``ids`` that fit the claim's byte bound: of each partition, in
+        position (commit) order, those while the bytes of the ones before them stay under
+        ``max_bytes`` (:func:`~outboxkit.relay.limits.record_bytes`, measured by mongod). One
+        aggregate: sizes and running sums on the server, then only the chosen documents."""
+        pipeline: list[Document] = [
+            {"$match": {"_id": {"$in": ids}}},
+            {"$project": {"topic": True, "partition": True, "position": True, "size": _SIZE}},
+            {
+                "$setWindowFields": {
+                    "partitionBy": {"topic": "$topic", "partition": "$partition"},
+                    "sortBy": {"position": 1},
+                    "output": {
+                        "before": {"$sum": "$size", "window": {"documents": ["unbounded", -1]}}
+                    },
+                }
+            },
+            {"$match": {"before": {"$lt": max_bytes}}},
+            {
+                "$lookup": {
+                    "from": self.outbox.name,
+                    "localField": "_id",
+                    "foreignField": "_id",
+                    "pipeline": [{"$project": _RECORD_FIELDS}],
+                    "as": "doc",
+                }
+            },
+            {"$unwind": "$doc"},
+            {"$replaceWith": "$doc"},
+        ]
+        cursor = await _guard(self.outbox.aggregate(pipeline))
+        return await _guard(cursor.to_list())
 
     async def _choose_head(
         self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int

@@ -50,6 +50,10 @@ WHERE t.topic = %(topic)s
 -- yet): 16,000 rows x 100,000 rows, a partition stuck for 50 s to minutes on CPU (the drain
 -- benchmark's intermittent stall; test_relay_claim_plan.py). Whatever the plan, the read is now
 -- linear in the rows it looks at.
+-- Of those, in id order, records while the bytes of the ones before them (key, value, header
+-- names and values, as relay/limits.py's record_bytes counts them) stay under %(max_bytes)s: a
+-- claim's memory is bounded in bytes as well as records, a partition always gets its first
+-- record, and what a key gets is still a prefix of its records (G8).
 -- The relay plans every execution (plan_cache_mode=force_custom_plan), so %(keep)s is a
 -- constant to the planner and the CTE it turns off is not run at all.
 WITH deleted AS (
@@ -68,9 +72,18 @@ CROSS JOIN LATERAL (
     WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
 ) blocked
 CROSS JOIN LATERAL (
-    SELECT ranked.id, ranked.topic, ranked.partition, ranked.key, ranked.value,
-           ranked.header_names, ranked.header_values, ranked.event_id, ranked.attempts,
-           ranked.created_at
+    SELECT sized.id, sized.topic, sized.partition, sized.key, sized.value,
+           sized.header_names, sized.header_values, sized.event_id, sized.attempts,
+           sized.created_at
+    FROM (
+    SELECT ranked.*,
+           coalesce(sum(octet_length(ranked.key) + coalesce(octet_length(ranked.value), 0)
+                        + (SELECT coalesce(sum(octet_length(n)), 0)
+                           FROM unnest(ranked.header_names) n)
+                        + (SELECT coalesce(sum(octet_length(v)), 0)
+                           FROM unnest(ranked.header_values) v))
+                    OVER (ORDER BY ranked.id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                    0) AS bytes_before
     FROM (
         SELECT keyed.*, dense_rank() OVER (ORDER BY keyed.head_id) AS key_order
         FROM (
@@ -93,7 +106,9 @@ CROSS JOIN LATERAL (
         WHERE keyed.depth <= %(depth)s
     ) ranked
     WHERE ranked.key_order <= %(limit)s
-    ORDER BY ranked.id
+    ) sized
+    WHERE sized.bytes_before < %(max_bytes)s
+    ORDER BY sized.id
 ) h
 
 -- record_failure --

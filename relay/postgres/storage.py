@@ -49,6 +49,8 @@ _SCAN_EXTRA = 150
 #: relay claims, Kafka and the relay wait. Fewer records: one statement (less CPU per cycle).
 _CLAIM_STATEMENTS = 2
 _SPLIT_AFTER = 200
+#: The claim's byte bound when there is none (the query always compares with one).
+_NO_BYTE_BOUND = 2**62
 
 
 class PostgresOutboxStorage(PooledStore):
@@ -117,6 +119,7 @@ class PostgresOutboxStorage(PooledStore):
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
         depth: int = 1,
+        max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
         ordered = sorted(tps, key=lambda tp: (tp.topic, tp.partition))
         # Under a backlog the partitions' reads split over concurrent statements, so that the
@@ -130,7 +133,8 @@ class PostgresOutboxStorage(PooledStore):
         for record in published:
             settle[group_of.get((record.topic, record.partition), 0)].append(record.id)
         claims = [
-            self._claim(g, ids, limit, keep, depth) for g, ids in zip(groups, settle, strict=True)
+            self._claim(g, ids, limit, keep, depth=depth, max_bytes=max_bytes)
+            for g, ids in zip(groups, settle, strict=True)
         ]
         parts = await asyncio.gather(*claims) if len(claims) > 1 else [await claims[0]]
         rows = [row for part in parts for row in part]
@@ -166,7 +170,9 @@ class PostgresOutboxStorage(PooledStore):
         published: list[Any],
         limit: int,
         keep: bool,
+        *,
         depth: int,
+        max_bytes: int | None,
     ) -> list[TupleRow]:
         params = {
             "published": published,
@@ -176,6 +182,7 @@ class PostgresOutboxStorage(PooledStore):
             "scan": max(limit * _SCAN_FACTOR, limit + _SCAN_EXTRA),
             "keep": keep,
             "depth": depth,
+            "max_bytes": _NO_BYTE_BOUND if max_bytes is None else max_bytes,
         }
         # Rows come back in binary: the headers' arrays, the uuid and the timestamp load with
         # about a quarter less of the relay's CPU than from text (the drain's claim: 57 → 45 ms).

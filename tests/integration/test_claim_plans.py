@@ -63,6 +63,7 @@ async def test_postgresql_head_read_is_an_index_range_scan(pg_url: str) -> None:
             "scan": LIMIT * 4,
             "keep": False,
             "depth": 4,
+            "max_bytes": 64 * 1024 * 1024,
         }
         cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", params)
         row = await cur.fetchone()

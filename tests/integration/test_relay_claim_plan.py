@@ -47,10 +47,11 @@ def _prepared_claim() -> LiteralString:
         .replace("%(scan)s", "$5")
         .replace("%(keep)s", "$6")
         .replace("%(depth)s", "$7")
+        .replace("%(max_bytes)s", "$8")
     )
 
 
-CLAIM_TYPES = "bigint[], text[], integer[], integer, integer, boolean, integer"
+CLAIM_TYPES = "bigint[], text[], integer[], integer, integer, boolean, integer, bigint"
 
 
 async def _plans(conn: psycopg.AsyncConnection[Any], keep: bool) -> dict[str, str]:
@@ -60,8 +61,10 @@ async def _plans(conn: psycopg.AsyncConnection[Any], keep: bool) -> dict[str, st
         await conn.execute(_sql(f"SET plan_cache_mode = {mode}"))
         cur = psycopg.AsyncClientCursor(conn)
         await cur.execute(
-            _sql("EXPLAIN EXECUTE claim(%s::bigint[], %s::text[], %s::integer[], %s, %s, %s, %s)"),
-            ([], ["orders"] * PARTITIONS, list(range(PARTITIONS)), 500, 2000, keep, 4),
+            _sql(
+                "EXPLAIN EXECUTE claim(%s::bigint[], %s::text[], %s::integer[], %s, %s, %s, %s, %s)"
+            ),
+            ([], ["orders"] * PARTITIONS, list(range(PARTITIONS)), 500, 2000, keep, 4, 2**26),
         )
         plans[mode] = "\n".join(str(row[0]) for row in await cur.fetchall())
     return plans
@@ -150,7 +153,9 @@ async def test_even_a_plan_made_for_an_empty_outbox_reads_a_backlog_in_linear_ti
     await register_topic(pg_url, "orders", PARTITIONS)
     partitions = ",".join(str(p) for p in range(PARTITIONS))
     topics = ",".join(["orders"] * PARTITIONS)
-    run = _sql(f"EXECUTE claim('{{}}', '{{{topics}}}', '{{{partitions}}}', 500, 2000, {keep}, 4)")
+    run = _sql(
+        f"EXECUTE claim('{{}}', '{{{topics}}}', '{{{partitions}}}', 500, 2000, {keep}, 4, 67108864)"
+    )
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         await conn.execute("VACUUM ANALYZE outboxkit.outbox")
         await conn.execute(_sql(f"PREPARE claim({CLAIM_TYPES}) AS {_prepared_claim()}"))

@@ -353,6 +353,7 @@ class SpyStorage(InMemoryOutboxStorage):
         published: Sequence[OutboxRecord] = (),
         keep: bool = False,
         depth: int = 1,
+        max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
         self.calls += 1
         if self.calls in self.fail_calls:
@@ -362,7 +363,9 @@ class SpyStorage(InMemoryOutboxStorage):
             raise StorageUnavailableError(f"call {self.calls} failed (fake)")
         if self.fetch_errors:
             raise self.fetch_errors.popleft()
-        found = await super().next_batch(tps, limit, published=published, keep=keep, depth=depth)
+        found = await super().next_batch(
+            tps, limit, published=published, keep=keep, depth=depth, max_bytes=max_bytes
+        )
         for tp in sorted(tps, key=lambda t: t.partition):
             count = sum(1 for r in found if (r.topic, r.partition) == (tp.topic, tp.partition))
             self.fetches.append(Fetch(tp, count, tp in self.declared))
