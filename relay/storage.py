@@ -63,11 +63,11 @@ class OutboxStorage(Protocol):
            of its oldest records in order **with none skipped**: the engine publishes them one
            per key per Kafka transaction, settling each before the next. A storage may return
            fewer (one per key is always correct).
-        3. With ``max_bytes``, of each partition's records so chosen, in commit order, only those
-           while the bytes of the ones before them (:func:`~outboxkit.relay.limits.record_bytes`)
-           stay under ``max_bytes``: always the first, and a partition cut short this way
-           returns at least ``max_bytes`` (so the caller can tell it has more). A key still gets
-           a prefix of its records.
+        3. With ``max_bytes``, of each partition's records so chosen, in commit order (or key by
+           key, oldest key first), only those while the bytes of the ones before them
+           (:func:`~outboxkit.relay.limits.record_bytes`) stay under ``max_bytes``: always the
+           first, and a partition cut short this way returns at least ``max_bytes`` (so the
+           caller can tell it has more). A key still gets a prefix of its records.
 
         Reads only: ownership is the caller's Kafka assignment. ``tps`` may be empty (settle
         only)."""

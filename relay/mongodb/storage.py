@@ -35,7 +35,7 @@ from uuid import UUID
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
 from outboxkit.core.mongo import (
     MAJORITY_READ,
@@ -45,6 +45,7 @@ from outboxkit.core.mongo import (
     collection,
     guarded,
     in_transaction,
+    is_unavailable,
 )
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.barrier import OrderBarrier, link_of
@@ -183,47 +184,56 @@ class MongoOutboxStorage(MongoConnection):
         ids = [record_id for head in chosen for record_id in head]
         if not ids:
             return []
-        if max_bytes is None:
-            found = await _guard(self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS).to_list())
-        else:
-            found = await self._read_bounded(ids, max_bytes)
-        by_id = {doc["_id"]: doc for doc in found}
+        by_id = {doc["_id"]: doc for doc in await self._read(ids, max_bytes)}
         # A record the CLI skipped or retried meanwhile is simply not there.
         read = [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
         return await self._barrier.admit(read, self._older_pending)
 
+    async def _read(self, ids: list[Any], max_bytes: int | None) -> list[Document]:
+        """The documents of ``ids``, within the claim's byte bound: of each partition, in the
+        head's order (key by key, each key's oldest first), those while the bytes of the ones
+        before them (:func:`~outboxkit.relay.limits.record_bytes`) stay under ``max_bytes``.
+        Read whole as long as no partition's documents pass the bound (the usual case: one
+        read, as without a bound); else sized on the server first, then only the chosen
+        documents are read."""
+        cursor = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
+        docs: list[Document] = []
+        size: dict[tuple[str, int], int] = {}
+        try:
+            async for doc in cursor:
+                tp = (doc["topic"], doc["partition"])
+                size[tp] = size.get(tp, 0) + _doc_bytes(doc)
+                if max_bytes is not None and size[tp] > max_bytes:
+                    break
+                docs.append(doc)
+            else:
+                return docs
+        except PyMongoError as exc:
+            if is_unavailable(exc):
+                raise StorageUnavailableError(f"MongoDB is unavailable: {exc}") from exc
+            raise
+        finally:
+            await cursor.close()
+        del docs  # some partition needs cutting: what was read so far is not it
+        assert max_bytes is not None
+        return await self._read_bounded(ids, max_bytes)
+
     async def _read_bounded(self, ids: list[Any], max_bytes: int) -> list[Document]:
-        """The documents of ``ids`` that fit the claim's byte bound: of each partition, in
-        position (commit) order, those while the bytes of the ones before them stay under
-        ``max_bytes`` (:func:`~outboxkit.relay.limits.record_bytes`, measured by mongod). One
-        aggregate: sizes and running sums on the server, then only the chosen documents."""
-        pipeline: list[Document] = [
-            {"$match": {"_id": {"$in": ids}}},
-            {"$project": {"topic": True, "partition": True, "position": True, "size": _SIZE}},
-            {
-                "$setWindowFields": {
-                    "partitionBy": {"topic": "$topic", "partition": "$partition"},
-                    "sortBy": {"position": 1},
-                    "output": {
-                        "before": {"$sum": "$size", "window": {"documents": ["unbounded", -1]}}
-                    },
-                }
-            },
-            {"$match": {"before": {"$lt": max_bytes}}},
-            {
-                "$lookup": {
-                    "from": self.outbox.name,
-                    "localField": "_id",
-                    "foreignField": "_id",
-                    "pipeline": [{"$project": _RECORD_FIELDS}],
-                    "as": "doc",
-                }
-            },
-            {"$unwind": "$doc"},
-            {"$replaceWith": "$doc"},
-        ]
-        cursor = await _guard(self.outbox.aggregate(pipeline))
-        return await _guard(cursor.to_list())
+        fields = {"topic": True, "partition": True, "size": _SIZE}
+        sized = await _guard(self.outbox.find({"_id": {"$in": ids}}, fields).to_list())
+        by_id = {doc["_id"]: doc for doc in sized}
+        before: dict[tuple[str, int], int] = {}
+        chosen = []
+        for record_id in ids:  # the head's order
+            doc = by_id.get(record_id)
+            if doc is None:
+                continue
+            tp = (doc["topic"], doc["partition"])
+            if before.get(tp, 0) < max_bytes:
+                chosen.append(record_id)
+                before[tp] = before.get(tp, 0) + doc["size"]
+        found = self.outbox.find({"_id": {"$in": chosen}}, _RECORD_FIELDS)
+        return await _guard(found.to_list())
 
     async def _choose_head(
         self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
@@ -511,3 +521,10 @@ def _info(doc: Document) -> RecordInfo:
         last_error=doc.get("last_error"),
         published_at=doc.get("published_at"),
     )
+
+
+def _doc_bytes(doc: Document) -> int:
+    """:func:`~outboxkit.relay.limits.record_bytes` of a document, as :data:`_SIZE` on mongod."""
+    value = doc["value"]
+    size = len(doc["key"]) + (0 if value is None else len(value))
+    return size + sum(len(str(name).encode()) + len(v) for name, v in doc["headers"])
