@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from typing_extensions import TypeVar as DefaultTypeVar
 
 from outboxkit.backends import Transactions, backend_for
+from outboxkit.config_reference import unknown_variable_warnings
 from outboxkit.core.exceptions import OutboxkitError
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.inbox import (
@@ -213,6 +214,8 @@ class Outboxkit(Generic[TX]):
             # By default an inbox consumes the topics of its handlers' event types.
             inbox = self._inbox_settings or load_settings(InboxSettings, topics=self._inbox.topics)
         settings = self._settings or relay or inbox or load_settings(ConnectionSettings)
+        for line in unknown_variable_warnings():  # a typo'd variable leaves a default in place
+            logger.warning(line)
         return relay, inbox, settings
 
     # -- supervision -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from outboxkit.cli.migrate import check, migrate_command
 from outboxkit.cli.outbox import outbox_app
 from outboxkit.cli.relay import relay_app
 from outboxkit.cli.topics import topics_app
+from outboxkit.config_reference import unknown_variable_warnings
 from outboxkit.demo.cli import demo
 from outboxkit.diagnose import explain
 from outboxkit.pipeline.cli import pipeline_app
@@ -98,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
         args.remove("--debug")
         args.insert(0, "--debug")  # an option of the root command, wherever it was typed
+    # A typo'd variable would otherwise leave its setting at the default without a word.
+    for line in unknown_variable_warnings():
+        typer.echo(f"warning: {line}", err=True)
     try:
         app(args=_inbox_runs_by_default(args))
     except KeyboardInterrupt:
