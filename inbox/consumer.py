@@ -174,6 +174,7 @@ class InboxWorker(Generic[TX]):
                     batches = await consumer.poll(timeout_ms=500, max_records=s.max_records)
                     if batches:
                         await self._process_poll(batches)
+                    await self._skip_invisible(consumer)
                     for task in side_tasks:
                         if task.done():
                             task.result()  # a dead side task stops the worker loudly
@@ -200,6 +201,15 @@ class InboxWorker(Generic[TX]):
             await asyncio.gather(*(self._process_partition(tp, rs) for tp, rs in batches.items()))
         finally:
             self._idle.set()
+
+    async def _skip_invisible(self, consumer: InboxConsumer) -> None:
+        """Move each caught-up partition's offset past the transaction markers (and aborted
+        records) after its last record (:meth:`InboxConsumer.past_invisible`)."""
+        for tp, progress in list(self._progress.items()):
+            if progress.parked is None and progress.offset is not None:
+                position = await consumer.past_invisible(tp, progress.offset)
+                if position is not None:
+                    progress.advance(position)
 
     async def _process_partition(self, tp: TopicPartition, records: list[Fetched]) -> None:
         """Handle ``records`` in order, several per database transaction. The partition's

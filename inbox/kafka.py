@@ -113,6 +113,20 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
                 self._returned[tp] = next_offset(records[-1])
         return batches
 
+    async def past_invisible(self, tp: TopicPartition, handled: int) -> int | None:
+        """The position, if it moved past ``handled`` — the offset after the last record
+        :meth:`poll` returned, all of them handled — over offsets no record was returned for:
+        a ``read_committed`` consumer never returns transaction markers (every relay
+        transaction ends with one) nor aborted records, yet they take offsets. Committing the
+        position then, not ``handled``, leaves no lag of one behind each transaction that a
+        lag alert, or the worker's own stall check, would take for a stuck partition."""
+        if self._returned.get(tp) != handled or tp not in self.assignment():
+            return None
+        if tp in self.paused():
+            return None
+        position: int = await self.position(tp)
+        return position if position > handled else None
+
     async def _read_around(
         self, error: Exception, max_records: int
     ) -> dict[TopicPartition, list[Fetched]]:
