@@ -1,0 +1,118 @@
+"""The MongoDB relay's liveness check at constant cost (#26 item 7; relay/mongodb/presence.py):
+``$currentOp`` walks every connection of mongod (1.2 ms at 10 connections, 39.6 ms at 3,000,
+every second, per relay), so it is run only for members whose heartbeat stopped. Against a real
+mongod, with a real relay-like process frozen (SIGSTOP) and then SIGKILLed.
+``bench/presence.py`` prints the check's cost at 10 and 3,000 connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from outboxkit.embedded._process import die_with_parent
+from outboxkit.relay import MongoOutboxStorage
+from outboxkit.relay.mongodb.presence import MongoPresence
+from tests.helpers import wait_for
+
+GROUP = "outboxkit.relay.cost"
+
+#: A relay as far as presence goes: it announces itself every half second, as relays do at each
+#: check, until it is frozen or killed.
+_BEATING = """
+import asyncio, sys
+from outboxkit.relay import MongoOutboxStorage
+
+async def main(url, group, member):
+    async with MongoOutboxStorage(url, app_name="beating") as storage:
+        await storage.announce_member(group, member)
+        print("announced", flush=True)
+        while True:
+            await asyncio.sleep(0.5)
+            await storage.announce_member(group, member)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@contextlib.contextmanager
+def _beating(url: str, member: str) -> Iterator[subprocess.Popen[str]]:
+    with subprocess.Popen(
+        [sys.executable, "-c", _BEATING, url, GROUP, member],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == "announced"
+            yield process
+        finally:
+            process.kill()
+
+
+async def test_connections_are_walked_only_for_a_member_whose_heartbeat_stopped(
+    migrated_mongodb_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the other relay beats, A's checks never run ``$currentOp`` (their cost does not
+    grow with mongod's connections) and report nothing. Frozen, it is a suspect, but its
+    connections are open: still not reported (as before). Killed, it is reported once, within
+    STALE_AFTER plus a few checks. Catches a check that walks every connection each time, and
+    a heartbeat that reports a frozen relay or misses a dead one."""
+    url = migrated_mongodb_url
+    walks = 0
+    walk = MongoPresence._live_app_names
+
+    async def counted(self: MongoPresence, app_names: list[str]) -> set[str] | None:
+        nonlocal walks
+        walks += 1
+        return await walk(self, app_names)
+
+    monkeypatch.setattr(MongoPresence, "_live_app_names", counted)
+    with _beating(url, "member-p") as other:
+        async with MongoOutboxStorage(url, app_name="relay-a") as a:
+
+            async def check() -> list[str]:
+                await a.announce_member(GROUP, "member-a")
+                return await a.departed_members(GROUP, "member-a")
+
+            await _checks_for(4.0, check)  # past STALE_AFTER (2.5 s) since A's first beat
+            assert walks == 0, "a beating member is never looked for among the connections"
+
+            os.kill(other.pid, signal.SIGSTOP)
+
+            async def suspected() -> bool:
+                assert await check() == [], "a frozen relay's connections are open"
+                return walks > 0
+
+            await wait_for(suspected, within=10, what="the frozen relay a suspect")
+            frozen_walks = walks
+            await _checks_for(2.0, check)  # "a frozen relay's connections are open"
+            assert walks > frozen_walks
+
+            other.kill()
+            other.wait()
+            departed: list[str] = []
+
+            async def reported() -> bool:
+                departed.extend(await check())
+                return bool(departed)
+
+            await wait_for(reported, within=8, what="the killed relay reported")
+            assert departed == ["member-p"]
+            assert await check() == [], "once"
+
+
+async def _checks_for(seconds: float, check: Callable[[], Awaitable[list[str]]]) -> None:
+    """Check every 0.25 s (the relay checks every second) for ``seconds``: none reports."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert await check() == []
+        await asyncio.sleep(0.25)
