@@ -6,7 +6,7 @@ every second — ``announce_member`` then ``departed_members``, what the relay's
 does — at the server's few own connections and again with ``--connections`` more open (raw
 sockets, each having sent a ``hello``, as idle clients of other services). Beside it, for
 reference, the ``$currentOp`` aggregate over every connection that the check ran each second
-before (main 4bac9f4 … 304594c)::
+before #26 (run this script against an older checkout to time that check itself)::
 
     python bench/presence.py                       # 10 and 3,000 connections
     python bench/presence.py --connections 900 --calls 200
