@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Annotated
 
 import typer
+from typer._click.exceptions import ClickException  # typer's own click
 
 from outboxkit._version import __version__
 from outboxkit.cli import common
@@ -93,7 +95,7 @@ app.add_typer(dev_app, name="dev")
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``outboxkit`` command: expected failures end it with one or two lines on stderr and
     a non-zero exit code; ``--debug`` (anywhere) or ``OUTBOXKIT_LOG_LEVEL=debug`` adds the
-    traceback."""
+    traceback of the exception behind them (same lines, same exit code)."""
     args = list(sys.argv[1:] if argv is None else argv)
     common.debug = os.environ.get("OUTBOXKIT_LOG_LEVEL", "").strip().lower() == "debug"
     if "--debug" in args[: args.index("--") if "--" in args else len(args)]:
@@ -104,20 +106,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         typer.echo(f"warning: {line}", err=True)
     try:
         app(args=_inbox_runs_by_default(args))
+    except SystemExit as exit_:
+        if common.debug and exit_.code not in (0, None):
+            _print_handled_exception(exit_)
+        raise
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
-        if common.debug:
-            raise
+        if common.debug:  # then the same lines and exit code as without
+            traceback.print_exception(exc, file=sys.stderr)
         problems = explain(exc)
         if problems is None:  # not expected: a bug, worth its traceback in a report
             typer.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
-            typer.echo("  → Run again with --debug for the traceback, and report it.", err=True)
+            if not common.debug:
+                typer.echo("  → Run again with --debug for the traceback, and report it.", err=True)
             sys.exit(EXIT_FAILED)
         for problem in problems:
             for line in problem.lines():
                 typer.echo(line, err=True)
         sys.exit(max(p.exit_code for p in problems))
+
+
+def _print_handled_exception(exit_: SystemExit) -> None:
+    """With ``--debug``, the traceback of the exception a command turned into its one or two
+    lines and exit code (``except …: typer.echo(…); raise typer.Exit(1) from None``): Python
+    keeps it as the exit's context, however the command suppressed it."""
+    seen: BaseException | None = exit_
+    while seen is not None and isinstance(seen, SystemExit | typer.Exit):
+        seen = seen.__context__
+    if seen is not None and not isinstance(seen, ClickException | typer.Abort):
+        traceback.print_exception(seen, file=sys.stderr)
 
 
 def _inbox_runs_by_default(args: list[str]) -> list[str]:

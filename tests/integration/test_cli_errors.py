@@ -157,14 +157,24 @@ def test_every_invalid_or_missing_setting_at_once() -> None:
 
 
 def test_debug_shows_the_traceback(servers: Servers) -> None:
+    """As README says: --debug (anywhere) or OUTBOXKIT_LOG_LEVEL=debug adds the traceback to the
+    same lines and exit code, also where a command turns the failure into its lines itself
+    (#28: `outboxkit --debug migrate` against an unreachable database printed only the line)."""
     env = {
         "OUTBOXKIT_DATABASE_URL": _with(servers.pg, host=servers.closed),
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": servers.kafka,
+        **NO_GRACE,
     }
     for args, extra in (
         (["outbox", "pending", "--debug"], {}),
         (["outbox", "pending"], {"OUTBOXKIT_LOG_LEVEL": "debug"}),
+        (["--debug", "migrate"], {}),
+        (["topics", "sync", "--topics", servers.topic, "--debug"], {}),
+        (["relay", "status", "--topics", servers.topic, "--debug"], {}),
     ):
+        plain = run_cli(*[a for a in args if a != "--debug"], env=env)
+        assert "Traceback" not in plain.stderr, plain.stderr
         result = run_cli(*args, env=env | extra)
-        assert result.returncode != 0
-        assert "Traceback" in result.stderr
+        assert result.returncode == plain.returncode != 0, (args, result.stderr)
+        assert "Traceback" in result.stderr, (args, result.stderr)
+        assert plain.stderr.splitlines()[0] in result.stderr.splitlines(), (args, result.stderr)
