@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -26,6 +27,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import ConfigurationError as DriverConfigurationError
 from pymongo.errors import (
     ConnectionFailure,
     OperationFailure,
@@ -93,7 +95,7 @@ def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
     unreachable server surfaces within ``connect_timeout``. ``app_name`` shows in mongod's logs
     and ``currentOp``, like ``application_name`` on PostgreSQL."""
     timeout_ms = int(connect_timeout * 1000)
-    return AsyncMongoClient(
+    client: Client = AsyncMongoClient(
         url,
         appname=app_name,
         uuidRepresentation="standard",
@@ -101,6 +103,36 @@ def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
         serverSelectionTimeoutMS=timeout_ms,
         connectTimeoutMS=timeout_ms,
     )
+    _clients.add(client)
+    return client
+
+
+#: Every client :func:`make_client` made and not yet collected (see :func:`_drop_connections`).
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+#: What pymongo raises for an operation with an explicit session (a transaction, a snapshot
+#: read) on a pooled connection whose handshake found its member neither primary nor secondary:
+#: one opened during a step-down, an election or a member's start. pymongo keeps such a
+#: connection in its pool and fails every explicit-session operation that gets it the same way,
+#: before sending anything, for as long as it lives (tests/integration/test_failover_mongodb.py
+#: makes one); an inbox worker exited on it in a rolling restart.
+_NO_SESSIONS = "Sessions are not supported by this MongoDB deployment"
+
+
+def _is_stale_connection(exc: BaseException) -> bool:
+    return isinstance(exc, DriverConfigurationError) and _NO_SESSIONS in str(exc)
+
+
+async def _drop_connections() -> None:
+    """Close the pooled connections of every client :func:`make_client` made, so that the next
+    operations open new ones whose handshake sees each member as it is now. pymongo offers no
+    public way to close one connection; this resets each server's pool (new generation, idle
+    connections closed, busy ones when they are returned) without pausing it."""
+    for client in list(_clients):
+        topology = getattr(client, "_topology", None)
+        for server in list(getattr(topology, "_servers", {}).values()):
+            with contextlib.suppress(Exception):  # best effort: a pool already closed
+                await server.pool.reset_without_pause()
 
 
 class MongoConnection:
@@ -158,11 +190,14 @@ _FAILOVER_CODES = frozenset(
 
 def is_unavailable(exc: BaseException) -> bool:
     """A failure of the server or the network, not of the operation: trying later may work.
-    That includes a primary that stepped down or shut down under the operation (a failover)."""
+    That includes a primary that stepped down or shut down under the operation (a failover), and
+    a connection opened during one (whose connections :func:`guarded` and
+    :func:`in_transaction` then drop)."""
     return (
         isinstance(exc, ConnectionFailure)
         or (isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError"))
         or (isinstance(exc, OperationFailure) and exc.code in _FAILOVER_CODES)
+        or _is_stale_connection(exc)
     )
 
 
@@ -219,6 +254,9 @@ async def in_transaction(
                     with contextlib.suppress(PyMongoError):  # the server aborts it anyway
                         await session.abort_transaction()
                 _raise_if_outlived(exc, time.monotonic() - started, lifetime, too_long)
+                if _is_stale_connection(exc):
+                    await _drop_connections()  # nothing reached mongod: run it again
+                    continue
                 if is_transient(exc):
                     await _backoff(attempt)
                     continue
@@ -232,6 +270,8 @@ async def in_transaction(
                 if is_transient(exc):
                     await _backoff(attempt)
                     continue
+                if _is_stale_connection(exc):
+                    await _drop_connections()
                 if is_unavailable(exc) or _has_label(exc, "UnknownTransactionCommitResult"):
                     raise unavailable(f"MongoDB is unavailable: {exc}") from exc
                 raise
@@ -275,6 +315,8 @@ async def guarded(operation: Awaitable[T], unavailable: type[OutboxkitError]) ->
     try:
         return await operation
     except PyMongoError as exc:
+        if _is_stale_connection(exc):
+            await _drop_connections()
         if is_unavailable(exc):
             raise unavailable(f"MongoDB is unavailable: {exc}") from exc
         raise

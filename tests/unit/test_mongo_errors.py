@@ -4,7 +4,13 @@ or a relay's worker crashes with a traceback when a primary steps down (issue #3
 from __future__ import annotations
 
 import pytest
-from pymongo.errors import AutoReconnect, DuplicateKeyError, OperationFailure, WriteConcernError
+from pymongo.errors import (
+    AutoReconnect,
+    ConfigurationError,
+    DuplicateKeyError,
+    OperationFailure,
+    WriteConcernError,
+)
 
 from outboxkit.core.mongo import is_transient, is_unavailable
 
@@ -23,6 +29,8 @@ def _write_concern_error(code: int, name: str) -> WriteConcernError:
         OperationFailure("not primary", 10107),
         OperationFailure("stepped down", 189),
         AutoReconnect("connection reset"),
+        # A pooled connection opened while its member was neither primary nor secondary.
+        ConfigurationError("Sessions are not supported by this MongoDB deployment"),
     ],
 )
 def test_a_failover_is_an_unavailable_database(error: Exception) -> None:
@@ -36,6 +44,7 @@ def test_a_failover_is_an_unavailable_database(error: Exception) -> None:
         DuplicateKeyError("E11000 duplicate key", 11000),
         OperationFailure("bad query", 2),
         _write_concern_error(100, "UnsatisfiableWriteConcern"),
+        ConfigurationError("Unknown option appname"),
     ],
 )
 def test_an_operation_error_is_not(error: Exception) -> None:
