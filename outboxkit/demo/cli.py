@@ -5,17 +5,21 @@ Heavy imports (servers, workers, rich) happen when the demo runs, not when ``out
 
 from __future__ import annotations
 
+import io
 import json
 import signal
+import sys
 from enum import StrEnum
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, TextIO, cast
 
 import typer
 
 EXIT_LOST = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
+#: The demo's lines, when it does not write to a terminal (which has its own width).
+OUTPUT_WIDTH = 100
 
 
 class BrokerChoice(StrEnum):
@@ -86,7 +90,13 @@ def demo(
     from outboxkit.demo.run import DemoOptions, run_demo  # noqa: PLC0415
     from outboxkit.demo.summary import final_report  # noqa: PLC0415
 
-    console = Console(stderr=json_output, highlight=False)
+    stream = sys.stderr if json_output else sys.stdout
+    if stream.isatty():
+        console = Console(file=stream, highlight=False)
+    else:
+        # To a file or a pipe: rich would wrap at 80 columns and pad lines with spaces.
+        trimmed = cast(TextIO, TrimmedLines(stream))  # a file as rich uses one
+        console = Console(file=trimmed, width=OUTPUT_WIDTH, highlight=False)
     options = DemoOptions(
         orders=orders,
         rate=rate,
@@ -111,6 +121,29 @@ def demo(
         typer.echo(json.dumps(summary.to_json(), indent=2))
     if not summary.ok:
         raise typer.Exit(EXIT_LOST)
+
+
+class TrimmedLines(io.TextIOBase):
+    """Writes to ``out`` without the spaces at the ends of lines (rich pads a table's cells to
+    their column's width): output read later, in a file or a pipe, has none."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._spaces = ""  # held back until what follows them shows they end no line
+
+    def write(self, text: str) -> int:
+        joined = self._spaces + text
+        kept = joined.rstrip(" ")
+        self._spaces = joined[len(kept) :]
+        lines = kept.split("\n")
+        self._out.write("\n".join(line.rstrip(" ") for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -83,6 +83,11 @@ def test_demo_on_tansu_loses_nothing_when_the_relay_is_killed() -> None:
     # The output says which guarantee running without transactions weakens.
     assert "OUTBOXKIT_TRANSACTIONAL=false" in summary["note"]
     assert "G4" in summary["note"]
+    # Read from a pipe (#28): lines up to 100 columns, not rich's 80, and no padding at their ends.
+    lines = summary["_stderr"].splitlines()
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert max(map(len, lines)) <= 100
+    assert any(line.endswith("the first order was relayed, paid and confirmed") for line in lines)
 
 
 def test_demo_on_apache_kafka_loses_nothing_when_the_relay_is_killed(kafka_jars: Path) -> None:

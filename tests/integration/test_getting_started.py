@@ -7,6 +7,7 @@ charged order and a dead-lettered one, and `outboxkit dev down`."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,6 +84,10 @@ def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     assert "created orders: 3 partitions" in output
     assert "created orders.dlq: 3 partitions" in output
     assert "charged: [('o-" in output
+    # What the reader sees is what they need (#28): no curl error while the app starts (curl
+    # --retry printed four), each response on a line of its own.
+    assert "curl: (" not in output, output
+    assert re.search(r'^\{"order_id":"o-[0-9a-f]{8}"\}$', output, re.MULTILINE), output
     assert "handler_failed" in output
     assert "above the card limit" in output
     assert status(dev_dir) is None, "outboxkit dev down stopped the servers"
