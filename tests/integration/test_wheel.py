@@ -1,5 +1,8 @@
-"""The built wheel installs in a clean virtualenv and exposes only `outboxkit.*` import names;
-it builds without warnings and ships every migration."""
+"""The release artefacts, as RELEASING.md makes them: `python -m build` builds the sdist and,
+from it, the wheel, without warnings and with every migration; `twine check --strict` passes
+both; the wheel installs by name (`pip install --find-links dist outboxkit`, as the docs say to
+until outboxkit is on PyPI) in a clean virtualenv outside the repository, where `outboxkit
+--version` and `import outboxkit` work and only `outboxkit.*` import names exist."""
 
 from __future__ import annotations
 
@@ -33,22 +36,39 @@ print(json.dumps({
 
 @dataclass(frozen=True)
 class Built:
+    sdist: Path
     wheel: Path
     output: str  # what `python -m build` printed, stdout and stderr
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """RELEASING.md's build: the sdist, then the wheel built from the sdist (so a file the
+    sdist lacks fails the wheel)."""
     dist = tmp_path_factory.mktemp("dist")
     result = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)],
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    (sdist,) = dist.glob("outboxkit-*.tar.gz")
     (wheel,) = dist.glob("outboxkit-*.whl")
-    return Built(wheel, result.stdout + result.stderr)
+    return Built(sdist, wheel, result.stdout + result.stderr)
+
+
+@pytest.mark.timeout(120)
+def test_twine_check_passes(built: Built) -> None:
+    """What PyPI would refuse or render badly (the README as the long description, metadata)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(built.sdist), str(built.wheel)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASSED") == 2, result.stdout
 
 
 @pytest.mark.timeout(300)
@@ -78,12 +98,14 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True
-    )
-    # Run from an empty directory so that nothing from the repository is importable.
+    # By name from the folder the wheel is in, as docs/getting-started.md installs it; from an
+    # empty directory, so that nothing of the repository is importable.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    install = [str(python), "-m", "pip", "install", "-q", "--find-links", str(wheel.parent)]
+    subprocess.run([*install, "outboxkit"], check=True, capture_output=True, cwd=outside)
     probe = subprocess.run(
-        [str(python), "-c", PROBE], check=True, capture_output=True, text=True, cwd=tmp_path
+        [str(python), "-c", PROBE], check=True, capture_output=True, text=True, cwd=outside
     )
     result = json.loads(probe.stdout)
     assert result["generic_names"] == []
@@ -96,5 +118,6 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
         text=True,
+        cwd=outside,
     )
     assert version.stdout.strip() == f"outboxkit {result['version']}"
