@@ -15,19 +15,15 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 
-from outboxkit.core.exceptions import OutboxkitError
-from outboxkit.core.mongo import database_name, in_transaction, is_unavailable
-from outboxkit.core.settings import database_kind
-from outboxkit.relay import MongoOutbox, PostgresOutbox
+from outboxkit.core.mongo import database_name, is_unavailable
+from outboxkit.core.settings import ConnectionSettings, database_kind
+from outboxkit.relay import PostgresOutbox, StorageUnavailableError
 from outboxkit.schemas import Event
+from outboxkit.service import Outboxkit
 
 
 class DatabaseAwayError(Exception):
     """The connection failed: the last commit may or may not have happened."""
-
-
-class _Away(OutboxkitError):
-    """MongoDB is away (in_transaction's retriable error)."""
 
 
 class StepWriter(Protocol):
@@ -89,21 +85,38 @@ class PostgresStepWriter:
 
 
 class MongoStepWriter:
+    """Writes through the product's own :meth:`Outboxkit.run_transaction`, which retries a
+    transaction the database aborted (a write conflict, a primary that stepped down) and retries
+    only the commit when its outcome is unknown. Besides the ``steps`` row, each transaction
+    increments its key's count in ``step_counts``: an effect that a transaction retried after it
+    had committed would apply twice (:func:`business_counts`)."""
+
     def __init__(self, url: str) -> None:
         self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             url, uuidRepresentation="standard", serverSelectionTimeoutMS=2000
         )
         self.db = self.client.get_database(database_name(url))
-        self.outbox = MongoOutbox(source="urn:test", database=self.db.name)
+        self.kit: Outboxkit[AsyncClientSession] = Outboxkit(
+            source="urn:test", settings=ConnectionSettings(database_url=url, connect_timeout=2)
+        )
+        self._open = False
 
     async def write(self, event: Event) -> None:
         async def work(session: AsyncClientSession) -> None:
-            await self.db.steps.insert_one({"_id": event.id}, session=session)
-            await self.outbox.add(session, event)
+            db = session.client.get_database(self.db.name)
+            await db.steps.insert_one({"_id": event.id}, session=session)
+            counted = {"$inc": {"n": 1}}
+            await db.step_counts.update_one(
+                {"_id": event.key}, counted, upsert=True, session=session
+            )
+            await self.kit.add(session, event)
 
         try:
-            await in_transaction(self.client, work, unavailable=_Away)
-        except (_Away, PyMongoError) as exc:
+            if not self._open:
+                await self.kit.__aenter__()
+                self._open = True
+            await self.kit.run_transaction(work)
+        except (StorageUnavailableError, PyMongoError) as exc:
             if isinstance(exc, PyMongoError) and not is_unavailable(exc):
                 raise
             raise DatabaseAwayError from exc
@@ -115,4 +128,17 @@ class MongoStepWriter:
             return None
 
     async def close(self) -> None:
+        if self._open:
+            self._open = False
+            await self.kit.__aexit__(None, None, None)
         await self.client.close()
+
+
+async def business_counts(url: str) -> dict[str, int]:
+    """Key → how many times MongoStepWriter's business effect applied to it."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+    try:
+        db = client.get_database(database_name(url))
+        return {str(doc["_id"]): int(doc["n"]) async for doc in db.step_counts.find()}
+    finally:
+        await client.close()
