@@ -3,6 +3,9 @@
 Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.dlq import (
@@ -23,10 +26,27 @@ from outboxkit.inbox.exceptions import (
 from outboxkit.inbox.handlers import Inbox
 from outboxkit.inbox.memory import InMemoryInboxStore
 from outboxkit.inbox.metrics import InboxMetrics
-from outboxkit.inbox.mongodb import MongoInboxStore
-from outboxkit.inbox.postgres import PostgresInboxStore
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
+
+if TYPE_CHECKING:
+    from outboxkit.inbox.mongodb import MongoInboxStore
+    from outboxkit.inbox.postgres import PostgresInboxStore
+
+#: The database backends, imported on first use: the engine needs neither driver, and a service
+#: on PostgreSQL never loads pymongo (tests/unit/test_lazy_backends.py).
+_BACKENDS = {
+    "MongoInboxStore": "outboxkit.inbox.mongodb",
+    "PostgresInboxStore": "outboxkit.inbox.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "BatchOutcome",

@@ -23,19 +23,22 @@ default), a pymongo ``AsyncClientSession`` on MongoDB — ``Inbox[AsyncClientSes
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
-import psycopg
 from typing_extensions import TypeVar
 
 from outboxkit.core import tracing
 from outboxkit.inbox.exceptions import HandlerRegistrationError
 from outboxkit.schemas import Event, EventRegistry
 
+if TYPE_CHECKING:
+    import psycopg
+
 E = TypeVar("E", bound=Event)
 
-#: The transaction a handler runs in (the database backend's own type).
-TX = TypeVar("TX", default=psycopg.AsyncConnection[Any])
+#: The transaction a handler runs in (the database backend's own type). The default is named, not
+#: imported: the engine loads no database driver (tests/unit/test_lazy_backends.py).
+TX = TypeVar("TX", default="psycopg.AsyncConnection[Any]")
 
 Handler = Callable[[Any, TX], Awaitable[None]]
 

@@ -5,6 +5,9 @@ transaction.
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     EventTooLargeError,
@@ -16,8 +19,6 @@ from outboxkit.relay.exceptions import (
 )
 from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
-from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
-from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -28,6 +29,28 @@ from outboxkit.relay.records import (
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
 from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
+
+if TYPE_CHECKING:
+    from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
+    from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
+
+#: The database backends, imported on first use: the engine needs neither driver, and a service
+#: on PostgreSQL never loads pymongo (tests/unit/test_lazy_backends.py).
+_BACKENDS = {
+    "MongoOutbox": "outboxkit.relay.mongodb",
+    "MongoOutboxStorage": "outboxkit.relay.mongodb",
+    "MongoWakeups": "outboxkit.relay.mongodb",
+    "PostgresOutbox": "outboxkit.relay.postgres",
+    "PostgresOutboxStorage": "outboxkit.relay.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "EventTooLargeError",

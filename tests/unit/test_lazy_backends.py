@@ -1,0 +1,54 @@
+"""The engines load no database driver: a service on PostgreSQL never imports pymongo, and the
+relay and inbox engines (and the in-memory backends of fast tests) import neither driver. The
+backends' public names stay importable from ``outboxkit.relay`` / ``outboxkit.inbox``, loaded
+on first use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+DRIVERS = ("psycopg", "pymongo")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    code = f"import sys\n{statement}\nprint(','.join(m for m in {DRIVERS!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return [m for m in result.stdout.strip().split(",") if m]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import outboxkit.relay",
+        "import outboxkit.inbox",
+        "from outboxkit.relay import Relay, InMemoryOutbox, RelaySettings",
+        "from outboxkit.inbox import Inbox, InboxWorker, InMemoryInboxStore",
+    ],
+)
+def test_the_engines_import_no_database_driver(statement: str) -> None:
+    assert _loaded_after(statement) == []
+
+
+@pytest.mark.parametrize(
+    ("statement", "driver"),
+    [
+        ("from outboxkit.relay import PostgresOutbox", "psycopg"),
+        ("from outboxkit.relay import MongoOutbox", "pymongo"),
+        ("from outboxkit.inbox import PostgresInboxStore", "psycopg"),
+        ("from outboxkit.inbox import MongoInboxStore", "pymongo"),
+    ],
+)
+def test_a_backend_is_loaded_when_named(statement: str, driver: str) -> None:
+    assert driver in _loaded_after(statement)
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    import outboxkit.relay  # noqa: PLC0415
+
+    with pytest.raises(AttributeError, match="NoSuchOutbox"):
+        _ = outboxkit.relay.NoSuchOutbox  # type: ignore[attr-defined]
