@@ -179,8 +179,11 @@ class BlockWorker:
                         return
                     self.fenced = True
                     self.ctx.metrics.publish_errors.labels(self.block.topic, "fenced").inc()
+                    # Kafka answers a transaction it aborted for its timeout (a send held up by a
+                    # leader election, say) as it answers a newer producer: ProducerFenced.
                     log.warning(
-                        "partitions fenced: another relay publishes them now",
+                        "partitions fenced: another relay publishes them now, or a transaction "
+                        "outlived OUTBOXKIT_TRANSACTION_TIMEOUT",
                         partitions=[str(tp) for tp in self.tps],
                         error=str(exc),
                     )
