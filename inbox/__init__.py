@@ -4,7 +4,7 @@ Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
@@ -29,7 +29,7 @@ from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from outboxkit.inbox.mongodb import MongoInboxStore
     from outboxkit.inbox.postgres import PostgresInboxStore
 
@@ -41,7 +41,7 @@ _BACKENDS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _BACKENDS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

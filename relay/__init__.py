@@ -6,7 +6,7 @@ Worker side: :class:`Relay` publishes the partitions its consumer-group member o
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
 from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
@@ -30,7 +30,7 @@ from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
 from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
     from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
 
@@ -45,7 +45,7 @@ _BACKENDS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _BACKENDS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
