@@ -19,7 +19,10 @@ from aiokafka import TopicPartition as KafkaTP
 
 @dataclass(frozen=True)
 class Arrival:
+    #: When this reader got it (wall clock).
     at: float
+    #: The record's timestamp: when the relay's producer made its batch (Kafka's CreateTime).
+    sent: float
     partition: int
     offset: int
 
@@ -44,6 +47,8 @@ class ArrivalRecorder:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             client_id="failover-arrivals",
+            # A dead leader's partitions are found again at the next metadata refresh.
+            metadata_max_age_ms=1000,
         )
         await consumer.start()
         tps = [KafkaTP(self.topic, p) for p in range(self.partitions)]
@@ -64,7 +69,9 @@ class ArrivalRecorder:
                     for record in records:
                         event_id = UUID(dict(record.headers)["ce_id"].decode())
                         if event_id not in self.arrivals:
-                            self.arrivals[event_id] = Arrival(now, tp.partition, record.offset)
+                            self.arrivals[event_id] = Arrival(
+                                now, record.timestamp / 1000, tp.partition, record.offset
+                            )
         finally:
             await consumer.stop()
 

@@ -101,17 +101,23 @@ class FailoverRun:
     partitions: int = 6
     relays: int = 3
     inboxes: int = 2
-    rate: float = 300.0
+    rate: float = 200.0
     entities: int = 24
     #: Seconds a fault may take to recover (everything committed has reached Kafka and taken
     #: effect) before the run fails with what is missing.
     recovery_timeout: float = 90.0
     topic: str = field(default_factory=lambda: f"failover-{uuid.uuid4().hex[:8]}")
+    #: Name the relays so that their group and the inbox's have the same coordinator (the
+    #: same partition of ``__consumer_offsets``): one broker kill then takes both groups'
+    #: coordinator at once, as happens in production whenever they share one.
+    shared_coordinator: bool = True
     faults: list[Fault] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.relay_env = relay_env(self.url, self.bootstrap, self.topic)
+        if self.shared_coordinator:
+            self.relay_env["OUTBOXKIT_RELAY_NAME"] = _relay_name_beside(self.inbox_group)
         self.writers = Writers(self.url, self.topic, entities=self.entities, kind=Payment)
         self.arrivals = ArrivalRecorder(self.bootstrap, self.topic, self.partitions)
         self.topology = KafkaTopology(self.bootstrap)
@@ -278,10 +284,10 @@ class FailoverRun:
         effects = await effect_times(self.url)
         distinct = {event_id for records in published.values() for _, event_id in records}
         report.guarantees["G6"] = _outcome(lambda: check_effects_once(effects, distinct))
-        arrived = {e: a.at for e, a in self.arrivals.arrivals.items()}
         effect_at = {e: min(times) for e, times in effects.items()}
+        arrivals = self.arrivals.arrivals
         report.faults = [
-            gaps(f, self.writers.committed_at, arrived, effect_at) for f in self.faults
+            gaps(f, self.writers.committed_at, arrivals, effect_at) for f in self.faults
         ]
         return report
 
@@ -304,6 +310,26 @@ class FailoverRun:
             if "Traceback" in w.process.log()
         ]
         return problems
+
+
+def _offsets_partition(group: str, partitions: int = 10) -> int:
+    """The ``__consumer_offsets`` partition of ``group``, as Kafka picks it: Java's
+    ``String.hashCode`` of the name, made non-negative (``Utils.abs``), modulo the partitions
+    (``offsets.topic.num.partitions``: 10 on the embedded cluster)."""
+    h = 0
+    for unit in group.encode("utf-16-be").hex(" ", 2).split():
+        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
+
+
+def _relay_name_beside(group: str) -> str:
+    """A relay name whose group ``outboxkit.relay.<name>`` maps to ``group``'s partition."""
+    target = _offsets_partition(group)
+    while True:
+        name = f"failover-{uuid.uuid4().hex[:8]}"
+        if _offsets_partition(f"outboxkit.relay.{name}") == target:
+            return name
 
 
 def check_effects_once(effects: dict[UUID, list[float]], published: set[UUID]) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from uuid import UUID
 
+from tests.failover.arrivals import Arrival
+
 #: Events committed this long before a fault started count towards it (in flight when it hit).
 BEFORE = 1.0
 
@@ -26,14 +28,18 @@ class Fault:
 
 @dataclass(frozen=True)
 class Gaps:
-    """Over the events committed from just before ``started`` until ``recovered``: the longest
-    commit→Kafka delay, and the longest Kafka→inbox-effect delay."""
+    """Over the events committed from just before ``started`` until ``recovered``, the longest
+    delays: commit→Kafka (``delivery``: until a ``read_committed`` reader got it), of which
+    commit→the relay's send (``sent``: the record's CreateTime), Kafka→the inbox's effect
+    (``inbox``), and commit→effect (``end_to_end``)."""
 
     name: str
     detail: str
     events: int
     delivery: float
+    sent: float
     inbox: float
+    end_to_end: float
     #: Seconds from the fault's start until every earlier commit had reached Kafka and taken
     #: effect.
     recovery: float
@@ -42,21 +48,26 @@ class Gaps:
 def gaps(
     fault: Fault,
     committed_at: Mapping[UUID, float],
-    arrived_at: Mapping[UUID, float],
+    arrivals: Mapping[UUID, Arrival],
     effect_at: Mapping[UUID, float],
 ) -> Gaps:
     window = [
         e for e, at in committed_at.items() if fault.started - BEFORE <= at <= fault.recovered
     ]
-    delivery = [arrived_at[e] - committed_at[e] for e in window if e in arrived_at]
-    inbox = [max(0.0, effect_at[e] - arrived_at[e]) for e in window if e in effect_at]
+    arrived = [e for e in window if e in arrivals]
+    effective = [e for e in window if e in effect_at]
     return Gaps(
         fault.name,
         fault.detail,
         len(window),
-        max(delivery, default=0.0),
-        max(inbox, default=0.0),
-        fault.recovered - fault.started,
+        delivery=max((arrivals[e].at - committed_at[e] for e in arrived), default=0.0),
+        sent=max((arrivals[e].sent - committed_at[e] for e in arrived), default=0.0),
+        inbox=max(
+            (max(0.0, effect_at[e] - arrivals[e].at) for e in effective if e in arrivals),
+            default=0.0,
+        ),
+        end_to_end=max((effect_at[e] - committed_at[e] for e in effective), default=0.0),
+        recovery=fault.recovered - fault.started,
     )
 
 
@@ -74,12 +85,13 @@ class Report:
 
     def lines(self) -> list[str]:
         out = [
-            "| fault | what | events | delivery gap s | inbox gap s | recovered after s |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| fault | what | events | delivery gap s (to send) | inbox gap s "
+            "| commit→effect s | recovered after s |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         out += [
-            f"| {g.name} | {g.detail} | {g.events} | {g.delivery:.2f} | {g.inbox:.2f} "
-            f"| {g.recovery:.1f} |"
+            f"| {g.name} | {g.detail} | {g.events} | {g.delivery:.2f} ({g.sent:.2f}) "
+            f"| {g.inbox:.2f} | {g.end_to_end:.2f} | {g.recovery:.1f} |"
             for g in self.faults
         ]
         out += [

