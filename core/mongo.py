@@ -211,6 +211,14 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+def describe(exc: BaseException) -> str:
+    """``exc`` in one line, without the topology description pymongo appends to a server
+    selection timeout (a thousand characters of every member's state, on every retry during an
+    election): ``No replica set members match selector "Primary()", Timeout: 10.0s``."""
+    text = str(exc).split(", Topology Description:", 1)[0]
+    return text.splitlines()[0] if text else repr(exc)
+
+
 def _has_label(exc: BaseException, label: str) -> bool:
     return isinstance(exc, PyMongoError) and exc.has_error_label(label)
 
@@ -261,7 +269,7 @@ async def in_transaction(
                     await _backoff(attempt)
                     continue
                 if is_unavailable(exc):
-                    raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+                    raise unavailable(f"MongoDB is unavailable: {describe(exc)}") from exc
                 raise
             try:
                 await _commit(session)
@@ -273,7 +281,7 @@ async def in_transaction(
                 if _is_stale_connection(exc):
                     await _drop_connections()
                 if is_unavailable(exc) or _has_label(exc, "UnknownTransactionCommitResult"):
-                    raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+                    raise unavailable(f"MongoDB is unavailable: {describe(exc)}") from exc
                 raise
             return result
     raise unavailable(f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s")
@@ -318,7 +326,7 @@ async def guarded(operation: Awaitable[T], unavailable: type[OutboxkitError]) ->
         if _is_stale_connection(exc):
             await _drop_connections()
         if is_unavailable(exc):
-            raise unavailable(f"MongoDB is unavailable: {exc}") from exc
+            raise unavailable(f"MongoDB is unavailable: {describe(exc)}") from exc
         raise
 
 

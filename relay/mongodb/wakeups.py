@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 import structlog
 from pymongo.errors import PyMongoError
 
-from outboxkit.core.mongo import Collection, Document
+from outboxkit.core.mongo import Collection, Document, describe
 from outboxkit.relay.records import TopicPartition
 
 logger = structlog.get_logger("outboxkit.relay")
@@ -83,7 +83,7 @@ class MongoWakeups:
             except PyMongoError as exc:
                 logger.warning(
                     "outbox change stream failed; the periodic sweep covers until it reopens",
-                    error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                    error=describe(exc),
                     retry_in=round(delay, 2),
                 )
                 await asyncio.sleep(delay)

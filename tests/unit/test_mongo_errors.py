@@ -9,10 +9,11 @@ from pymongo.errors import (
     ConfigurationError,
     DuplicateKeyError,
     OperationFailure,
+    ServerSelectionTimeoutError,
     WriteConcernError,
 )
 
-from outboxkit.core.mongo import is_transient, is_unavailable
+from outboxkit.core.mongo import describe, is_transient, is_unavailable
 
 
 def _write_concern_error(code: int, name: str) -> WriteConcernError:
@@ -49,3 +50,13 @@ def test_a_failover_is_an_unavailable_database(error: Exception) -> None:
 )
 def test_an_operation_error_is_not(error: Exception) -> None:
     assert not is_unavailable(error)
+
+
+def test_a_server_selection_timeout_is_told_without_the_topology() -> None:
+    """During an election every retry logged pymongo's whole topology description."""
+    error = ServerSelectionTimeoutError(
+        'No replica set members match selector "Primary()", Timeout: 10.0s, Topology '
+        "Description: <TopologyDescription id: 6b07, topology_type: ReplicaSetNoPrimary, …>"
+    )
+    assert describe(error) == 'No replica set members match selector "Primary()", Timeout: 10.0s'
+    assert describe(AutoReconnect("a\nb")) == "a"
