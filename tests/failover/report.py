@@ -43,6 +43,8 @@ class Gaps:
     #: Seconds from the fault's start until every earlier commit had reached Kafka and taken
     #: effect.
     recovery: float
+    #: The most delayed event: its partition and when it was committed, from the fault's start.
+    worst: str = ""
 
 
 def gaps(
@@ -56,6 +58,13 @@ def gaps(
     ]
     arrived = [e for e in window if e in arrivals]
     effective = [e for e in window if e in effect_at]
+    worst = ""
+    if arrived:
+        slowest = max(arrived, key=lambda e: arrivals[e].at - committed_at[e])
+        worst = (
+            f"p{arrivals[slowest].partition} committed at "
+            f"{committed_at[slowest] - fault.started:+.1f} s"
+        )
     return Gaps(
         fault.name,
         fault.detail,
@@ -68,6 +77,7 @@ def gaps(
         ),
         end_to_end=max((effect_at[e] - committed_at[e] for e in effective), default=0.0),
         recovery=fault.recovered - fault.started,
+        worst=worst,
     )
 
 
@@ -86,12 +96,12 @@ class Report:
     def lines(self) -> list[str]:
         out = [
             "| fault | what | events | delivery gap s (to send) | inbox gap s "
-            "| commit→effect s | recovered after s |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| commit→effect s | recovered after s | most delayed |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         out += [
             f"| {g.name} | {g.detail} | {g.events} | {g.delivery:.2f} ({g.sent:.2f}) "
-            f"| {g.inbox:.2f} | {g.end_to_end:.2f} | {g.recovery:.1f} |"
+            f"| {g.inbox:.2f} | {g.end_to_end:.2f} | {g.recovery:.1f} | {g.worst} |"
             for g in self.faults
         ]
         out += [
