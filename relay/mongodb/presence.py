@@ -84,14 +84,16 @@ class MongoPresence:
             await _guard(client.admin.command("ping"))
             if previous is not None:
                 await _guard(self._members.delete_one({"_id": _id(*previous)}))
-            await self._beat(group, member_id)
+            await self._beat(group, member_id, durable=True)
             self._announced = (group, member_id)
 
-    async def _beat(self, group: str, member_id: str) -> None:
+    async def _beat(self, group: str, member_id: str, *, durable: bool = False) -> None:
         """Renew this member's record and heartbeat (mongod's clock: relays' clocks may differ),
-        creating it if a peer removed it."""
+        creating it if a peer removed it. The announcement itself is ``durable`` (majority,
+        journaled): a record lost in a mongod crash would hide this relay's death for good."""
+        members = self._members if durable else self._beats
         await _guard(
-            self._beats.update_one(
+            members.update_one(
                 {"_id": _id(group, member_id)},
                 [{"$set": {"app_name": self._app_name(group, member_id), "at": "$$NOW"}}],
                 upsert=True,
