@@ -26,7 +26,15 @@ Fixtures (docs/testing.md):
 ``outboxkit_schema``       session  override it: your tables (SQL text or ``.sql`` paths)
 ``outboxkit_*_container``  session  PostgreSQL, Kafka, MongoDB in Docker (``[testcontainers]``);
                                     skipped, with the reason, where Docker is not available
+``outboxkit_kafka_cluster`` test    three Apache Kafka nodes (RF 3, ``min.insync.replicas=2``)
+                                    whose nodes the test may kill and restart; with
+                                    :class:`~outboxkit.embedded.kafka_topology.KafkaTopology`
+``outboxkit_mongodb_replica_set``   three mongod as one replica set (test scope) whose primary
+                                    the test may step down, stop or kill, with short elections
 ========================== ======== ===========================================================
+
+The two cluster fixtures are heavier (several servers each, 10-30 s to start) and are started
+only for a test that asks for one: for failover tests of a service (docs/testing.md).
 
 pytest configuration (``[tool.pytest.ini_options]``): ``outboxkit_broker = kafka | tansu``
 (the embedded broker), ``outboxkit_servers = embedded | docker`` (what ``outboxkit_postgres``
@@ -48,6 +56,8 @@ import pytest
 import pytest_asyncio
 
 from outboxkit.backends import backend_for, forget_memory_database
+from outboxkit.embedded import KafkaCluster
+from outboxkit.embedded.mongodb import EmbeddedMongoReplicaSet
 from outboxkit.testing.harness import Broker, OutboxkitHarness
 from outboxkit.testing.servers import (
     docker_unavailable,
@@ -65,10 +75,12 @@ __all__ = [
     "outboxkit",
     "outboxkit_database_url",
     "outboxkit_kafka",
+    "outboxkit_kafka_cluster",
     "outboxkit_kafka_container",
     "outboxkit_memory",
     "outboxkit_mongodb",
     "outboxkit_mongodb_container",
+    "outboxkit_mongodb_replica_set",
     "outboxkit_mongodb_url",
     "outboxkit_postgres",
     "outboxkit_postgres_container",
@@ -181,6 +193,35 @@ def outboxkit_mongodb_container() -> Iterator[str]:
     _need_docker()
     with mongodb_container() as url:
         yield url
+
+
+# -- replicated clusters, for failover tests (heavier: started only where asked for) -----------
+
+
+@pytest.fixture
+def outboxkit_kafka_cluster(tmp_path: Path) -> Iterator[KafkaCluster]:
+    """Three KRaft nodes (replication factor 3, ``min.insync.replicas=2``, the transaction and
+    offsets topics replicated three times) for one test, which may ``kill()``, ``stop()`` and
+    ``start()`` its ``nodes``; ``KafkaTopology(cluster.bootstrap_servers)`` finds the node that
+    leads a partition or coordinates a transactional id or a group."""
+    with KafkaCluster(3, base_dir=tmp_path / "kafka-cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def outboxkit_mongodb_replica_set(tmp_path: Path) -> Iterator[EmbeddedMongoReplicaSet]:
+    """Three mongod as one replica set for one test (priorities 3, 2, 1: member 0 is the primary,
+    member 1 is elected when it fails), with a 2 s election timeout so that a failover takes
+    seconds; the test may ``step_down()``, or ``kill()``/``stop()``/``start()`` members."""
+    replica_set = EmbeddedMongoReplicaSet(
+        tmp_path / "mongodb-replica-set",
+        fetch=True,
+        election_timeout_ms=2000,
+        heartbeat_interval_ms=500,
+        parameters={"shutdownTimeoutMillisForSignaledShutdown": "1000"},
+    )
+    with replica_set:
+        yield replica_set
 
 
 # -- databases ---------------------------------------------------------------------------------

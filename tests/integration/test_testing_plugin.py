@@ -12,8 +12,11 @@ pytest-asyncio's default strict mode.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+from outboxkit.embedded.mongodb import find_mongod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -151,6 +154,41 @@ def test_mongodb_in_docker(outboxkit_mongodb_container):
     pass
 """
 
+CLUSTER_TESTS = """
+import asyncio
+
+import pytest
+
+from outboxkit.embedded.kafka_topology import KafkaTopology
+
+
+@pytest.mark.asyncio
+async def test_a_kafka_cluster_whose_leader_moves(outboxkit_kafka_cluster):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    cluster = outboxkit_kafka_cluster
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
+    await admin.start()
+    await admin.create_topics([NewTopic("orders", 1, 3)])
+    await admin.close()
+    async with KafkaTopology(cluster.bootstrap_servers) as topology:
+        leader = await topology.partition_leader("orders", 0)
+        cluster.node(leader).kill()
+        for _ in range(60):
+            moved = await topology.partition_leader("orders", 0)
+            if moved != leader:
+                break
+            await asyncio.sleep(0.5)
+        assert moved != leader
+
+
+def test_a_replica_set_that_fails_over(outboxkit_mongodb_replica_set):
+    replica_set = outboxkit_mongodb_replica_set
+    first = replica_set.primary()
+    first.kill()
+    assert replica_set.primary() is not first
+"""
+
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
@@ -182,6 +220,20 @@ def test_embedded_mongodb_started_by_the_plugin(project: pytest.Pytester) -> Non
     project.makepyfile(test_mongodb=MONGODB_TESTS)
     result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=240)
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.mongodb
+def test_the_cluster_fixtures_fail_over(
+    project: pytest.Pytester, kafka_jars: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opt-in failover fixtures: a 3-node Kafka whose partition leader moves when its node
+    is killed, and a 3-member replica set that elects another primary."""
+    # pytester gives the run a home of its own: point it at the cached jars and mongod.
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_JARS", str(kafka_jars))
+    monkeypatch.setenv("OUTBOXKIT_MONGOD", str(find_mongod(fetch=True)))
+    project.makepyfile(test_clusters=CLUSTER_TESTS)
+    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=2)
 
 
 def test_the_docker_fixtures_skip_naming_docker(project: pytest.Pytester) -> None:
