@@ -1,28 +1,39 @@
 """Every database backend, as the contract and guarantee tests use it.
 
 A :class:`BackendCase` is a migrated, empty database of one backend (PostgreSQL, MongoDB, or in
-memory) plus what a test needs to look at a handler's effects there. The contract suites in
-``test_contract_*.py`` run each test against every case; what a backend does not support is
-declared in :attr:`BackendCase.supports` (a skip says so), never left to chance.
+memory) plus what a test needs to look at a handler's effects there. It is the
+:class:`~outboxkit.testing.contract.RelayBackend` and
+:class:`~outboxkit.testing.contract.InboxBackend` that ``test_contract_*.py`` hand the shipped
+contract suites (outboxkit.testing.contract), each case in turn; what a backend does not support
+is declared in :attr:`BackendCase.supports` (a skip says so), never left to chance.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from pymongo import AsyncMongoClient
 
-from outboxkit.backends import Backend, backend_for, forget_memory_database, memory_database
+from outboxkit.backends import (
+    Backend,
+    Transactions,
+    backend_for,
+    forget_memory_database,
+    memory_database,
+)
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.core.mongo import database_name
 from outboxkit.core.settings import ConnectionSettings
+from outboxkit.inbox import InboxSettings, InboxStore
 from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.relay import OutboxStorage, RelaySettings, WakeupSource
 
 BACKENDS = ["memory", "postgresql", "mongodb"]
 
@@ -50,8 +61,43 @@ class BackendCase:
         if feature not in self.supports:
             pytest.skip(f"{self.name}: declared not to support {feature}")
 
+    # -- the contract suites' RelayBackend and InboxBackend, through outboxkit.backends ------
 
-async def memory_case() -> AsyncIterator[BackendCase]:
+    @contextlib.asynccontextmanager
+    async def relay(
+        self, *, retention: timedelta | None = None
+    ) -> AsyncIterator[tuple[OutboxStorage, WakeupSource]]:
+        settings = RelaySettings(database_url=self.url, topics=["contract"], retention=retention)
+        async with self.backend.relay(settings) as parts:
+            yield parts
+
+    def transactions(
+        self, *, pool_size: int
+    ) -> contextlib.AbstractAsyncContextManager[Transactions]:
+        return self.backend.transactions(source="urn:test", pool_size=pool_size, connect_timeout=5)
+
+    @contextlib.asynccontextmanager
+    async def outside_transaction(self, tx: Transactions) -> AsyncIterator[Any]:
+        """A pooled PostgreSQL connection in no transaction; a MongoDB session without one."""
+        if self.name == "postgresql":
+            async with tx.pool.connection() as conn:  # type: ignore[attr-defined]
+                yield conn
+        elif self.name == "mongodb":
+            async with tx.client.start_session() as session:  # type: ignore[attr-defined]
+                yield session
+        else:
+            raise NotImplementedError(f"{self.name}: every memory transaction is one")
+
+    def inbox_store(
+        self, *, retention: timedelta
+    ) -> contextlib.AbstractAsyncContextManager[InboxStore[Any]]:
+        settings = InboxSettings(
+            database_url=self.url, topics=["contract"], inbox_retention=retention
+        )
+        return self.backend.inbox_store(settings)
+
+
+async def memory_case() -> AsyncGenerator[BackendCase]:
     url = f"memory://test-{uuid.uuid4().hex[:8]}"
 
     async def write(tx: MemoryTransaction, value: str) -> None:
@@ -66,7 +112,7 @@ async def memory_case() -> AsyncIterator[BackendCase]:
         forget_memory_database(url)
 
 
-async def postgresql_case(pg_url: str) -> AsyncIterator[BackendCase]:
+async def postgresql_case(pg_url: str) -> AsyncGenerator[BackendCase]:
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         await conn.execute("CREATE TABLE effects (id serial PRIMARY KEY, value text NOT NULL)")
 
@@ -83,7 +129,7 @@ async def postgresql_case(pg_url: str) -> AsyncIterator[BackendCase]:
     )
 
 
-async def mongodb_case(mongo_url: str) -> AsyncIterator[BackendCase]:
+async def mongodb_case(mongo_url: str) -> AsyncGenerator[BackendCase]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     db = client.get_database(database_name(mongo_url))
     await migrate_mongodb(db)
@@ -108,7 +154,7 @@ async def mongodb_case(mongo_url: str) -> AsyncIterator[BackendCase]:
 
 
 @contextlib.asynccontextmanager
-async def open_case(name: str, url: str) -> AsyncIterator[BackendCase]:
+async def open_case(name: str, url: str) -> AsyncGenerator[BackendCase]:
     """The case ``name`` on a fresh database at ``url`` (none for memory)."""
     if name == "memory":
         cases = memory_case()
