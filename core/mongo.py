@@ -90,10 +90,11 @@ def database_name(url: str) -> str:
     return str(name)
 
 
-def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
+def make_client(url: str, *, connect_timeout: float, app_name: str, **options: Any) -> Client:
     """A client that reads UUIDs as :class:`uuid.UUID` and dates as aware datetimes, and whose
     unreachable server surfaces within ``connect_timeout``. ``app_name`` shows in mongod's logs
-    and ``currentOp``, like ``application_name`` on PostgreSQL."""
+    and ``currentOp``, like ``application_name`` on PostgreSQL; ``options`` are more of
+    pymongo's."""
     timeout_ms = int(connect_timeout * 1000)
     client: Client = AsyncMongoClient(
         url,
@@ -102,6 +103,7 @@ def make_client(url: str, *, connect_timeout: float, app_name: str) -> Client:
         tz_aware=True,
         serverSelectionTimeoutMS=timeout_ms,
         connectTimeoutMS=timeout_ms,
+        **options,
     )
     _clients.add(client)
     return client

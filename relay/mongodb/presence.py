@@ -37,6 +37,13 @@ T = TypeVar("T")
 
 _UNAUTHORIZED = 13
 
+#: How often a presence client's monitors check each member (pymongo's default is 10 000 ms). A
+#: client does nothing else, so after a member restarts its monitor reconnects only at its next
+#: check: with the default, a restarted member that became primary listed no connection of a
+#: live relay for up to 10 s, longer than the reconnect grace (presence.RECONNECT_GRACE), and a
+#: live relay whose heartbeats had paused (a failover) was removed from the group as dead.
+PRESENCE_HEARTBEAT_MS = 1000
+
 #: Milliseconds without a heartbeat after which a member is a suspect (relays renew theirs at
 #: every check, every OUTBOXKIT_DEPARTED_CHECK_INTERVAL, 1 s by default).
 STALE_AFTER = 2500
@@ -79,6 +86,7 @@ class MongoPresence:
                 self._url,
                 connect_timeout=self._connect_timeout,
                 app_name=self._app_name(group, member_id),
+                heartbeatFrequencyMS=PRESENCE_HEARTBEAT_MS,
             )
             self._presence = client
             await _guard(client.admin.command("ping"))

@@ -13,14 +13,17 @@ timeout."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from outboxkit.core.mongo import guarded, make_client
-from outboxkit.embedded.mongodb import EmbeddedMongoReplicaSet, ReplicaSetMember
+from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet, ReplicaSetMember
 from outboxkit.relay import StorageUnavailableError
+from outboxkit.relay.mongodb.presence import MongoPresence
+from outboxkit.relay.presence import RECONNECT_GRACE
 from tests.failover.harness import FailoverRun
 from tests.failover.mongodb_faults import MONGODB_FAULTS
 from tests.integration.conftest import migrate_mongodb_database
@@ -104,3 +107,36 @@ async def test_a_connection_opened_during_a_failover_is_dropped_not_kept(
 def _maintenance(member: ReplicaSetMember, on: bool) -> None:
     with member.client() as client:
         client.admin.command("replSetMaintenance", on)
+
+
+async def test_a_live_relay_is_not_taken_for_dead_after_its_primary_restarted(
+    mongo_factory: Callable[..., EmbeddedMongo],
+) -> None:
+    """A relay is reported departed when its heartbeat is stale and the primary lists none of
+    its connections. After a restart (a SIGKILLed primary back, or elected again) every relay's
+    presence client must reconnect within the reconnect grace; with pymongo's default 10 s
+    monitor interval an idle presence client came back only after it, and a live relay whose
+    heartbeats had paused in the outage was removed from the group as dead. Would catch that."""
+    server = await asyncio.to_thread(mongo_factory)
+    url = server.url("shop")
+    clients = [make_client(url, connect_timeout=10, app_name=name) for name in ("a", "b")]
+    a, b = (
+        MongoPresence(url, client.shop, app_name="relay", connect_timeout=10) for client in clients
+    )
+    try:
+        await b.announce("group", "b")
+        await asyncio.to_thread(server.kill)
+        await asyncio.to_thread(server.start)
+        restarted = time.monotonic()
+        await a.announce("group", "a")  # a relay that (re)joins right after the restart
+        # b's process lives, its presence client open; it beats no more (frozen, or its beats
+        # failed through the outage): it must not look dead while its connections are back.
+        while time.monotonic() - restarted < RECONNECT_GRACE + 4:
+            await a.announce("group", "a")
+            assert await a.departed("group", "a") == [], "a live relay was reported departed"
+            await asyncio.sleep(0.25)
+    finally:
+        await a.close()
+        await b.close()
+        for client in clients:
+            await client.close()
