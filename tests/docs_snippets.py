@@ -39,6 +39,7 @@ ILLUSTRATIVE = "illustrative"
 #: them from the document.
 RUN_ELSEWHERE = {
     ("docs/security.md", "sql"): "tests/integration/test_database_grants.py",
+    ("docs/testing.md", "python test_my_backend.py"): "tests/integration/test_shipped_contract.py",
 }
 
 
