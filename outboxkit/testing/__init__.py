@@ -210,9 +210,11 @@ def outboxkit_kafka_cluster(tmp_path: Path) -> Iterator[KafkaCluster]:
 
 @pytest.fixture
 def outboxkit_mongodb_replica_set(tmp_path: Path) -> Iterator[EmbeddedMongoReplicaSet]:
-    """Three mongod as one replica set for one test (priorities 3, 2, 1: member 0 is the primary,
-    member 1 is elected when it fails), with a 2 s election timeout so that a failover takes
-    seconds; the test may ``step_down()``, or ``kill()``/``stop()``/``start()`` members."""
+    """Three mongod as one replica set for one test (priorities 3, 2, 1: member 0 is the primary
+    at the start; after a failover another member is, and the highest-priority one that caught
+    up takes over in time), with a 2 s election timeout so that a failover takes seconds; the
+    test may ``step_down()``, or ``kill()``/``stop()``/``start()`` members; ``primary()``
+    says which is primary now."""
     replica_set = EmbeddedMongoReplicaSet(
         tmp_path / "mongodb-replica-set",
         fetch=True,
