@@ -18,10 +18,10 @@ from outboxkit.core.exceptions import OutboxkitError
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 #: A pooled connection that ran a statement this recently (seconds) is not checked before its
-#: next use: the check is a round trip, one more per claim on the relay's hot path (6% of the
-#: relay's CPU in steady state). One idle for longer is checked first: a server restart leaves
-#: broken connections behind. A statement on a connection broken meanwhile fails, is retried,
-#: and the pool replaces the connection.
+#: next use: the check is a round trip, one more per claim on the relay's hot path (its cost:
+#: docs/relay.md, "One round trip less per claim"). One idle for longer is checked first: a
+#: server restart leaves broken connections behind. A statement on a connection broken
+#: meanwhile fails, is retried, and the pool replaces the connection.
 CHECK_AFTER_IDLE = 1.0
 
 _last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (

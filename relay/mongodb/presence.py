@@ -59,7 +59,8 @@ class MongoPresence:
         self._client_of: Client = database.client
         self._members = collection(database, "relay_members")
         #: Heartbeats need no durability (a lost one makes a suspect, which $currentOp clears):
-        #: acknowledged by the primary alone, not waiting for the journal (1 ms less per check).
+        #: acknowledged by the primary alone, not waiting for the journal or the majority (what
+        #: that saves per check: docs/relay.md, "Ownership", the MongoDB presence).
         self._beats = collection(database, "relay_members", write_concern=WriteConcern(w=1))
         self._prefix = f"{app_name}-presence-"
         self._connect_timeout = connect_timeout
