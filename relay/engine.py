@@ -22,7 +22,7 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from outboxkit.core.kafka import leave_group
-from outboxkit.relay.batches import InFlightBudget, first_per_key
+from outboxkit.relay.batches import InFlightBudget
 from outboxkit.relay.blocks import Block, plan
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.fencing import Fencer, KafkaFencer
@@ -54,7 +54,7 @@ _CRASH_BACKOFF = 0.5
 _CRASH_BACKOFF_MAX = 30.0
 _CRASH_MEMORY = 300.0
 
-__all__ = ["Ownership", "PartitionStatus", "Relay", "RelayHealth", "first_per_key"]
+__all__ = ["Ownership", "PartitionStatus", "Relay", "RelayHealth"]
 
 
 async def _settle(tasks: Sequence[asyncio.Task[Any]]) -> None:

@@ -45,7 +45,9 @@ class InMemoryOutboxStorage:
         self._topics: dict[str, int] = {}
         self._waiting: set[TopicPartition] = set()
         self._wakeups: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
-        #: (group, member id) → whether the announcing process's session is still there.
+        #: (group, member id) → whether the announcing process's session is still there. In one
+        #: process every session lives as long as the storage; an engine test's subclass ends
+        #: one (``SpyStorage.end_session`` in tests/unit/relay_fakes.py), as a relay's death would.
         self._members: dict[tuple[str, str], bool] = {}
 
     # -- the writer's side (tests) ---------------------------------------------------------
@@ -74,18 +76,6 @@ class InMemoryOutboxStorage:
     def check_topic(self, topic: str) -> None:
         if topic not in self._topics:
             raise UnknownTopicError(f"topic {topic!r} is not registered")
-
-    def signal_reconnect(self) -> None:
-        """Act as if the notification listener reconnected (notifications may be lost)."""
-        self._wakeups.put_nowait(None)
-
-    def end_session(self, group: str, member_id: str) -> None:
-        """Tests: the relay that announced ``member_id`` lost its database session (it died)."""
-        self._members[group, member_id] = False
-
-    def announced(self, group: str) -> list[str]:
-        """Tests: the member ids of ``group`` announced and not yet reported departed."""
-        return sorted(member for g, member in self._members if g == group)
 
     @property
     def rows(self) -> list[tuple[OutboxRecord, RecordState]]:

@@ -321,7 +321,9 @@ class SpyStorage(InMemoryOutboxStorage):
 
     ``notify=False`` drops the waiting declarations, so writers wake nobody (only the sweep
     finds new rows). ``fetch_errors`` fail the next reads; ``register_errors`` the next
-    ``register_topics`` calls (None: that one succeeds), then ``register_error`` fails all."""
+    ``register_topics`` calls (None: that one succeeds), then ``register_error`` fails all.
+    :meth:`signal_reconnect`, :meth:`end_session` and :meth:`announced` act on the database's
+    side: a lost listener, a relay's lost session, who is announced."""
 
     def __init__(self, *, notify: bool = True) -> None:
         super().__init__()
@@ -337,6 +339,18 @@ class SpyStorage(InMemoryOutboxStorage):
         self.register_error: BaseException | None = None
         self.register_calls = 0
         self.purges: list[tuple[timedelta, int, int]] = []
+
+    def signal_reconnect(self) -> None:
+        """Act as if the notification listener reconnected (notifications may be lost)."""
+        self._wakeups.put_nowait(None)
+
+    def end_session(self, group: str, member_id: str) -> None:
+        """The relay that announced ``member_id`` lost its database session (it died)."""
+        self._members[group, member_id] = False
+
+    def announced(self, group: str) -> list[str]:
+        """The member ids of ``group`` announced and not yet reported departed."""
+        return sorted(member for g, member in self._members if g == group)
 
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         self.register_calls += 1

@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaConnectionError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from outboxkit.relay.engine import first_per_key
+from outboxkit.relay.batches import first_per_key
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.records import OutboxRecord
 from tests.helpers import wait_for
