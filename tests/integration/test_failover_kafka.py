@@ -55,7 +55,11 @@ async def test_topology_names_the_leader_and_the_coordinators(
         await wait_for(
             lambda: _moved(topology, topic, victim), within=30, what="a new leader of partition 0"
         )
-        assert f"{topic}/0" in await topology.under_replicated()
+
+        async def shrunk() -> bool:
+            return f"{topic}/0" in await topology.under_replicated()
+
+        await wait_for(shrunk, within=30, what="partition 0 under-replicated")
 
 
 async def _moved(topology: KafkaTopology, topic: str, old: int) -> bool:
