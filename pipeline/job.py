@@ -20,10 +20,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -35,7 +37,7 @@ from outboxkit.pipeline.exceptions import PipelineError
 from outboxkit.pipeline.fallback import model_columns
 from outboxkit.pipeline.kafka_options import redact_in_plans, spark_kafka_options
 from outboxkit.pipeline.payload import why_not_jvm_decodable
-from outboxkit.pipeline.session import build_session, configure_session
+from outboxkit.pipeline.session import build_session, configure_session, node_local_paths
 from outboxkit.pipeline.settings import PipelineSettings, spark_duration
 from outboxkit.pipeline.sinks import BatchInfo, DeltaSink, Sink
 from outboxkit.schemas import EventRegistry
@@ -73,6 +75,19 @@ class Pipeline:
         return sorted({m.event_topic for m in self.registry if m.event_topic})
 
 
+#: How long the driver's offset lookups wait. Kafka's AdminClient (kafka-clients 3.9, the
+#: connector's) routes a partition to its cached leader; when that broker is gone the lookup
+#: waits out ``default.api.timeout.ms`` (60 s) before failing (KAFKA-20673), and Spark retries
+#: with a fresh client: every broker loss froze the query for a minute (tests/integration/
+#: test_spark_cluster.py). 15 s per attempt (Kafka wants a request timeout no longer than
+#: that), and as many attempts as Spark's default patience (3 retries of 60 s) allows.
+ADMIN_PATIENCE = {
+    "kafka.default.api.timeout.ms": "15000",
+    "kafka.request.timeout.ms": "10000",
+    "fetchOffset.numRetries": "12",
+}
+
+
 def read_kafka(spark: SparkSession, settings: PipelineSettings, topics: Sequence[str]) -> DataFrame:
     """The topics as a stream of raw records (only committed transactions), headers included."""
     redact_in_plans(spark)
@@ -83,6 +98,7 @@ def read_kafka(spark: SparkSession, settings: PipelineSettings, topics: Sequence
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
         .option("startingOffsets", settings.pipeline_starting_offsets)
+        .options(**ADMIN_PATIENCE)
     )
     if settings.pipeline_max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", settings.pipeline_max_offsets_per_trigger)
@@ -209,6 +225,14 @@ def start(
     topics = settings.topics or pipeline.topics
     if not topics:
         raise PipelineError("no topics: set OUTBOXKIT_TOPICS or give the models a topic")
+    master = spark.sparkContext.master or ""
+    for path in node_local_paths(master, settings):
+        logger.warning(
+            "a local path on a cluster: every machine must mount the same directory there, "
+            "or give a URI all of them reach (hdfs://, s3a://, abfss://…)",
+            path=path,
+            master=master,
+        )
     stream = deduplicated(decode(read_kafka(spark, settings, topics), pipeline.registry), settings)
     stream_writer = (
         stream.writeStream.queryName(settings.pipeline_name)
@@ -261,7 +285,14 @@ def report(query: StreamingQuery, writer: BatchWriter | None = None) -> QueryRep
 
 
 class ProgressLog(StreamingQueryListener):
-    """Logs every micro-batch, and warns about rows behind the watermark."""
+    """Logs every micro-batch, and warns about rows behind the watermark; counts what it saw
+    (the report of a query whose JVM went away first, :func:`await_query`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+        self.input_rows = 0
+        self.late_rows = 0
 
     def onQueryStarted(self, event: Any) -> None:
         logger.info("query started", query=event.name, id=str(event.id))
@@ -269,6 +300,9 @@ class ProgressLog(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
         late = sum(op.numRowsDroppedByWatermark or 0 for op in progress.stateOperators)
+        self.batches += 1
+        self.input_rows += progress.numInputRows or 0
+        self.late_rows += late
         log = logger.warning if late else logger.info
         log(
             "batch done",
@@ -293,23 +327,54 @@ def await_query(
     *,
     stop: threading.Event | None = None,
     writer: BatchWriter | None = None,
+    progress: ProgressLog | None = None,
 ) -> QueryReport:
     """Wait until the query ends (available-now) or ``stop`` is set (then stop it).
 
-    A failed query raises :class:`PipelineError`."""
+    A failed query raises :class:`PipelineError`. When ``stop`` is set and Spark's JVM is
+    already gone, the report is what ``progress`` counted (see :func:`_stopped_with_the_jvm`)."""
     stop = stop or threading.Event()
+    name = query.name or str(query.id)
     try:
-        while query.isActive and not stop.wait(0.5):
-            pass
-    finally:
-        if query.isActive:
-            query.stop()
-    error = query.exception()
-    if error is not None:
-        raise PipelineError(f"query {query.name} failed: {error}")
-    result = report(query, writer)
+        try:
+            while query.isActive and not stop.wait(0.5):
+                pass
+        finally:
+            if query.isActive:
+                query.stop()
+        error = query.exception()
+        result = None if error else report(query, writer)
+    except Py4JError as exc:
+        if not stop.is_set():
+            raise
+        return _stopped_with_the_jvm(name, exc, writer, progress)
+    if result is None:
+        raise PipelineError(f"query {name} failed: {error}")
     logger.info("query finished", **result.__dict__)
     return result
+
+
+def _stopped_with_the_jvm(
+    name: str, error: Py4JError, writer: BatchWriter | None, progress: ProgressLog | None
+) -> QueryReport:
+    """The stop signal reached Spark's JVM too — SIGTERM to the whole process group, as systemd
+    (``KillMode=control-group``) and a shell's ``kill -TERM -<pgid>`` send it — and its shutdown
+    hook stopped the SparkContext, and the query with it, before the driver could. That is a
+    stop, not a failure: batches not committed are re-run from the checkpoint at the next
+    start, and the sinks skip what they already wrote."""
+    logger.warning(
+        "query stopped with Spark's JVM",
+        query=name,
+        reason=str(error).strip().splitlines()[0][:200],
+    )
+    seen = progress or ProgressLog()
+    return QueryReport(
+        name=name,
+        batches=seen.batches,
+        input_rows=seen.input_rows,
+        late_rows=seen.late_rows,
+        step_seconds=dict(writer.seconds) if writer else {},
+    )
 
 
 def run(
@@ -328,8 +393,8 @@ def run(
     spark.streams.addListener(listener)
     try:
         writer = BatchWriter(pipeline, settings)
-        return await_query(
-            start(spark, pipeline, settings, writer=writer), stop=stop, writer=writer
-        )
+        query = start(spark, pipeline, settings, writer=writer)
+        return await_query(query, stop=stop, writer=writer, progress=listener)
     finally:
-        spark.streams.removeListener(listener)
+        with suppress(Py4JError):  # the JVM may be gone already (see await_query)
+            spark.streams.removeListener(listener)

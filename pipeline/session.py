@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark.sql import SparkSession
@@ -41,8 +42,9 @@ PIPELINE_SQL_CONF = {
 
 
 def local_delta_conf(partitions: int) -> dict[str, str]:
-    """Delta settings for a local session: its transaction log is read with as many tasks as
-    the shuffle (Delta's default, 50, costs seconds per commit on two cores)."""
+    """Delta settings for a local session, or a cluster's given shuffle partitions: its
+    transaction log is read with as many tasks as the shuffle (Delta's default, 50, costs
+    seconds per commit on two cores)."""
     return {"spark.databricks.delta.snapshotPartitions": str(partitions)}
 
 
@@ -60,10 +62,10 @@ def is_local(master: str) -> bool:
 
 def session_conf(settings: PipelineSettings, jars: list[str]) -> dict[str, str]:
     """What a session built from the settings gets: the master, the jars (a cluster's executors
-    fetch them from the driver), Delta; and, for a local master only, few shuffle partitions
-    and few Delta snapshot tasks. On a cluster they would cap the state store's parallelism for
-    good (the first run fixes it in the checkpoint): Spark's defaults apply there, unless
-    ``OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS`` says otherwise."""
+    fetch them from the driver), Delta; and, for a local master, few shuffle partitions and
+    as few Delta snapshot tasks. On a cluster they would cap the state store's parallelism for
+    good (the first run fixes it in the checkpoint): Spark's and Delta's defaults apply there,
+    unless ``OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS`` sets both."""
     conf = {
         "spark.master": settings.spark_master,
         "spark.jars": ",".join(jars),
@@ -76,7 +78,19 @@ def session_conf(settings: PipelineSettings, jars: list[str]) -> dict[str, str]:
         conf.update(local_delta_conf(partitions))
     elif settings.spark_shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(settings.spark_shuffle_partitions)
+        conf.update(local_delta_conf(settings.spark_shuffle_partitions))
     return conf
+
+
+def node_local_paths(master: str, settings: PipelineSettings) -> list[str]:
+    """The output and checkpoint roots that, under a cluster ``master``, are paths of each
+    machine's own file system (no scheme, or ``file:``). Executors write the Delta tables and
+    the state store there on *their* machines, the driver the offsets on its own: correct only
+    if every machine mounts the same shared directory there."""
+    if is_local(master):
+        return []
+    roots = dict.fromkeys([settings.pipeline_output, settings.checkpoint])
+    return [r for r in roots if r.startswith("file:") or not re.match(r"^[A-Za-z][\w+.-]*:", r)]
 
 
 def build_session(settings: PipelineSettings) -> SparkSession:

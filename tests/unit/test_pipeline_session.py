@@ -42,4 +42,24 @@ def test_a_cluster_master_keeps_sparks_defaults(master: str) -> None:
     assert "spark.databricks.delta.snapshotPartitions" not in got
     assert got["spark.jars"] == "/jars/a.jar,/jars/b.jar"
     assert got["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
-    assert conf(master, spark_shuffle_partitions=12)["spark.sql.shuffle.partitions"] == "12"
+    given = conf(master, spark_shuffle_partitions=12)
+    assert given["spark.sql.shuffle.partitions"] == "12"
+    assert given["spark.databricks.delta.snapshotPartitions"] == "12"
+
+
+def test_local_paths_are_named_on_a_cluster_only() -> None:
+    """A path without a scheme is each machine's own: on a cluster the executors' Delta files
+    and state would be scattered over the nodes unless all mount the same directory."""
+    from outboxkit.pipeline.session import node_local_paths  # noqa: PLC0415
+
+    def settings(output: str, checkpoint: str | None = None) -> PipelineSettings:
+        return PipelineSettings(pipeline_output=output, pipeline_checkpoint=checkpoint)
+
+    assert node_local_paths("local[2]", settings("/lake")) == []
+    assert node_local_paths("spark://m:7077", settings("/lake")) == ["/lake", "/lake/_checkpoints"]
+    assert node_local_paths("yarn", settings("file:///lake", "hdfs://nn/cp")) == ["file:///lake"]
+    assert node_local_paths("yarn", settings("s3a://b/lake", "abfss://c@a/cp")) == []
+    assert node_local_paths("k8s://https://k:443", settings("lake")) == [
+        "lake",
+        "lake/_checkpoints",
+    ]
