@@ -148,7 +148,7 @@ class SparkMaster(ServerProcess):
     def _alive(self) -> bool:
         try:
             return self.status().get("status") == "ALIVE"
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or not serving JSON yet
             return False
 
     def start(self, timeout: float = 60.0) -> None:
@@ -223,7 +223,7 @@ class SparkWorker(ServerProcess):
         """Whether the master counts this worker as alive."""
         try:
             workers = self.cluster.master.status().get("workers", [])
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or not serving JSON yet
             return False
         return any(
             w.get("state") == "ALIVE" and f"{w.get('host')}:{w.get('port')}" == self.address
