@@ -18,7 +18,8 @@ Three cases (``--churn-modes``):
 - ``faults``: dynamic membership, a random relay killed every 2-4 s and replaced by a fresh
   process, plus a broker kill, the relays' connections ended, a database restart and a frozen
   relay, one after another (``churn_faults.py``; ``--churn-faults`` picks some of them).
-  Its figures include the latency of the events committed in each 10 s of the run.
+  Its figures include the latency of the events committed in each 10 s of the run;
+- ``faults-static``: the same with static membership.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ _MODES = {
     "kafka-only": "dynamic membership, database check off",
     "static": "static membership",
     "faults": "dynamic membership, random kills and other faults",
+    "faults-static": "static membership, random kills and other faults",
 }
 
 
@@ -78,7 +80,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
         RELAYS,
         CHURN_TOPIC,
         group,
-        instance_ids=mode == "static",
+        instance_ids=mode in ("static", "faults-static"),
         session_timeout=str(session),
         departed_check_interval="0" if mode == "kafka-only" else "1",
         heartbeat_interval=str(min(1.0, session / 3)),
@@ -90,7 +92,7 @@ async def _churn(ctx: Ctx, mode: str) -> None:
         await relays.start()
         try:
             await wait_ready(ctx, relays, RELAYS, CHURN_TOPIC, f"outboxkit.relay.{group}")
-            if mode == "faults":
+            if mode.startswith("faults"):
                 faults = Faults(ctx, relays, args.churn_faults, args.churn_seconds)
                 writers: list[Writer] = [ReconnectingWriter(ctx.outbox) for _ in range(WRITERS)]
             else:
