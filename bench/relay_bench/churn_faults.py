@@ -26,7 +26,7 @@ import psycopg
 from pymongo.errors import PyMongoError
 
 from bench.relay_bench.consumer import InDoubtError
-from bench.relay_bench.harness import Ctx, say
+from bench.relay_bench.harness import Ctx, group_state, say
 from bench.relay_bench.outbox import BenchOutbox, Writer
 from bench.relay_bench.relays import SubprocessRelays
 from outboxkit.schemas import Event
@@ -79,6 +79,8 @@ class Faults:
     seconds: float
     frozen: set[int] = field(default_factory=set)
     log: list[str] = field(default_factory=list)
+    #: How the relays' group changed during the run (:func:`watch_group`).
+    group_changes: list[str] = field(default_factory=list)
 
     async def run(self, began: float) -> None:
         async with asyncio.TaskGroup() as group:
@@ -168,3 +170,24 @@ def say_timeline(latencies: Sequence[tuple[float, float]], began: float, window:
             f"  committed {index * window:5.0f}-{(index + 1) * window:<4.0f}s: {len(values):5} "
             f"events, commit→consumer p50 {p50:6.2f} s, p99 {p99:6.2f} s, max {values[-1]:6.2f} s"
         )
+
+
+async def watch_group(
+    ctx: Ctx, relays: SubprocessRelays, group: str, stop: asyncio.Event, began: float
+) -> list[str]:
+    """The relays' consumer group each second, as its state and member count change, beside how
+    many relay processes run: a group that keeps more members than processes is waiting for
+    dead ones to time out."""
+    changes: list[str] = []
+    last: tuple[int, str, int] | None = None
+    while not stop.is_set():
+        members, state = await group_state(ctx, group)
+        now = (members, state, len(relays.pids))
+        if now != last:
+            changes.append(
+                f"{time.time() - began:6.1f} s: {state}, {members} members, {now[2]} processes"
+            )
+            last = now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+    return changes

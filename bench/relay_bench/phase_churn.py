@@ -36,6 +36,7 @@ from bench.relay_bench.churn_faults import (
     ReconnectingWriter,
     kill_at_random,
     say_timeline,
+    watch_group,
 )
 from bench.relay_bench.consumer import Arrival, Commits, LatencyConsumer, paced_writes, split
 from bench.relay_bench.harness import (
@@ -105,6 +106,13 @@ async def _churn(ctx: Ctx, mode: str) -> None:
                 else _kill_round_robin(relays, args.churn_every, stop)
             )
             faulting = asyncio.create_task(faults.run(began)) if faults is not None else None
+            watching = (
+                asyncio.create_task(
+                    watch_group(ctx, relays, f"outboxkit.relay.{group}", stop, began)
+                )
+                if faults is not None
+                else None
+            )
             try:
                 await paced_writes(
                     writers,
@@ -121,6 +129,8 @@ async def _churn(ctx: Ctx, mode: str) -> None:
                 kills = await killing
                 if faulting is not None:
                     await faulting
+                if watching is not None and faults is not None:
+                    faults.group_changes = await watching
                 for w in writers:
                     await w.close()
             ended = time.time()
@@ -174,6 +184,9 @@ async def _report(
         for line in faults.log:
             say(f"  fault: {line}")
         say(f"  {len(commits.in_doubt)} writes in doubt (the database went away at commit)")
+        say("  the relays' group, as it changed:")
+        for line in faults.group_changes:
+            say(f"    {line}")
         say_timeline(
             [
                 (commits.at[a.ce_id], a.at - commits.at[a.ce_id])
