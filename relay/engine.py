@@ -93,11 +93,16 @@ class Ownership(Protocol):
     def member_id(self) -> str | None:
         """This member's id in the group, once joined."""
 
-    async def members(self) -> list[str]:
-        """The member ids of the group now."""
+    @property
+    def process_key(self) -> str:
+        """What this relay process announces in the database (its presence): unique to the
+        process and known before it joins — Kafka names a member only once its join completes,
+        which after a broker restart can take the process's whole life — and the client id
+        Kafka lists for its member."""
 
-    async def evict(self, member_id: str) -> bool:
-        """Remove another member from the group now; false if it is no longer a member."""
+    async def evict_process(self, process_key: str) -> int:
+        """Remove from the group now every member of the process announced as ``process_key``;
+        how many there were."""
 
     async def stop(self) -> None:
         """Leave (revocation drains first)."""
@@ -216,12 +221,25 @@ class Relay:
             on_progress=self._on_progress,
             on_error=self._on_error,
         )
+        side_tasks: list[asyncio.Task[Any]] = []
+        if self._checks_departed:
+            # Announced before joining, so that a relay killed while its join is pending can be
+            # removed for it; and checking while this relay joins, since its join cannot complete
+            # while a dead member is in the group (ownership.start() waits for it), and a lone
+            # relay's replacement has nobody else to remove its predecessor.
+            with contextlib.suppress(Exception):  # the check's own loop reports what fails
+                await self.storage.announce_member(self.settings.group_id, ownership.process_key)
+            side_tasks.append(
+                asyncio.create_task(self._remove_departed(ownership), name="departed")
+            )
         try:
             self._counts.update(await ownership.start())
         except BaseException:
+            for task in side_tasks:
+                task.cancel()
+            await _settle(side_tasks)
             await self._fencer.close()
             raise
-        side_tasks: list[asyncio.Task[Any]] = []
         stopping = asyncio.create_task(self._stopping.wait(), name="stop")
         try:
             registering = asyncio.create_task(self._register_topics(self._counts))
@@ -240,12 +258,6 @@ class Relay:
             ]
             if self.settings.retention is not None:
                 side_tasks.append(asyncio.create_task(self._clean_up(), name="cleanup"))
-            # A static member keeps its place while it restarts: removing it would be the very
-            # rebalance static membership avoids.
-            if self.settings.departed_check_interval > 0 and self.settings.instance_id is None:
-                side_tasks.append(
-                    asyncio.create_task(self._remove_departed(ownership), name="departed")
-                )
             done, _ = await asyncio.wait([stopping, *side_tasks], return_when="FIRST_COMPLETED")
             for task in done:
                 if task is not stopping:
@@ -507,35 +519,36 @@ class Relay:
                     failing_for=round(now - min(w.failing_since or now for w in failing), 1),
                 )
 
+    @property
+    def _checks_departed(self) -> bool:
+        # A static member keeps its place while it restarts: removing it would be the very
+        # rebalance static membership avoids.
+        return self.settings.departed_check_interval > 0 and self.settings.instance_id is None
+
     async def _remove_departed(self, ownership: Ownership) -> None:
-        """Announce this relay's member id to the storage, and remove from the group the members
-        whose process the storage saw end (:meth:`OutboxStorage.departed_members`): Kafka would
-        wait for each until its session timeout, and every rebalance with it, so relays that
-        restart faster than that would keep the group rebalancing. Removing a member that is
-        in fact alive costs it a rejoin, never a guarantee (fencing, G4)."""
+        """Keep this relay's process announced to the storage, and remove from the group the
+        members of every process the storage saw end (:meth:`OutboxStorage.departed_members`):
+        Kafka would wait for each until its session timeout, and every rebalance with it, so
+        relays that restart faster than that would keep the group rebalancing. The process, not
+        the member, is announced: a relay has its process key before it joins, so one killed
+        while its join is pending (all of them, after a broker restart) is removed too, and a
+        lone relay's replacement removes its predecessor before its own join completes.
+        Removing a member that is in fact alive costs it a rejoin, never a guarantee (fencing,
+        G4)."""
         group = self.settings.group_id
+        key = ownership.process_key
         refused_logged = -_REFUSED_LOG_EVERY
         while True:
-            # Right after an assignment (a new member id is announced at once), else each interval.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.departed_check_interval):
-                    await self._assigned.wait()
-            self._assigned.clear()
-            member = ownership.member_id
-            if member is None:
-                continue
             try:
-                await self.storage.announce_member(group, member)
-                departed = await self.storage.departed_members(group, member)
-                if not departed:
-                    continue
-                present = set(await ownership.members())
-                for gone in departed:
-                    if gone in present and await ownership.evict(gone):
-                        self.metrics.departed_removed.inc()
+                await self.storage.announce_member(group, key)
+                for gone in await self.storage.departed_members(group, key):
+                    removed = await ownership.evict_process(gone)
+                    if removed:
+                        self.metrics.departed_removed.inc(removed)
                         logger.warning(
                             "removed a dead relay from the group: its database connections ended",
-                            member=gone,
+                            process=gone,
+                            members=removed,
                         )
             except (StorageUnavailableError, KafkaError, OSError) as exc:
                 # The session timeout still applies: this only comes sooner.
@@ -549,6 +562,12 @@ class Relay:
                         "timeout",
                         error=repr(exc),
                     )
+            # Again right after an assignment (a rebalance may have been waiting for the dead),
+            # else each interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.departed_check_interval):
+                    await self._assigned.wait()
+            self._assigned.clear()
 
     async def _clean_up(self) -> None:
         assert self.settings.retention is not None

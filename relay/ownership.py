@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -78,6 +79,9 @@ class KafkaOwnership:
         self._on_revoked = on_revoked
         self._lazy = settings.transactional
         who = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        #: The client id Kafka lists for this member, unique to the process (a restarted
+        #: container may have the same host name and pid): the relay's presence key.
+        self.process_key = f"{settings.group_id}-{who}-{secrets.token_hex(4)}"
         self._consumer = kafka_clients.consumer(
             settings,
             group_id=settings.group_id,
@@ -90,7 +94,7 @@ class KafkaOwnership:
             # gives up on this member.
             rebalance_timeout_ms=int((settings.revoke_timeout + settings.session_timeout) * 1000),
             partition_assignment_strategy=(BlockAssignor,),
-            client_id=f"{settings.group_id}-{who}",
+            client_id=self.process_key,
         )
         self.owned: frozenset[TopicPartition] = frozenset()
         self.rebalances = 0
@@ -198,23 +202,24 @@ class KafkaOwnership:
             or coordinator._rejoin_needed_fut.done()
         )
 
-    async def members(self) -> list[str]:
-        """The member ids of the group now (in any state, a rebalance included)."""
-        _, members = await describe_group(await self._admin_client(), self._settings.group_id)
-        return [member.member_id for member in members]
-
-    async def evict(self, member_id: str) -> bool:
-        """Remove ``member_id`` from the group now; false if it is no longer a member."""
+    async def evict_process(self, process_key: str) -> int:
+        """Remove from the group now every member whose client id is ``process_key`` (in any
+        state, a rebalance included); how many there were."""
         admin = await self._admin_client()
         group = self._settings.group_id
-        node = await admin.find_coordinator(group)
-        response = await admin._send_request(LeaveGroupRequest(group, member_id), node)
-        if response.error_code == 0:
-            return True
-        error = for_code(response.error_code)
-        if error is UnknownMemberIdError:
-            return False
-        raise error()
+        _, members = await describe_group(admin, group)
+        removed = 0
+        for member in members:
+            if member.client_id != process_key:
+                continue
+            node = await admin.find_coordinator(group)
+            response = await admin._send_request(LeaveGroupRequest(group, member.member_id), node)
+            error = for_code(response.error_code)
+            if response.error_code == 0:
+                removed += 1
+            elif error is not UnknownMemberIdError:  # already gone: nothing to do
+                raise error()
+        return removed
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
         """Made at the first check that finds a dead relay; closed by :meth:`stop`."""

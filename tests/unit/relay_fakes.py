@@ -245,7 +245,8 @@ class ManualOwnership:
         self.confirms: Callable[[frozenset[TopicPartition]], bool] = lambda _: True
         self.confirmations: list[frozenset[TopicPartition]] = []
         self.callback_errors: list[Exception] = []
-        #: The group's other members (the test adds them); evict() removes them.
+        #: The processes of the group's other members (the test adds them); evict_process()
+        #: removes them.
         self.others: set[str] = set()
         self.evicted: list[str] = []
         self._ended = asyncio.Event()
@@ -278,15 +279,16 @@ class ManualOwnership:
     def member_id(self) -> str | None:
         return "manual-member" if self.started else None
 
-    async def members(self) -> list[str]:
-        return sorted(self.others | {"manual-member"})
+    @property
+    def process_key(self) -> str:
+        return "manual-process"
 
-    async def evict(self, member_id: str) -> bool:
-        if member_id not in self.others:
-            return False
-        self.others.discard(member_id)
-        self.evicted.append(member_id)
-        return True
+    async def evict_process(self, process_key: str) -> int:
+        if process_key not in self.others:
+            return 0
+        self.others.discard(process_key)
+        self.evicted.append(process_key)
+        return 1
 
     async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
         self.confirmations.append(partitions)

@@ -132,16 +132,17 @@ async def test_revoke_during_retries_returns_without_another_attempt(make: MakeH
 async def test_members_whose_database_session_ended_are_removed_from_the_group(
     make: MakeHarness,
 ) -> None:
-    """The relay announces its own member id, and removes from the group exactly the members
-    whose announcing process's session ended, once each; a live one and one already gone from
-    the group are left alone (the session timeout would otherwise hold every rebalance)."""
+    """The relay announces its own process, before it joins, and removes from the group
+    exactly the members of the processes whose session ended, once each; a live one and one
+    already gone from the group are left alone (the session timeout would otherwise hold every
+    rebalance)."""
     h = await make(departed_check_interval=0.01)
     group = h.settings.group_id
     for member in ["dead", "alive", "left"]:
         await h.storage.announce_member(group, member)
     h.ownership.others = {"dead", "alive"}  # "left" is no longer in Kafka's group
     await h.start()
-    await until(lambda: "manual-member" in h.storage.announced(group), "its own announcement")
+    await until(lambda: "manual-process" in h.storage.announced(group), "its own announcement")
 
     h.storage.end_session(group, "dead")
     h.storage.end_session(group, "left")
@@ -149,6 +150,22 @@ async def test_members_whose_database_session_ended_are_removed_from_the_group(
     await until(lambda: "left" not in h.storage.announced(group), "the departed forgotten")
     assert h.ownership.others == {"alive"}
     assert h.metric("outboxkit_relay_departed_members_removed_total") == 1
+
+
+async def test_the_process_is_announced_before_it_joins(make: MakeHarness) -> None:
+    """A relay killed while its join is pending (after a broker restart, a replacement's whole
+    life) can be removed for it only if it was announced: the announcement comes first."""
+    h = await make(departed_check_interval=0.01)
+    announced_at_join: list[list[str]] = []
+    join = h.ownership.start
+
+    async def start() -> dict[str, int]:
+        announced_at_join.append(h.storage.announced(h.settings.group_id))
+        return await join()
+
+    h.ownership.start = start  # type: ignore[method-assign]
+    await h.start()
+    assert announced_at_join == [["manual-process"]]
 
 
 async def test_a_check_that_fails_is_logged_and_the_relay_goes_on(
