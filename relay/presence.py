@@ -4,8 +4,10 @@ Kafka learns that a consumer-group member died only when its session times out, 
 rebalance waits for it until then. A database learns it at once: the kernel closes a killed
 process's sockets, and the server ends its sessions (PostgreSQL releases their advisory locks,
 MongoDB drops their connections from ``$currentOp``). Each relay keeps a *presence* on the
-database that only its own process can hold, named after its member id; a survivor that finds a
-member's presence gone removes it from the group (:meth:`Relay._remove_departed`).
+database that only its own process can hold, named after the process (its Kafka client id,
+announced before it joins); a survivor that finds a process's presence gone removes its members
+from the group (:meth:`Relay._remove_departed`). The storages call the name a "member id": any
+string the relay announces.
 """
 
 from __future__ import annotations

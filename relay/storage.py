@@ -94,9 +94,10 @@ class OutboxStorage(Protocol):
         """Publish kept (published) records again, after everything pending."""
 
     async def announce_member(self, group: str, member_id: str) -> None:
-        """This process is ``member_id`` of consumer group ``group`` from now on, replacing the
-        member id it announced before, for as long as it keeps its database session. Called
-        again at every check (it also makes sure that session is still there)."""
+        """This process is ``member_id`` of consumer group ``group`` from now on (the relay
+        announces its process key, :attr:`Ownership.process_key`), replacing what it announced
+        before, for as long as it keeps its database session. Called again at every check (it
+        also makes sure that session is still there)."""
 
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         """Members of ``group`` announced by a process whose database session has ended since
