@@ -146,19 +146,8 @@ async def run_scenario(
         return await run_replica_set_scenario(scenario, args, log_dir)
     url = await fresh_database(database, server)
     with KafkaCluster(3, base_dir=log_dir / "kafka") as cluster:
-        async with FailoverRun(
-            url,
-            cluster.bootstrap_servers,
-            log_dir,
-            partitions=args.partitions,
-            relays=args.relays,
-            inboxes=args.inboxes,
-            rate=args.rate,
-        ) as run:
-            await asyncio.sleep(args.steady)
-            await scenario.run(run, cluster)
-            await asyncio.sleep(args.steady)
-            return await run.finish()
+        bootstrap = cluster.bootstrap_servers
+        return await _under_load(scenario, cluster, url, bootstrap, args=args, log_dir=log_dir)
 
 
 async def run_replica_set_scenario(
@@ -176,19 +165,34 @@ async def run_replica_set_scenario(
             await migrate_mongodb(client.get_database("failover"))
         finally:
             await client.close()
-        async with FailoverRun(
-            url,
-            kafka.bootstrap_servers,
-            log_dir,
-            partitions=args.partitions,
-            relays=args.relays,
-            inboxes=args.inboxes,
-            rate=args.rate,
-        ) as run:
-            await asyncio.sleep(args.steady)
-            await scenario.run(run, replica_set)
-            await asyncio.sleep(args.steady)
-            return await run.finish()
+        bootstrap = kafka.bootstrap_servers
+        return await _under_load(scenario, replica_set, url, bootstrap, args=args, log_dir=log_dir)
+
+
+async def _under_load(
+    scenario: Scenario,
+    target: Any,
+    url: str,
+    bootstrap: str,
+    *,
+    args: argparse.Namespace,
+    log_dir: Path,
+) -> Report:
+    """Steady load for ``--steady`` seconds, the scenario's faults on ``target`` (the Kafka
+    cluster or the replica set), steady load again, then the checks."""
+    async with FailoverRun(
+        url,
+        bootstrap,
+        log_dir,
+        partitions=args.partitions,
+        relays=args.relays,
+        inboxes=args.inboxes,
+        rate=args.rate,
+    ) as run:
+        await asyncio.sleep(args.steady)
+        await scenario.run(run, target)
+        await asyncio.sleep(args.steady)
+        return await run.finish()
 
 
 def print_report(database: str, name: str, report: Report, target: float) -> None:
