@@ -3,9 +3,9 @@
 Declare handlers on an :class:`Inbox`; run them with :class:`InboxWorker` (or
 ``outboxkit inbox module:inbox``)."""
 
-import importlib
 import typing
 
+from outboxkit.core import lazy
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.dlq import (
@@ -41,11 +41,7 @@ _BACKENDS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _BACKENDS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy.lazy_exports(__name__, _BACKENDS)
 
 
 __all__ = [

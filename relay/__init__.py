@@ -5,9 +5,9 @@ transaction.
 Worker side: :class:`Relay` publishes the partitions its consumer-group member owns.
 """
 
-import importlib
 import typing
 
+from outboxkit.core import lazy
 from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     EventTooLargeError,
@@ -45,11 +45,7 @@ _BACKENDS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _BACKENDS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy.lazy_exports(__name__, _BACKENDS)
 
 
 __all__ = [
