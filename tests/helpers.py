@@ -30,6 +30,17 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+async def holds_for(
+    seconds: float, check: Callable[[], Awaitable[None]], *, interval: float = 0.25
+) -> None:
+    """Run ``check`` (which asserts) every ``interval`` for ``seconds``: something must *not*
+    happen during a window, so there is no condition to wait for."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        await check()
+        await asyncio.sleep(interval)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the ``outboxkit`` command of this interpreter's installation."""
     return subprocess.run(

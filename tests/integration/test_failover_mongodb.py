@@ -26,6 +26,7 @@ from outboxkit.relay.mongodb.presence import MongoPresence
 from outboxkit.relay.presence import RECONNECT_GRACE
 from tests.failover.harness import FailoverRun
 from tests.failover.mongodb_faults import MONGODB_FAULTS
+from tests.helpers import holds_for
 from tests.integration.conftest import migrate_mongodb_database
 from tests.integration.inbox_app import Payment
 from tests.integration.step_writers import business_counts
@@ -131,10 +132,12 @@ async def test_a_live_relay_is_not_taken_for_dead_after_its_primary_restarted(
         await a.announce("group", "a")  # a relay that (re)joins right after the restart
         # b's process lives, its presence client open; it beats no more (frozen, or its beats
         # failed through the outage): it must not look dead while its connections are back.
-        while time.monotonic() - restarted < RECONNECT_GRACE + 4:
+
+        async def reports_nothing() -> None:
             await a.announce("group", "a")
             assert await a.departed("group", "a") == [], "a live relay was reported departed"
-            await asyncio.sleep(0.25)
+
+        await holds_for(RECONNECT_GRACE + 4 - (time.monotonic() - restarted), reports_nothing)
     finally:
         await a.close()
         await b.close()

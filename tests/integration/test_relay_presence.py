@@ -6,41 +6,23 @@ process dies. Real processes are SIGKILLed here."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from subprocess import Popen
 
 import psycopg
 import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from outboxkit.embedded._process import die_with_parent
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.relay import MongoOutboxStorage, PostgresOutboxStorage, presence
 from outboxkit.relay.exceptions import StorageUnavailableError
 from tests.helpers import wait_for
+from tests.integration.presence_process import announcing_process
 
 GROUP = "outboxkit.relay.test"
 OTHER_GROUP = "outboxkit.relay.other"
-
-#: A relay process, as far as presence goes: it announces itself, says so, and waits to die.
-_ANNOUNCER = """
-import asyncio, sys
-from outboxkit.relay import MongoOutboxStorage, PostgresOutboxStorage
-
-async def main(url, group, member):
-    if url.startswith("mongodb"):
-        storage = MongoOutboxStorage(url, app_name="announcer")
-    else:
-        storage = PostgresOutboxStorage(url, application_name="announcer")
-    async with storage:
-        await storage.announce_member(group, member)
-        print("announced", flush=True)
-        await asyncio.Event().wait()  # until killed
-
-asyncio.run(main(*sys.argv[1:]))
-"""
 
 
 def _storage(url: str, name: str) -> PostgresOutboxStorage | MongoOutboxStorage:
@@ -49,21 +31,9 @@ def _storage(url: str, name: str) -> PostgresOutboxStorage | MongoOutboxStorage:
     return PostgresOutboxStorage(url, application_name=name)
 
 
-@contextlib.contextmanager
-def _announcer(url: str, member: str, group: str = GROUP) -> Iterator[subprocess.Popen[str]]:
+def _announcer(url: str, member: str, group: str = GROUP) -> AbstractContextManager[Popen[str]]:
     """A process that announced ``member``; the test may SIGKILL it (it is killed at the end)."""
-    with subprocess.Popen(
-        [sys.executable, "-c", _ANNOUNCER, url, group, member],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
-    ) as process:
-        try:
-            assert process.stdout is not None
-            assert process.stdout.readline().strip() == "announced"
-            yield process
-        finally:
-            process.kill()
+    return announcing_process(url, group, member)
 
 
 async def _listed(url: str, app_name: str, member: str) -> bool:

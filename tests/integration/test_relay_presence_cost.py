@@ -6,56 +6,25 @@ mongod, with a real relay-like process frozen (SIGSTOP) and then SIGKILLed.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
+from subprocess import Popen
 
 import pytest
 
-from outboxkit.embedded._process import die_with_parent
 from outboxkit.relay import MongoOutboxStorage
 from outboxkit.relay.mongodb.presence import MongoPresence
-from tests.helpers import wait_for
+from tests.helpers import holds_for, wait_for
+from tests.integration.presence_process import announcing_process
 
 GROUP = "outboxkit.relay.cost"
 
-#: A relay as far as presence goes: it announces itself every half second, as relays do at each
-#: check, until it is frozen or killed.
-_BEATING = """
-import asyncio, sys
-from outboxkit.relay import MongoOutboxStorage
 
-async def main(url, group, member):
-    async with MongoOutboxStorage(url, app_name="beating") as storage:
-        await storage.announce_member(group, member)
-        print("announced", flush=True)
-        while True:
-            await asyncio.sleep(0.5)
-            await storage.announce_member(group, member)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
-@contextlib.contextmanager
-def _beating(url: str, member: str) -> Iterator[subprocess.Popen[str]]:
-    with subprocess.Popen(
-        [sys.executable, "-c", _BEATING, url, GROUP, member],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
-    ) as process:
-        try:
-            assert process.stdout is not None
-            assert process.stdout.readline().strip() == "announced"
-            yield process
-        finally:
-            process.kill()
+def _beating(url: str, member: str) -> AbstractContextManager[Popen[str]]:
+    """A relay as far as presence goes: it announces itself every half second, as relays do at
+    each check, until it is frozen or killed."""
+    return announcing_process(url, GROUP, member, app_name="beating", beat_every=0.5)
 
 
 async def test_connections_are_walked_only_for_a_member_whose_heartbeat_stopped(
@@ -83,7 +52,10 @@ async def test_connections_are_walked_only_for_a_member_whose_heartbeat_stopped(
                 await a.announce_member(GROUP, "member-a")
                 return await a.departed_members(GROUP, "member-a")
 
-            await _checks_for(4.0, check)  # past STALE_AFTER (2.5 s) since A's first beat
+            async def reports_nothing() -> None:
+                assert await check() == []
+
+            await holds_for(4.0, reports_nothing)  # past STALE_AFTER (2.5 s) since A's first beat
             assert walks == 0, "a beating member is never looked for among the connections"
 
             os.kill(other.pid, signal.SIGSTOP)
@@ -94,7 +66,7 @@ async def test_connections_are_walked_only_for_a_member_whose_heartbeat_stopped(
 
             await wait_for(suspected, within=10, what="the frozen relay a suspect")
             frozen_walks = walks
-            await _checks_for(2.0, check)  # "a frozen relay's connections are open"
+            await holds_for(2.0, reports_nothing)  # "a frozen relay's connections are open"
             assert walks > frozen_walks
 
             other.kill()
@@ -108,11 +80,3 @@ async def test_connections_are_walked_only_for_a_member_whose_heartbeat_stopped(
             await wait_for(reported, within=8, what="the killed relay reported")
             assert departed == ["member-p"]
             assert await check() == [], "once"
-
-
-async def _checks_for(seconds: float, check: Callable[[], Awaitable[list[str]]]) -> None:
-    """Check every 0.25 s (the relay checks every second) for ``seconds``: none reports."""
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        assert await check() == []
-        await asyncio.sleep(0.25)
