@@ -7,8 +7,6 @@ extra. Under ``spark-submit`` the same command runs through ``outboxkit/pipeline
 from __future__ import annotations
 
 import importlib
-import signal
-import threading
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +15,7 @@ from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import load_settings
 from outboxkit.pipeline.exceptions import PipelineError
 from outboxkit.pipeline.settings import PipelineSettings
+from outboxkit.pipeline.stopping import stop_on_signals
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -123,9 +122,7 @@ def run(
         pipeline = load_job(settings.pipeline_job, settings)
     except PipelineError as exc:
         raise _fail(EXIT_CONFIG, exc) from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals(settings.pipeline_stop_grace.total_seconds())
     try:
         report = run_pipeline(pipeline, settings, stop=stop)
     except PipelineError as exc:

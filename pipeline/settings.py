@@ -70,6 +70,12 @@ class PipelineSettings(KafkaConnectionSettings):
         default="earliest",
         description="Where a new checkpoint starts reading (ignored when resuming one)",
     )
+    pipeline_stop_grace: Duration = Field(
+        default=timedelta(seconds=25),
+        description="How long `outboxkit pipeline run` lets the running micro-batch finish "
+        "after SIGTERM/SIGINT before it exits anyway (the batch re-runs at the next start); "
+        "keep it below the supervisor's own kill timeout (Kubernetes 30 s, systemd 90 s)",
+    )
     pipeline_max_offsets_per_trigger: int | None = Field(
         default=None, ge=1, description="At most this many records per micro-batch"
     )
@@ -102,7 +108,7 @@ class PipelineSettings(KafkaConnectionSettings):
             raise ValueError("the pipeline's PostgreSQL sinks need postgresql://…")
         return value
 
-    @field_validator("pipeline_watermark")
+    @field_validator("pipeline_watermark", "pipeline_stop_grace")
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):

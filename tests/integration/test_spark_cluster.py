@@ -310,7 +310,10 @@ async def test_the_pipeline_survives_a_lost_worker_and_a_lost_broker(
             lambda: orders_counted(pg_url) >= len(events), "every order counted", process, log
         )
         os.killpg(process.pid, signal.SIGTERM)
-        returncode = await asyncio.to_thread(process.wait, 60)
+        try:  # the driver's own stop grace is 25 s (OUTBOXKIT_PIPELINE_STOP_GRACE)
+            returncode = await asyncio.to_thread(process.wait, 60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 60 s after SIGTERM:\n{log.read_text()[-5000:]}")
     output = log.read_text(errors="replace")
     assert returncode == 0, output[-3000:]
     assert "a local path on a cluster" in output  # the lake and checkpoints: plain paths

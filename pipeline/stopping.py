@@ -1,0 +1,61 @@
+"""A stop that ends: SIGTERM/SIGINT ask the query to stop, and the process exits anyway once
+``pipeline_stop_grace`` has passed.
+
+A stop waits for the running micro-batch, and Spark runs a Kafka offset lookup on an
+uninterruptible thread: after a broker loss one lookup can take its whole patience (see
+``ADMIN_PATIENCE`` in job.py). A supervisor kills a process that overstays (Kubernetes after
+30 s, systemd after 90 s) and logs nothing about why. Exiting on our own, before that, says what
+was still running. Safe at any point: a batch not committed in the checkpoint is re-run at the
+next start, and the sinks skip what they already wrote.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+from contextlib import suppress
+
+import structlog
+
+logger = structlog.get_logger("outboxkit.pipeline")
+
+
+def stop_on_signals(grace_seconds: float) -> threading.Event:
+    """An event set by SIGTERM or SIGINT; from then on, the process has ``grace_seconds``."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(
+        target=_exit_after_grace, args=(stop, grace_seconds), name="stop-grace", daemon=True
+    ).start()
+    return stop
+
+
+def _exit_after_grace(stop: threading.Event, grace_seconds: float) -> None:
+    stop.wait()
+    threading.Event().wait(grace_seconds)
+    logger.warning(
+        "stop did not finish in time; exiting (a batch not committed re-runs at the next "
+        "start). Python's threads follow, and Spark's JVM prints its own",
+        grace_seconds=grace_seconds,
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    _jvm_thread_dump()
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _jvm_thread_dump() -> None:
+    """SIGQUIT makes the JVM print every thread's stack to its stdout (ours) and go on."""
+    from pyspark import SparkContext  # noqa: PLC0415
+
+    # The gateway's process is private to pyspark; a dump is a diagnostic, so best effort.
+    process = getattr(SparkContext._gateway, "proc", None)
+    if process is not None and process.poll() is None:
+        with suppress(OSError):
+            os.kill(process.pid, signal.SIGQUIT)
+            threading.Event().wait(1)  # the dump is written by the JVM, asynchronously
