@@ -3,7 +3,7 @@
 A file holds blocks that start with a ``-- name --`` line; the comments inside a block explain
 locks and indexes to the reader and are dropped from the query sent::
 
-    -- next_batch --
+    -- settle_and_claim --
     -- The head of one partition: an index range scan on outbox_pending_idx.
     SELECT …
 """

@@ -12,7 +12,7 @@ a record being parked later.
 
 And what the relay holds: a claim reads records of a partition only while those before them
 come to less than its share of ``max_claim_bytes`` (:func:`record_bytes`; the storages'
-``next_batch``).
+``settle_and_claim``).
 """
 
 from __future__ import annotations

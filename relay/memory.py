@@ -86,7 +86,7 @@ class InMemoryOutboxStorage:
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         self._topics.update(partitions)
 
-    async def next_batch(
+    async def settle_and_claim(
         self,
         tps: Collection[TopicPartition],
         limit: int,

@@ -41,7 +41,7 @@ class OutboxStorage(Protocol):
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         """Record each topic's partition count; writers fix a row's partition with it."""
 
-    async def next_batch(
+    async def settle_and_claim(
         self,
         tps: Collection[TopicPartition],
         limit: int,

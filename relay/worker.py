@@ -1,10 +1,10 @@
 """One block's publishing loop (the block: :mod:`outboxkit.relay.blocks`).
 
     cycle:
-        settle the last batch, read the heads of the partitions   (storage.next_batch, 1 call)
+        settle the last batch, read the heads of the partitions   (storage.settle_and_claim, 1 call)
         up to claim_depth records per key, as batches by depth    (by_depth)
         for each batch: one record per key                        (per-key barrier, G2)
-            settle the batch before (from the second on)          (storage.next_batch, settle only)
+            settle the batch before (from the second on)          (settle_and_claim, settle only)
             publish it: one Kafka transaction                     (publisher.publish)
 
 Settling a batch (deleting it, or marking it published) shares the next cycle's statement: it
@@ -331,7 +331,7 @@ class BlockWorker:
         share = max(1, ctx.settings.max_claim_bytes // max(1, len(look)))
         try:
             with self._stage("claim"):
-                records = await ctx.storage.next_batch(
+                records = await ctx.storage.settle_and_claim(
                     look,
                     limit,
                     published=finished,
@@ -368,7 +368,7 @@ class BlockWorker:
         finished, self._finished = self._finished, []
         try:
             with self._stage("settle"):
-                await self.ctx.storage.next_batch(
+                await self.ctx.storage.settle_and_claim(
                     (), 1, published=finished, keep=self.ctx.settings.retention is not None
                 )
         except BaseException:

@@ -339,7 +339,7 @@ def report_slow_statements(log: Path, limit: int = 40) -> None:
     relay = [i for i in starts if "outboxkit.outbox o" in "\n".join(lines[i : i + 4])]
     say(
         f"\nauto_explain: {len(starts)} statement(s) slower than 1 s, {len(relay)} of them the "
-        "relay's claim (next_batch)"
+        "relay's claim (settle_and_claim)"
     )
     for i in relay[:1]:
         say("  " + lines[i][:160])

@@ -282,7 +282,7 @@ async def load_backlog(conn: psycopg.AsyncConnection[Any], table: str, rows: int
 
 
 def claim_query(table: str = "outboxkit.outbox") -> LiteralString:
-    return q(QUERIES["next_batch"].replace("outboxkit.outbox", table))
+    return q(QUERIES["settle_and_claim"].replace("outboxkit.outbox", table))
 
 
 def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Phase ``claims``: the database cost per published record of three ways to claim.
 
-On a scratch copy of ``outboxkit.outbox`` (same indexes, autovacuum off) holding the backlog
-rows, one connection drains it in batches with a fake publish per batch: (i) ours, as the relay
-does it: ``next_batch`` (the real statement: settle the previous batch, read the heads of every
-partition, one row per key) — and (i') the same without the per-key barrier; (ii) goharvest's
-mark-purge; (iii) ``FOR UPDATE SKIP LOCKED`` + DELETE in one transaction per batch. WAL bytes,
-WAL records and full-page images, dead tuples, size, and the WAL of the VACUUM that cleans up.
+On a scratch copy of ``outboxkit.outbox`` (same indexes, autovacuum off) holding the backlog rows,
+one connection drains it in batches with a fake publish per batch: (i) ours, as the relay does it:
+``settle_and_claim`` (the real statement: settle the previous batch, read the heads of every
+partition, one row per key) — and (i') the same without the per-key barrier; (ii) goharvest's mark-
+purge; (iii) ``FOR UPDATE SKIP LOCKED`` + DELETE in one transaction per batch. WAL bytes, WAL
+records and full-page images, dead tuples, size, and the WAL of the VACUUM that cleans up.
 PostgreSQL only.
 """
 
@@ -179,7 +179,11 @@ async def phase_claims(ctx: Ctx) -> None:
     rows = args.claim_rows
     publish = args.claim_publish_ms / 1000
     strategies: list[tuple[str, Strategy, bool]] = [
-        ("(i) ours: next_batch (settle + heads, per-key barrier)", _ours(args.partitions), False),
+        (
+            "(i) ours: settle_and_claim (settle + heads, per-key barrier)",
+            _ours(args.partitions),
+            False,
+        ),
         ("(i') head + DELETE, no per-key barrier", _whole_batch(args.partitions), False),
         ("(ii) mark-purge (goharvest)", _mark_purge, True),
         ("(iii) FOR UPDATE SKIP LOCKED + DELETE", _lock_based, False),

@@ -197,7 +197,7 @@ class OutboxkitHarness:
         pending = [record for record, state in outbox.rows if state == "pending"]
         for record in pending:
             self._memory_log.append(_published(record))
-        await outbox.next_batch((), 0, published=pending, keep=False)
+        await outbox.settle_and_claim((), 0, published=pending, keep=False)
 
     # -- reading back --------------------------------------------------------------------------
 

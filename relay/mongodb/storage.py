@@ -159,7 +159,7 @@ class MongoOutboxStorage(MongoConnection):
             )
         )
 
-    async def next_batch(
+    async def settle_and_claim(
         self,
         tps: Collection[TopicPartition],
         limit: int,
@@ -334,7 +334,8 @@ class MongoOutboxStorage(MongoConnection):
         ]
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
-        """Delete ``records``, or with ``keep`` mark them published (``next_batch`` settles)."""
+        """Delete ``records``, or with ``keep`` mark them published (as ``settle_and_claim``
+        settles)."""
         if not records:
             return
         ids = [r.id for r in records]

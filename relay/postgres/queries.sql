@@ -20,7 +20,7 @@ SELECT t.topic, (%(key_hash)s::integer & 2147483647) %% t.partitions, %(key)s, %
 FROM outboxkit.topics t
 WHERE t.topic = %(topic)s
 
--- next_batch --
+-- settle_and_claim --
 -- One statement per relay cycle: settle what Kafka has accepted (%(published)s): delete it, or
 -- with a retention (%(keep)s) mark it published and keep it for replay; then read the
 -- head of every partition in (%(topics)s, %(partitions)s), oldest first: the oldest records of

@@ -35,17 +35,17 @@ logger = logging.getLogger(__name__)
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 CHANNEL = "outboxkit_outbox"
 
-#: next_batch reads a window of a partition's first pending rows, twice as many as it may return
-#: and at least _SCAN_EXTRA more: with repeated keys near the head, a wider window still fills
-#: the batch with distinct keys. Reading rows costs most of the statement's time (heap visits):
-#: with 1000 keys over 6 partitions, twice the batch of 500 already finds every key of a
-#: partition, and a wider one only adds reads (docs/relay.md, "Drain with few keys"); a small batch
-#: still looks _SCAN_EXTRA rows past itself.
+#: settle_and_claim reads a window of a partition's first pending rows, twice as many as it may
+#: return and at least _SCAN_EXTRA more: with repeated keys near the head, a wider window still
+#: fills the batch with distinct keys. Reading rows costs most of the statement's time (heap
+#: visits): with 1000 keys over 6 partitions, twice the batch of 500 already finds every key of a
+#: partition, and a wider one only adds reads (docs/relay.md, "Drain with few keys"); a small
+#: batch still looks _SCAN_EXTRA rows past itself.
 _SCAN_FACTOR = 2
 _SCAN_EXTRA = 150
 
-#: With at least _SPLIT_AFTER records to settle (a backlog), next_batch reads the partitions in
-#: _CLAIM_STATEMENTS concurrent statements: one statement runs on one server core, and while the
+#: With at least _SPLIT_AFTER records to settle (a backlog), settle_and_claim reads the partitions
+#: in _CLAIM_STATEMENTS concurrent statements: one statement runs on one server core, and while the
 #: relay claims, Kafka and the relay wait. Fewer records: one statement (less CPU per cycle).
 _CLAIM_STATEMENTS = 2
 _SPLIT_AFTER = 200
@@ -83,7 +83,8 @@ class PostgresOutboxStorage(PooledStore):
             name="outboxkit-relay",
             application_name=application_name,
             # The claim's best plan depends on how full the outbox is; a generic plan cached
-            # while it was empty ran for minutes on the first backlog (queries.sql, next_batch).
+            # while it was empty ran for minutes on the first backlog (queries.sql,
+            # settle_and_claim).
             custom_plans=True,
         )
 
@@ -111,7 +112,7 @@ class PostgresOutboxStorage(PooledStore):
                 [{"topic": t, "partitions": n} for t, n in sorted(partitions.items())],
             )
 
-    async def next_batch(
+    async def settle_and_claim(
         self,
         tps: Collection[TopicPartition],
         limit: int,
@@ -186,7 +187,7 @@ class PostgresOutboxStorage(PooledStore):
         }
         # Rows come back in binary: the headers' arrays, the uuid and the timestamp load with
         # less of the relay's CPU than from text (docs/relay.md, "Drain with few keys").
-        return await self._fetch("next_batch", params, binary=True)
+        return await self._fetch("settle_and_claim", params, binary=True)
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
         await self._execute(

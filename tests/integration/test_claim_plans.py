@@ -54,7 +54,7 @@ async def test_postgresql_head_read_is_an_index_range_scan(pg_url: str) -> None:
             (TOPIC, HEAD),
         )
         await conn.execute("ANALYZE outboxkit.outbox")
-        query = _QUERIES["next_batch"]
+        query = _QUERIES["settle_and_claim"]
         params = {
             "published": [],
             "topics": [TOPIC],
@@ -128,7 +128,7 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
                 },
                 verbosity="executionStats",
             )
-            records = await storage.next_batch([TP0], LIMIT, depth=4)
+            records = await storage.settle_and_claim([TP0], LIMIT, depth=4)
             where, fields = storage.older_pending_query(TP0, {b"h1": AROUND + 5, b"h3": AROUND + 9})
             checked = await storage.outbox.find(where, fields, hint="outbox_head_idx").explain()
     finally:

@@ -153,7 +153,7 @@ async def test_outbox_pending_and_failed_print_hostile_data_escaped(db_url: str)
     steps = [Step.model_construct(topic=topic, key=k, entity=k, seq=0) for k in "ab"]
     await _write(db_url, *steps)
     async with _storage(db_url) as storage:
-        [first, _] = await storage.next_batch([TopicPartition(topic, 0)], 10)
+        [first, _] = await storage.settle_and_claim([TopicPartition(topic, 0)], 10)
         await storage.record_failure(first, f"refused{HOSTILE}\nerror: forged", give_up=True)
     env = {"OUTBOXKIT_DATABASE_URL": db_url}
 

@@ -67,10 +67,10 @@ async def test_an_event_the_relay_could_never_publish_is_refused_in_the_transact
 
     with pytest.raises(EventTooLargeError, match=message):
         await write()
-    assert await storage.next_batch([TP0], 10) == [], "the whole transaction rolled back"
+    assert await storage.settle_and_claim([TP0], 10) == [], "the whole transaction rolled back"
     async with tx.transaction() as t:  # the largest that fits is accepted
         await tx.outbox.add(t, Blob(entity="k" * MAX_KEY_BYTES, blob="x" * 900_000))
-    [record] = await storage.next_batch([TP0], 10)
+    [record] = await storage.settle_and_claim([TP0], 10)
     assert len(record.key) == MAX_KEY_BYTES
 
 
@@ -107,7 +107,7 @@ async def test_parked_keys_over_16_mb_do_not_stop_the_mongodb_head_read(
             await outbox.insert_many(parked[start : start + 500])
         await outbox.insert_many(fine)
         async with MongoOutboxStorage(url) as storage:
-            found = await storage.next_batch([TP0], 50)
+            found = await storage.settle_and_claim([TP0], 50)
     finally:
         await client.close()
     assert sorted(r.key for r in found) == sorted(r["key"] for r in fine)
@@ -131,7 +131,7 @@ async def test_a_mongodb_writer_works_with_the_callers_default_client(
                     await outbox.add(s, event)
 
                 await session.with_transaction(write)
-            [record] = await storage.next_batch([TP0], 10)
+            [record] = await storage.settle_and_claim([TP0], 10)
     finally:
         await client.close()
     assert record.event_id == event.id

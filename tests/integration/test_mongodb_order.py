@@ -125,7 +125,7 @@ async def test_a_transaction_committing_during_the_head_read_is_never_published_
                         session, [Step(entity=entity, seq=i) for i in range(1, RECORDS)]
                     )
                     read = asyncio.create_task(
-                        storage.next_batch([TP0], (ALONGSIDE + 1) * RECORDS, depth=1)
+                        storage.settle_and_claim([TP0], (ALONGSIDE + 1) * RECORDS, depth=1)
                     )
                     await wait_for(
                         lambda: _head_read_running(client, namespace),

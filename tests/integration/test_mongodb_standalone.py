@@ -94,7 +94,7 @@ async def test_a_relay_in_code_fails_every_claim(standalone_url: str) -> None:
     async with MongoOutboxStorage(standalone_url, connect_timeout=2) as storage:
         for _ in range(2):  # not a passing state: the next claim meets the same refusal
             with pytest.raises(OperationFailure, match=SNAPSHOT_REFUSED) as refused:
-                await storage.next_batch([TopicPartition("orders", 0)], 10)
+                await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
     # Not a retriable outage: the partition worker fails (and is restarted with backoff).
     assert not isinstance(refused.value, RETRIABLE)
 

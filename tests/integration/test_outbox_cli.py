@@ -39,7 +39,7 @@ async def test_pending_failed_retry_skip(db_url: str) -> None:
     assert (row["topic"], row["partition"], row["pending"], row["failed"]) == ("orders", 0, 2, 0)
 
     async with _storage(db_url) as storage:
-        [first, _] = await storage.next_batch([TopicPartition("orders", 0)], 10)
+        [first, _] = await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
         await storage.record_failure(first, "MessageSizeTooLargeError: too big", give_up=True)
 
     failed = run_cli("outbox", "failed", env=env)
@@ -48,7 +48,7 @@ async def test_pending_failed_retry_skip(db_url: str) -> None:
 
     assert run_cli("outbox", "retry", str(bad.id), env=env).stdout.strip() == "retrying 1 record(s)"
     async with _storage(db_url) as storage:
-        [first, _] = await storage.next_batch([TopicPartition("orders", 0)], 10)
+        [first, _] = await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
         await storage.record_failure(first, "again", give_up=True)
     skipped = run_cli("outbox", "skip", str(bad.id), "--json", env=env)
     assert json.loads(skipped.stdout) == {"action": "skip_failed", "records": 1}
@@ -74,12 +74,12 @@ async def test_replay_republishes_a_kept_record(db_url: str) -> None:
     event = Step(topic="orders", entity="a", seq=0)
     await _write(db_url, event)
     async with _storage(db_url) as storage:
-        [record] = await storage.next_batch([TopicPartition("orders", 0)], 10)
-        await storage.next_batch([], 10, published=[record], keep=True)
-        assert await storage.next_batch([TopicPartition("orders", 0)], 10) == []
+        [record] = await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
+        await storage.settle_and_claim([], 10, published=[record], keep=True)
+        assert await storage.settle_and_claim([TopicPartition("orders", 0)], 10) == []
     result = run_cli("outbox", "replay", str(event.id), env={"OUTBOXKIT_DATABASE_URL": db_url})
     assert result.stdout.strip() == "replaying 1 record(s)"
     async with _storage(db_url) as storage:
-        [again] = await storage.next_batch([TopicPartition("orders", 0)], 10)
+        [again] = await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
     assert again.event_id == event.id
     assert again.id != record.id

@@ -39,7 +39,7 @@ def _sql(text: str) -> LiteralString:
 def _prepared_claim() -> LiteralString:
     """The claim with positional parameters, for PREPARE."""
     return (
-        QUERIES["next_batch"]
+        QUERIES["settle_and_claim"]
         .replace("%(published)s", "$1")
         .replace("%(topics)s", "$2")
         .replace("%(partitions)s", "$3")
@@ -103,7 +103,7 @@ async def test_the_claim_reads_partitions_through_the_pending_index_whatever_the
 
     # And it still reads what it should: the head of each partition, one record per key.
     async with PostgresOutboxStorage(pg_url) as storage:
-        heads = await storage.next_batch([TopicPartition("orders", p) for p in range(6)], 50)
+        heads = await storage.settle_and_claim([TopicPartition("orders", p) for p in range(6)], 50)
     assert {r.partition for r in heads} == {0}
     assert len({r.key for r in heads}) == len(heads) == 50
 
@@ -135,10 +135,10 @@ async def test_the_first_read_after_a_backlog_arrives_is_fast_though_relays_poll
     tps = [TopicPartition("orders", p) for p in range(PARTITIONS)]
     async with PostgresOutboxStorage(pg_url, pool_size=1) as storage:
         for _ in range(12):  # idle relays poll an empty outbox (psycopg prepares after 5)
-            assert await storage.next_batch(tps, 500) == []
+            assert await storage.settle_and_claim(tps, 500) == []
         await _load_backlog(pg_url)
         began = time.monotonic()
-        heads = await asyncio.wait_for(storage.next_batch(tps, 500), 25)
+        heads = await asyncio.wait_for(storage.settle_and_claim(tps, 500), 25)
         took = time.monotonic() - began
     assert len(heads) == PARTITIONS * 500
     assert took < 3.0, f"the first read after the backlog took {took:.1f} s"

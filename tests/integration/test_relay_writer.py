@@ -85,8 +85,8 @@ async def test_a_writer_open_across_the_idle_declaration_is_waited_for(pg_url: s
         await writer.execute("SELECT 1")  # opens the writer's transaction
         await PostgresOutbox(source="urn:test").add(writer, Step(topic="orders", entity="a", seq=0))
         await storage.set_waiting([tp], True)  # the writer's transaction is still open
-        assert await storage.next_batch([tp], 10) == []
+        assert await storage.settle_and_claim([tp], 10) == []
         assert not await storage.writers_settled([tp])
         await writer.commit()
         assert await storage.writers_settled([tp])
-        assert len(await storage.next_batch([tp], 10)) == 1
+        assert len(await storage.settle_and_claim([tp], 10)) == 1

@@ -334,7 +334,7 @@ class SpyStorage(InMemoryOutboxStorage):
         self.waiting_calls: list[tuple[TopicPartition, bool]] = []
         self.fetches: list[Fetch] = []
         self.fetch_errors: deque[BaseException] = deque()
-        #: next_batch calls (1-based) that fail, settling or not (odd: after settling).
+        #: settle_and_claim calls (1-based) that fail, settling or not (odd: after settling).
         self.fail_calls: set[int] = set()
         self.calls = 0
         self.register_errors: deque[BaseException | None] = deque()
@@ -361,7 +361,7 @@ class SpyStorage(InMemoryOutboxStorage):
             raise error
         await super().register_topics(partitions)
 
-    async def next_batch(
+    async def settle_and_claim(
         self,
         tps: Collection[TopicPartition],
         limit: int,
@@ -375,11 +375,11 @@ class SpyStorage(InMemoryOutboxStorage):
         if self.calls in self.fail_calls:
             # Half of them as a lost answer: the statement settled, the relay cannot know.
             if self.calls % 2:
-                await super().next_batch((), 1, published=published, keep=keep)
+                await super().settle_and_claim((), 1, published=published, keep=keep)
             raise StorageUnavailableError(f"call {self.calls} failed (fake)")
         if self.fetch_errors:
             raise self.fetch_errors.popleft()
-        found = await super().next_batch(
+        found = await super().settle_and_claim(
             tps, limit, published=published, keep=keep, depth=depth, max_bytes=max_bytes
         )
         for tp in sorted(tps, key=lambda t: t.partition):

@@ -15,7 +15,7 @@ fresh, empty database of your backend per test (docs/testing.md, "Proving your o
     class TestMyRelayOrder(RelayOrderContract): ...
     class TestMyInboxStore(InboxStoreContract): ...
 
-- :class:`RelayStorageContract` (fixture ``relay_backend``): ``next_batch`` (heads, depth,
+- :class:`RelayStorageContract` (fixture ``relay_backend``): ``settle_and_claim`` (heads, depth,
   settling, the bound in bytes), failed records, retention, replay, backlog, the writer's
   checks, wake-ups (G3, G5, G8);
 - :class:`RelayOrderContract` (fixture ``relay_backend``): each key published in its commit

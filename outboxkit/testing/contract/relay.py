@@ -105,10 +105,10 @@ class RelayStorageContract:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
         await write(tx, Step(entity=C, seq=0), Step(entity=B, seq=1))
-        head = first_per_key(await storage.next_batch([TP0], 10))
+        head = first_per_key(await storage.settle_and_claim([TP0], 10))
         assert seqs(head) == [(A, 0), (B, 0), (C, 0)]
-        assert seqs(first_per_key(await storage.next_batch([TP0], 2))) == [(A, 0), (B, 0)]
-        assert await storage.next_batch([TP1], 10) == []
+        assert seqs(first_per_key(await storage.settle_and_claim([TP0], 2))) == [(A, 0), (B, 0)]
+        assert await storage.settle_and_claim([TP1], 10) == []
 
     async def test_with_depth_each_key_comes_with_its_oldest_records_none_skipped(
         self, relay: Relay
@@ -120,7 +120,7 @@ class RelayStorageContract:
         storage, _, tx = relay
         await write(tx, *(Step(entity=A, seq=i) for i in range(5)))
         await write(tx, Step(entity=B, seq=0), Step(entity=C, seq=0), Step(entity=B, seq=1))
-        found = await storage.next_batch([TP0], 2, depth=3)
+        found = await storage.settle_and_claim([TP0], 2, depth=3)
         of_key: dict[str, list[int]] = {}
         for entity, seq in seqs(found):
             of_key.setdefault(entity, []).append(seq)
@@ -132,22 +132,22 @@ class RelayStorageContract:
         storage, _, tx = relay
         await write(tx, *(Step(entity=A, seq=i) for i in range(30)))
         await write(tx, Step(entity=B, seq=0))
-        head = first_per_key(await storage.next_batch([TP0], 10))
+        head = first_per_key(await storage.settle_and_claim([TP0], 10))
         assert seqs(head)[0] == (A, 0)
         assert (B, 0) in seqs(head), "a key behind a long run of another must still be read"
 
     async def test_one_call_settles_the_last_batch_and_reads_its_keys_next_records(
         self, relay: Relay
     ) -> None:
-        """next_batch: what Kafka accepted is settled (durably) before the heads are read, so
+        """settle_and_claim: what Kafka accepted is settled (durably) before the heads are read, so
         the same call returns each settled key's next record and never a settled one."""
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=A, seq=1))
-        first = first_per_key(await storage.next_batch([TP0], 10))
+        first = first_per_key(await storage.settle_and_claim([TP0], 10))
         assert seqs(first) == [(A, 0), (B, 0)]
-        second = await storage.next_batch([TP0], 10, published=first)
+        second = await storage.settle_and_claim([TP0], 10, published=first)
         assert seqs(second) == [(A, 1)]
-        assert await storage.next_batch([TP0], 10, published=second) == []
+        assert await storage.settle_and_claim([TP0], 10, published=second) == []
         assert await storage.backlog() == []
 
     async def test_several_partitions_are_read_at_once_limit_per_partition(
@@ -157,10 +157,10 @@ class RelayStorageContract:
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=C, seq=0))
         await write(tx, Step(entity=D, seq=0))
         both = [TP0, TP1]
-        heads = first_per_key(await storage.next_batch(both, 2))
+        heads = first_per_key(await storage.settle_and_claim(both, 2))
         assert sorted(seqs(heads)) == sorted([(A, 0), (B, 0), (D, 0)])
-        assert await storage.next_batch([], 2, published=heads) == []  # settle only
-        assert seqs(await storage.next_batch(both, 2)) == [(C, 0)]
+        assert await storage.settle_and_claim([], 2, published=heads) == []  # settle only
+        assert seqs(await storage.settle_and_claim(both, 2)) == [(C, 0)]
 
     async def test_a_rolled_back_transaction_leaves_nothing(self, relay: Relay) -> None:
         storage, _, tx = relay
@@ -168,7 +168,7 @@ class RelayStorageContract:
             async with tx.transaction() as t:
                 await tx.outbox.add(t, Step(entity=A, seq=0))
                 raise RuntimeError("roll back")
-        assert await storage.next_batch([TP0], 10) == []
+        assert await storage.settle_and_claim([TP0], 10) == []
 
     async def test_a_late_commit_is_read_from_the_head_g3(self, relay: Relay) -> None:
         """G3: a transaction that began first and commits last is still published."""
@@ -176,10 +176,10 @@ class RelayStorageContract:
         async with tx.transaction() as late:
             await tx.outbox.add(late, Step(entity=A, seq=0))
             await write(tx, Step(entity=B, seq=0))
-            assert seqs(await storage.next_batch([TP0], 10)) == [(B, 0)]
-            [published] = await storage.next_batch([TP0], 10)
-            await storage.next_batch([], 1, published=[published], keep=False)
-        assert seqs(await storage.next_batch([TP0], 10)) == [(A, 0)]
+            assert seqs(await storage.settle_and_claim([TP0], 10)) == [(B, 0)]
+            [published] = await storage.settle_and_claim([TP0], 10)
+            await storage.settle_and_claim([], 1, published=[published], keep=False)
+        assert seqs(await storage.settle_and_claim([TP0], 10)) == [(A, 0)]
 
     async def test_a_keys_records_follow_commit_order(self, relay: Relay) -> None:
         """Two transactions on one key, the second to begin committing first: its event is
@@ -188,10 +188,10 @@ class RelayStorageContract:
         async with tx.transaction() as first_begun:
             await write(tx, Step(entity=A, seq=0))  # begun second, committed first
             await tx.outbox.add(first_begun, Step(entity=A, seq=1))
-        records = await storage.next_batch([TP0], 10)
+        records = await storage.settle_and_claim([TP0], 10)
         assert seqs(records[:1]) == [(A, 0)]
-        await storage.next_batch([], 1, published=records[:1], keep=False)
-        assert seqs(await storage.next_batch([TP0], 10)) == [(A, 1)]
+        await storage.settle_and_claim([], 1, published=records[:1], keep=False)
+        assert seqs(await storage.settle_and_claim([TP0], 10)) == [(A, 1)]
 
     async def test_concurrent_transactions_on_one_key_serialise_in_commit_order(
         self, relay: Relay, relay_backend: RelayBackend
@@ -224,33 +224,33 @@ class RelayStorageContract:
         assert not contender.done(), "a second writer of the key committed before the first"
         release.set()
         await asyncio.gather(holder, contender)
-        records = await storage.next_batch([TP0], 10)
+        records = await storage.settle_and_claim([TP0], 10)
         assert seqs(records[:1]) == [(A, 0)]
-        await storage.next_batch([], 1, published=records[:1], keep=False)
-        assert seqs(await storage.next_batch([TP0], 10)) == [(A, 1)]
+        await storage.settle_and_claim([], 1, published=records[:1], keep=False)
+        assert seqs(await storage.settle_and_claim([TP0], 10)) == [(A, 1)]
 
     async def test_a_failed_record_blocks_its_key_until_retried_or_skipped(
         self, relay: Relay
     ) -> None:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=A, seq=1), Step(entity=B, seq=0))
-        a0, _b0 = await storage.next_batch([TP0], 10)
+        a0, _b0 = await storage.settle_and_claim([TP0], 10)
         await storage.record_failure(a0, "too large", give_up=False)
-        [again, _] = await storage.next_batch([TP0], 10)
+        [again, _] = await storage.settle_and_claim([TP0], 10)
         assert again.attempts == 1
         assert seqs([again]) == [(A, 0)]
         await storage.record_failure(again, "too large", give_up=True)
-        assert seqs(await storage.next_batch([TP0], 10)) == [(B, 0)]
+        assert seqs(await storage.settle_and_claim([TP0], 10)) == [(B, 0)]
         [failed] = await storage.list_records("failed", 10)
         assert failed.event_id == a0.event_id
         assert failed.last_error == "too large"
         assert failed.attempts == 2
         assert await storage.retry_failed([a0.event_id]) == 1
-        assert seqs(first_per_key(await storage.next_batch([TP0], 10))) == [(A, 0), (B, 0)]
-        [retried, _] = await storage.next_batch([TP0], 10)
+        assert seqs(first_per_key(await storage.settle_and_claim([TP0], 10))) == [(A, 0), (B, 0)]
+        [retried, _] = await storage.settle_and_claim([TP0], 10)
         await storage.record_failure(retried, "still too large", give_up=True)
         assert await storage.skip_failed([a0.event_id]) == 1
-        assert seqs(first_per_key(await storage.next_batch([TP0], 10))) == [(A, 1), (B, 0)]
+        assert seqs(first_per_key(await storage.settle_and_claim([TP0], 10))) == [(A, 1), (B, 0)]
         assert await storage.list_records("failed", 10) == []
 
     async def test_published_records_are_deleted_or_kept_then_replayed_after_pending(
@@ -258,26 +258,28 @@ class RelayStorageContract:
     ) -> None:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0))
-        a0, b0 = await storage.next_batch([TP0], 10)
-        await storage.next_batch([], 1, published=[a0], keep=True)
-        await storage.next_batch([], 1, published=[b0], keep=False)
-        assert await storage.next_batch([TP0], 10) == []
+        a0, b0 = await storage.settle_and_claim([TP0], 10)
+        await storage.settle_and_claim([], 1, published=[a0], keep=True)
+        await storage.settle_and_claim([], 1, published=[b0], keep=False)
+        assert await storage.settle_and_claim([TP0], 10) == []
         [kept] = await storage.list_records("published", 10)
         assert kept.event_id == a0.event_id
         assert kept.published_at is not None
         await write(tx, Step(entity=A, seq=1))
         assert await storage.replay([a0.event_id, b0.event_id]) == 1
-        pending = await storage.next_batch([TP0], 10)
+        pending = await storage.settle_and_claim([TP0], 10)
         assert seqs(pending[:1]) == [(A, 1)], "a replay never overtakes a newer pending event"
-        await storage.next_batch([], 1, published=pending[:1], keep=False)
-        [replayed] = await storage.next_batch([TP0], 10)
+        await storage.settle_and_claim([], 1, published=pending[:1], keep=False)
+        [replayed] = await storage.settle_and_claim([TP0], 10)
         assert replayed.event_id == a0.event_id
         assert seqs([replayed]) == [(A, 0)]
 
     async def test_retention_cleanup_deletes_kept_records_in_batches(self, relay: Relay) -> None:
         storage, _, tx = relay
         await write(tx, *(Step(entity=k, seq=0) for k in keys_on(0, 5)))
-        await storage.next_batch([], 1, published=await storage.next_batch([TP0], 10), keep=True)
+        await storage.settle_and_claim(
+            [], 1, published=await storage.settle_and_claim([TP0], 10), keep=True
+        )
         assert await storage.purge_published(timedelta(seconds=0), 3) == 3
         assert await storage.purge_published(timedelta(seconds=0), 3) == 2
         assert await storage.list_records("published", 10) == []
@@ -285,7 +287,7 @@ class RelayStorageContract:
     async def test_backlog_counts_pending_and_failed_per_partition(self, relay: Relay) -> None:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0), Step(entity=B, seq=1))
-        [first, _] = await storage.next_batch([TP0], 10)
+        [first, _] = await storage.settle_and_claim([TP0], 10)
         await storage.record_failure(first, "refused", give_up=True)
         [backlog] = await storage.backlog()
         assert (backlog.topic, backlog.partition) == (TOPIC, 0)
@@ -358,18 +360,20 @@ class RelayStorageContract:
                 await tx.outbox.add(t, Step(entity=entity, seq=seq, blob="x" * BLOB))
             await tx.outbox.add(t, Step(entity=D, seq=0))
 
-        everything = await storage.next_batch([TP0, TP1], 10, depth=3)
+        everything = await storage.settle_and_claim([TP0, TP1], 10, depth=3)
         assert len(everything) == 6, "no bound: every record"
         assert all(BLOB < record_bytes(r) < BLOB + 1000 for r in everything if r.partition == 0)
 
         bound = 250_000
-        claimed = await storage.next_batch([TP0, TP1], 10, depth=3, max_bytes=bound)
+        claimed = await storage.settle_and_claim([TP0, TP1], 10, depth=3, max_bytes=bound)
         assert sorted(seqs(claimed)) == sorted([(A, 0), (B, 0), (A, 1), (D, 0)])
         on_p0 = sum(record_bytes(r) for r in claimed if r.partition == 0)
         assert on_p0 >= bound, "a partition cut short returns at least the bound"
 
-        tiny = await storage.next_batch([TP0, TP1], 10, depth=3, max_bytes=1)
+        tiny = await storage.settle_and_claim([TP0, TP1], 10, depth=3, max_bytes=1)
         assert sorted(seqs(tiny)) == sorted([(A, 0), (D, 0)]), "always each partition's first"
 
-        rest = await storage.next_batch([TP0], 10, published=claimed, depth=3, max_bytes=bound)
+        rest = await storage.settle_and_claim(
+            [TP0], 10, published=claimed, depth=3, max_bytes=bound
+        )
         assert sorted(seqs(rest)) == sorted([(C, 0), (B, 1)])

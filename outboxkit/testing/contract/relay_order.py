@@ -122,9 +122,9 @@ class Ledger:
             start = self.settled.get(key, 0)
             oldest = self.committed.get(key, [])[start : start + len(seqs)]
             assert seqs == oldest, (
-                f"{self.where()} key {key}: next_batch returned {seqs}, but its oldest unsettled "
-                f"records are {oldest} (committed {self.committed.get(key, [])}, the first "
-                f"{start} settled)"
+                f"{self.where()} key {key}: settle_and_claim returned {seqs}, but its oldest "
+                f"unsettled records are {oldest} (committed {self.committed.get(key, [])}, "
+                f"the first {start} settled)"
             )
             assert len(seqs) <= self.depth, f"{self.where()} key {key}: {seqs}, beyond the depth"
         for partition, keys in keys_of.items():
@@ -188,10 +188,10 @@ class SimulatedRelay:
         """Settle the last rank and publish the next one of the claim, or (none left) claim,
         settling in the same call, and publish the first rank. False if the claim was empty."""
         if self.ranks:
-            await self.storage.next_batch((), 1, published=self.unsettled, keep=self.keep)
+            await self.storage.settle_and_claim((), 1, published=self.unsettled, keep=self.keep)
             self.ledger.settle(self.unsettled)
         else:
-            records = await self.storage.next_batch(
+            records = await self.storage.settle_and_claim(
                 [TopicPartition(self.topic, p) for p in range(PARTITIONS)],
                 self.ledger.limit,
                 published=self.unsettled,
