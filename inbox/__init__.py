@@ -8,7 +8,7 @@ import typing
 from outboxkit.core import lazy
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.consumer import InboxHealth, InboxWorker
-from outboxkit.inbox.dlq import (
+from outboxkit.inbox.deadletter_topic import (
     DeadLetter,
     ReplayTarget,
     read_dead_letters,

@@ -12,7 +12,7 @@ from aiokafka.structs import ConsumerRecord
 
 from outboxkit.inbox import DeadLetter, DeadLetterError, replay_targets, unique_dead_letters
 from outboxkit.inbox.deadletter import ADDED, SOURCE_PARTITION, SOURCE_TOPIC, dead_letter
-from outboxkit.inbox.dlq import origin_topic
+from outboxkit.inbox.deadletter_topic import origin_topic
 
 
 def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
