@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from pymongo import AsyncMongoClient
 
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet
-from outboxkit.migrations import migrate
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
+from outboxkit.migrations.postgres import migrate
 from tests.failover.harness import FailoverRun
 from tests.failover.kafka_faults import KAFKA_FAULTS
 from tests.failover.mongodb_faults import MONGODB_FAULTS

@@ -14,12 +14,12 @@ from typing import Protocol
 
 import psycopg
 
-from outboxkit.core.mongo import collection, make_client
+from outboxkit.core.mongodb import collection, make_client
 from outboxkit.embedded import EmbeddedPostgres
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.inbox import MongoInboxStore
-from outboxkit.migrations import migrate
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
+from outboxkit.migrations.postgres import migrate
 
 DATABASES = ("postgresql", "mongodb")
 MONGO_DB = "outboxkit_bench"

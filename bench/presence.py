@@ -27,7 +27,7 @@ import bson
 from pymongo import AsyncMongoClient
 
 from outboxkit.embedded.mongodb import EmbeddedMongo
-from outboxkit.migrations.mongo import migrate
+from outboxkit.migrations.mongodb import migrate
 from outboxkit.relay import MongoOutboxStorage
 
 GROUP = "outboxkit.relay.bench"

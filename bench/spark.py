@@ -48,7 +48,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
 from outboxkit.embedded.kafka import kafka_jars_dir
-from outboxkit.migrations import migrate
+from outboxkit.migrations.postgres import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kafka_io import produce_events

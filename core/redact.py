@@ -177,7 +177,7 @@ def _postgresql_conninfo(conninfo: str) -> str:
 
 
 def _mongodb_url(url: str, scheme: str) -> str:
-    from outboxkit.core.mongo import parse_url  # noqa: PLC0415 - imports pymongo
+    from outboxkit.core.mongodb import parse_url  # noqa: PLC0415 - imports pymongo
 
     try:
         parsed = parse_url(url)

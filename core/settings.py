@@ -306,7 +306,7 @@ class ConnectionSettings(KafkaConnectionSettings):
         if problem is not None:
             raise ValueError(problem)
         if _SCHEMES[scheme] == "mongodb":
-            from outboxkit.core.mongo import database_name  # noqa: PLC0415 - imports pymongo
+            from outboxkit.core.mongodb import database_name  # noqa: PLC0415 - imports pymongo
 
             try:
                 database_name(value)

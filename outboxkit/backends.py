@@ -32,13 +32,13 @@ import psycopg
 
 from outboxkit.check import CheckResult, check_memory, check_mongodb, check_postgresql
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.core.mongo import MongoConnection, in_transaction
-from outboxkit.core.pg import make_pool
+from outboxkit.core.mongodb import MongoConnection, in_transaction
+from outboxkit.core.postgres import make_pool
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 from outboxkit.inbox import InboxSettings, InboxStore, InMemoryInboxStore, MongoInboxStore
 from outboxkit.inbox.postgres import PostgresInboxStore
-from outboxkit.migrations import migrate as migrate_postgresql
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
+from outboxkit.migrations.postgres import migrate as migrate_postgresql
 from outboxkit.relay import (
     InMemoryOutbox,
     InMemoryOutboxStorage,

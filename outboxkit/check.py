@@ -23,13 +23,14 @@ from pymongo.uri_parser import parse_uri
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import create_command
 from outboxkit.core.login import refused_login
-from outboxkit.core.mongo import database_name, make_client
+from outboxkit.core.mongodb import database_name, make_client
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.kafka_handshake import diagnose_handshake
 from outboxkit.kafka_permissions import principal
-from outboxkit.migrations import Migration, MigrationError, pending_migrations
-from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
+from outboxkit.migrations import Migration, MigrationError
+from outboxkit.migrations.mongodb import pending_migrations as pending_mongodb_migrations
+from outboxkit.migrations.postgres import pending_migrations
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from bench.relay_bench.churn_faults import FAULTS
 from bench.relay_bench.consumer import consumer_child
 from bench.relay_bench.harness import CpuMeter, Ctx, Result, print_table, say
 from bench.relay_bench.outbox import BenchOutbox, PostgresBenchOutbox
-from bench.relay_bench.outbox_mongo import MongoBenchOutbox
+from bench.relay_bench.outbox_mongodb import MongoBenchOutbox
 from bench.relay_bench.phase_ceiling import phase_ceiling
 from bench.relay_bench.phase_churn import WRITERS as CHURN_WRITERS
 from bench.relay_bench.phase_churn import phase_churn

@@ -4,7 +4,7 @@ Every phase that needs an outbox (drain, latency, idle, churn) goes through it: 
 schema, register a topic, write events the way a service does (the product's writer, one
 transaction each), keep a backlog aside and make it visible in one commit, count what is pending,
 and tell when the relays are idle. :class:`PostgresBenchOutbox` is the PostgreSQL one;
-``outbox_mongo.MongoBenchOutbox`` (``--database mongodb``) implements the same protocol. The
+``outbox_mongodb.MongoBenchOutbox`` (``--database mongodb``) implements the same protocol. The
 ``writer`` and ``claims`` phases measure PostgreSQL itself (pgbench, WAL) and use the PostgreSQL
 class directly.
 """
@@ -22,7 +22,7 @@ import psycopg
 
 from bench.relay_bench.harness import DRAIN_TOPIC, SEQ_PLACEHOLDER, SOURCE, make_event, say
 from outboxkit.core.sql import load_queries
-from outboxkit.migrations import migrate
+from outboxkit.migrations.postgres import migrate
 from outboxkit.relay import PostgresOutbox
 from outboxkit.schemas import Event
 

@@ -6,7 +6,7 @@ then does the worker commit the Kafka offset (guarantee G6). Two workers that ta
 event (a rebalance) both insert the same ``_id``: MongoDB lets one commit and aborts the other
 with a write conflict, which retries the whole transaction and then finds the record.
 
-Retries follow the driver's rules (:func:`outboxkit.core.mongo.in_transaction`): a
+Retries follow the driver's rules (:func:`outboxkit.core.mongodb.in_transaction`): a
 ``TransientTransactionError`` reruns the batch — its handlers' effects were rolled back, so
 they take effect once — and an ``UnknownTransactionCommitResult`` retries only the commit,
 which the server applies at most once. If the commit's fate stays unknown, the worker is told
@@ -34,7 +34,7 @@ from bson import MinKey
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import OperationFailure
 
-from outboxkit.core.mongo import (
+from outboxkit.core.mongodb import (
     MAJORITY_WRITE,
     Document,
     MongoConnection,

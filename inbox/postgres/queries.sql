@@ -1,4 +1,4 @@
--- The inbox's queries on PostgreSQL. Table: migrations/postgresql/0003_inbox.sql.
+-- The inbox's queries on PostgreSQL. Table: migrations/files/postgres/0003_inbox.sql.
 
 -- claim_event --
 -- In the handler's transaction. A conflict means this consumer took effect for the event

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import psycopg
 
-from outboxkit.core.pg import PooledStore
+from outboxkit.core.postgres import PooledStore
 from outboxkit.core.sql import load_queries
 from outboxkit.inbox.budget import CachedLimit, TransactionLimit
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError

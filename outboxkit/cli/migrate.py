@@ -24,7 +24,8 @@ from outboxkit.cli.common import EXIT_FAILED, load
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
-from outboxkit.migrations import MigrationError, load_migrations, script
+from outboxkit.migrations import MigrationError, load_migrations
+from outboxkit.migrations.postgres import script
 
 
 def check(

@@ -15,7 +15,7 @@ from bson.decimal128 import Decimal128
 from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.backends import Transactions
-from outboxkit.core.mongo import Database, MongoConnection
+from outboxkit.core.mongodb import Database, MongoConnection
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
 from outboxkit.demo.shop import (
     ORDERS_INBOX,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from outboxkit.core.mongo import Document
+from outboxkit.core.mongodb import Document
 from outboxkit.relay.metrics import ORDER_HOLDS
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from outboxkit.core.mongo import Collection, Document
+from outboxkit.core.mongodb import Collection, Document
 
 #: The server's clock in microseconds, from inside the update (one clock for every writer).
 _NOW_US = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}

@@ -27,7 +27,7 @@ import structlog
 from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
-from outboxkit.core.mongo import Client, Database, collection, guarded, make_client
+from outboxkit.core.mongodb import Client, Database, collection, guarded, make_client
 from outboxkit.relay import presence
 from outboxkit.relay.exceptions import StorageUnavailableError
 

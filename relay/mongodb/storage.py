@@ -1,7 +1,7 @@
 """MongoDB implementation of :class:`~outboxkit.relay.storage.OutboxStorage`.
 
 Collections (``outboxkit migrate`` creates them and their indexes; see
-``outboxkit/migrations/mongodb/``):
+``outboxkit/migrations/files/mongodb/``):
 
 - ``outboxkit.outbox``: one document per record; the relay chooses the head of a partition by
   ``(topic, partition, position, _id, key)`` from ``outbox_head_idx`` alone, a partial index
@@ -37,7 +37,7 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import OperationFailure, PyMongoError
 
-from outboxkit.core.mongo import (
+from outboxkit.core.mongodb import (
     MAJORITY_READ,
     MAJORITY_WRITE,
     Document,
@@ -88,7 +88,7 @@ _SIZE: Document = {
         },
     ]
 }
-#: The partial index of pending records the head read uses (migrations/mongodb/0002).
+#: The partial index of pending records the head read uses (migrations/files/mongodb/0002).
 HEAD_INDEX = "outbox_head_idx"
 
 _RECORD_FIELDS = {

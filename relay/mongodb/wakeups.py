@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 import structlog
 from pymongo.errors import PyMongoError
 
-from outboxkit.core.mongo import Collection, Document, describe
+from outboxkit.core.mongodb import Collection, Document, describe
 from outboxkit.relay.records import TopicPartition
 
 logger = structlog.get_logger("outboxkit.relay")

@@ -10,7 +10,7 @@ from typing import Any
 from bson import Binary
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from outboxkit.core.mongo import Document, collection, require_transaction
+from outboxkit.core.mongodb import Document, collection, require_transaction
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
 from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
 from outboxkit.relay.mongodb.positions import take_positions

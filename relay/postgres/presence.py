@@ -1,7 +1,7 @@
 """PostgreSQL presence (:mod:`outboxkit.relay.presence`): each relay holds a session-level
 advisory lock, keyed by its member id, on one connection of its own (its *presence session*) and
 records the member id in ``outboxkit.relay_members``; a lock that another session can take
-belongs to a session that has ended (migrations/postgresql/0006_relay_members.sql).
+belongs to a session that has ended (migrations/files/postgres/0006_relay_members.sql).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from outboxkit.core.pg import connect_session
+from outboxkit.core.postgres import connect_session
 from outboxkit.core.sql import load_queries
 from outboxkit.relay import presence
 from outboxkit.relay.exceptions import StorageUnavailableError

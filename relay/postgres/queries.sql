@@ -1,4 +1,4 @@
--- The relay's queries on PostgreSQL. Tables: migrations/postgresql/0002_outbox.sql.
+-- The relay's queries on PostgreSQL. Tables: migrations/files/postgres/0002_outbox.sql.
 
 -- register_topic --
 -- Kept from Kafka's metadata by the relay. Writers compute each row's partition from it.
@@ -188,7 +188,7 @@ ORDER BY id
 
 -- announce_member --
 -- Run on the relay's presence session, which holds the advisory lock %(lock_key)s from now on
--- (migrations/postgresql/0006_relay_members.sql); replaces the member id it announced before.
+-- (migrations/files/postgres/0006_relay_members.sql); replaces the member id it announced before.
 WITH gone AS (
     DELETE FROM outboxkit.relay_members
     WHERE group_id = %(previous_group)s AND member_id = %(previous)s

@@ -18,7 +18,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
-from outboxkit.core.pg import PooledStore, connect_session
+from outboxkit.core.postgres import PooledStore, connect_session
 from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.postgres.presence import PostgresPresence

@@ -42,7 +42,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pymongo import AsyncMongoClient
 
 from outboxkit.core.kafka import admin_client
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.core.settings import KafkaConnectionSettings, database_kind
 from outboxkit.embedded._process import free_port
 from outboxkit.embedded.kafka_topology import KafkaTopology

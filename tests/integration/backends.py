@@ -29,10 +29,10 @@ from outboxkit.backends import (
     memory_database,
 )
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox import InboxSettings, InboxStore
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.relay import OutboxStorage, RelaySettings, WakeupSource
 
 BACKENDS = ["memory", "postgresql", "mongodb"]

@@ -36,7 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pymongo import AsyncMongoClient, MongoClient
 
 from outboxkit.core.exceptions import ConfigurationError
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import (
     free_port,
     make_traversable,
@@ -51,8 +51,8 @@ from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet
 from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.embedded.spark_cluster import SparkCluster
-from outboxkit.migrations import migrate
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
+from outboxkit.migrations.postgres import migrate
 from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]

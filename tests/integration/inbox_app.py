@@ -22,7 +22,7 @@ from pydantic import Field
 
 from outboxkit.backends import backend_for
 from outboxkit.core.logs import configure_logging
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.core.settings import load_settings
 from outboxkit.inbox import BatchOutcome, Delivery, Inbox, InboxSettings, InboxStore, InboxWorker
 from outboxkit.relay import MongoOutbox, PostgresOutbox

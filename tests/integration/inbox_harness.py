@@ -24,7 +24,7 @@ from aiokafka.structs import ConsumerRecord
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests.integration.inbox_app import EFFECTS_DDL

@@ -10,7 +10,7 @@ import asyncio
 import os
 from typing import Any
 
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.inbox import Inbox
 from tests.integration.inbox_app import DATABASE_URL, ON_MONGODB, Payment
 

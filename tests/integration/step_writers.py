@@ -15,7 +15,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 
-from outboxkit.core.mongo import database_name, is_unavailable
+from outboxkit.core.mongodb import database_name, is_unavailable
 from outboxkit.core.settings import ConnectionSettings, database_kind
 from outboxkit.relay import PostgresOutbox, StorageUnavailableError
 from outboxkit.schemas import Event

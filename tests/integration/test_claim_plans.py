@@ -12,8 +12,8 @@ from uuid import uuid4
 import psycopg
 from pymongo import AsyncMongoClient
 
-from outboxkit.core.mongo import database_name
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
+from outboxkit.core.mongodb import database_name
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.relay import MongoOutboxStorage, TopicPartition
 from outboxkit.relay.postgres.storage import _QUERIES
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from outboxkit.core.mongo import guarded, make_client
+from outboxkit.core.mongodb import guarded, make_client
 from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet, ReplicaSetMember
 from outboxkit.relay import StorageUnavailableError
 from outboxkit.relay.mongodb.presence import MongoPresence

@@ -13,7 +13,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from outboxkit.backends import Transactions
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.relay import (
     EventTooLargeError,
     MongoOutboxStorage,

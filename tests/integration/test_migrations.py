@@ -9,16 +9,16 @@ import psycopg
 import pytest
 from pymongo import AsyncMongoClient
 
-from outboxkit.core.mongo import database_name
-from outboxkit.migrations import (
+from outboxkit.core.mongodb import database_name
+from outboxkit.migrations import load_migrations
+from outboxkit.migrations.mongodb import migrate as migrate_mongodb
+from outboxkit.migrations.mongodb import pending_migrations as pending_mongodb_migrations
+from outboxkit.migrations.postgres import (
     applied_versions,
-    load_migrations,
     migrate,
     pending_migrations,
     script,
 )
-from outboxkit.migrations.mongo import migrate as migrate_mongodb
-from outboxkit.migrations.mongo import pending_migrations as pending_mongodb_migrations
 from tests.helpers import run_cli
 from tests.integration.conftest import with_dbname
 

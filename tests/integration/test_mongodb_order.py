@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pymongo import AsyncMongoClient
 
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.relay import MongoOutboxStorage, TopicPartition
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.mongodb.storage import HEAD_INDEX

@@ -9,7 +9,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from outboxkit.core.mongo import database_name
+from outboxkit.core.mongodb import database_name
 from outboxkit.relay import MongoWakeups, TopicPartition
 
 

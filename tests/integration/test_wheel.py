@@ -80,7 +80,7 @@ def test_the_build_warns_of_nothing_and_ships_every_migration(built: Built) -> N
     assert [w for w in warned if "byte-compiling is disabled" not in w] == []
     names = set(zipfile.ZipFile(built.wheel).namelist())
     migrations = REPO / "outboxkit" / "migrations"
-    files = [*migrations.glob("postgresql/*.sql"), *migrations.glob("mongodb/*.json")]
+    files = [*migrations.glob("files/postgres/*.sql"), *migrations.glob("files/mongodb/*.json")]
     assert len(files) >= 2
     missing = [f for f in files if f"outboxkit/{f.relative_to(REPO / 'outboxkit')}" not in names]
     assert missing == []
@@ -92,7 +92,7 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for package in ("outboxkit", "outboxkit/schemas", "outboxkit/relay", "outboxkit/inbox"):
         assert f"{package}/py.typed" in names
-    assert "outboxkit/migrations/postgresql/0001_init.sql" in names
+    assert "outboxkit/migrations/files/postgres/0001_init.sql" in names
     assert not [n for n in names if n.split("/")[0] in {"schemas", "relay", "inbox", "tests"}]
 
     env_dir = tmp_path / "venv"
@@ -109,7 +109,7 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
     )
     result = json.loads(probe.stdout)
     assert result["generic_names"] == []
-    in_tree = sorted(p.stem for p in (REPO / "outboxkit/migrations/postgresql").glob("*.sql"))
+    in_tree = sorted(p.stem for p in (REPO / "outboxkit/migrations/files/postgres").glob("*.sql"))
     assert result["migrations"] == in_tree, "every migration is in the wheel"
     # murmur2(b"21") is -973932308 (Kafka's UtilsTest); toPositive → 1173551340; % 16 → 12.
     assert result["partition"] == 12

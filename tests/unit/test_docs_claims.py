@@ -65,7 +65,9 @@ def test_each_component_page_states_its_own_default(page: str, name: str) -> Non
 def test_the_covered_head_read_is_not_called_untried() -> None:
     """docs/mongodb.md's index table lists the head read from outbox_head_idx alone (migration
     0002); no sentence about choosing the head from the index alone may say it was not tried."""
-    migration = json.loads((REPO / "outboxkit/migrations/mongodb/0002_head_index.json").read_text())
+    migration = json.loads(
+        (REPO / "outboxkit/migrations/files/mongodb/0002_head_index.json").read_text()
+    )
     [index] = migration[0]["command"]["indexes"]
     assert index["name"] == "outbox_head_idx"
     assert "key" in index["key"]  # the key in the index: the choice of each key's head is covered

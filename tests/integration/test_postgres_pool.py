@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from outboxkit.core import pg
+from outboxkit.core import postgres as pg
 from outboxkit.relay import PostgresOutboxStorage
 from outboxkit.relay.exceptions import StorageUnavailableError
 

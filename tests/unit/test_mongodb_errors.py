@@ -13,7 +13,7 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from outboxkit.core.mongo import describe, is_transient, is_unavailable
+from outboxkit.core.mongodb import describe, is_transient, is_unavailable
 
 
 def _write_concern_error(code: int, name: str) -> WriteConcernError:

@@ -2,7 +2,7 @@
 
 The same protocol as :class:`~bench.relay_bench.outbox.PostgresBenchOutbox`, with the product's
 MongoDB writer (``MongoOutbox``, one multi-document transaction per event, retried as
-:func:`outboxkit.core.mongo.in_transaction` retries) and migrations. Two differences follow from
+:func:`outboxkit.core.mongodb.in_transaction` retries) and migrations. Two differences follow from
 the backend, not from the bench:
 
 - A relay on MongoDB declares nothing when it waits (the change stream wakes it on every
@@ -31,7 +31,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from bench.relay_bench.harness import DRAIN_TOPIC, SOURCE, with_seq
 from bench.relay_bench.order import KeySequences
 from bench.relay_bench.outbox import BENCH_DB, SEED_WRITERS, WriteMany, Writer, fill, seeded
-from outboxkit.core.mongo import (
+from outboxkit.core.mongodb import (
     MAJORITY_WRITE,
     Client,
     Collection,
@@ -40,7 +40,7 @@ from outboxkit.core.mongo import (
     collection,
     in_transaction,
 )
-from outboxkit.migrations.mongo import migrate
+from outboxkit.migrations.mongodb import migrate
 from outboxkit.relay import MongoOutbox, StorageUnavailableError
 from outboxkit.schemas import Event
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from outboxkit.core.mongo import Database, collection
+from outboxkit.core.mongodb import Database, collection
 from outboxkit.migrations import Migration, load_migrations, not_applied
 
 #: "NamespaceExists": the collection is there already; "IndexNotFound": a concurrent migrate

@@ -1,0 +1,159 @@
+"""The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge.
+
+Each runs until cancelled, under :class:`~outboxkit.relay.supervisor.SideTasks`; the check for
+departed relays is :mod:`outboxkit.relay.departed`. None of them publishes: they route hints to
+the workers, measure, log and delete what outlived its retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Protocol
+
+import structlog
+
+from outboxkit.relay.blocks import Block
+from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.records import PartitionBacklog, TopicPartition
+from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.storage import OutboxStorage, WakeupSource
+from outboxkit.relay.worker import BlockWorker
+
+logger = structlog.get_logger("outboxkit.relay")
+
+#: While a block keeps failing, one warning this often (plus the first failure of each streak).
+_FAILING_LOG_EVERY = 5.0
+
+#: A stage still running after ``slow_after`` is logged again this often.
+_SLOW_LOG_EVERY = 30.0
+
+__all__ = ["BacklogMonitor", "RunningBlocks", "StageWatch", "clean_up", "dispatch_wakeups"]
+
+
+class RunningBlocks(Protocol):
+    """The block workers running now: a
+    :class:`~outboxkit.relay.reconciler.PartitionReconciler`."""
+
+    @property
+    def workers(self) -> list[BlockWorker]: ...
+
+    def worker_of(self, tp: TopicPartition) -> BlockWorker | None: ...
+
+
+async def dispatch_wakeups(
+    wakeups: WakeupSource, blocks: RunningBlocks, metrics: RelayMetrics
+) -> None:
+    """Wake the worker of each partition a writer committed to; every worker after a
+    reconnect (``None``: notifications may have been missed)."""
+    async for tp in wakeups.wakeups():
+        if tp is None:
+            metrics.wakeups.labels("reconnect").inc()
+            for worker in blocks.workers:
+                worker.wake(None)
+        elif (owner := blocks.worker_of(tp)) is not None:
+            owner.wake(tp)
+
+
+class BacklogMonitor:
+    """Measures the outbox's backlog every ``metrics_interval`` for the metrics, the health and
+    the watch; a partition is *stalled* when its oldest pending record is older than
+    ``stall_after``."""
+
+    def __init__(
+        self, storage: OutboxStorage, settings: RelaySettings, metrics: RelayMetrics
+    ) -> None:
+        self._storage = storage
+        self._settings = settings
+        self._metrics = metrics
+        #: Per partition, as last measured; ``None`` until the first measure.
+        self.backlog: dict[TopicPartition, PartitionBacklog] | None = None
+        self.stalled: set[TopicPartition] = set()
+
+    def pending(self, tps: set[TopicPartition]) -> int:
+        """Records pending in ``tps``, as last measured."""
+        return sum(b.pending for tp, b in (self.backlog or {}).items() if tp in tps)
+
+    async def measure(self) -> None:
+        backlog = await self._storage.backlog()
+        now = time.time()
+        self._metrics.observe_backlog(backlog, now)
+        self.backlog = {TopicPartition(b.topic, b.partition): b for b in backlog}
+        self.stalled = {
+            TopicPartition(b.topic, b.partition)
+            for b in backlog
+            if b.oldest_created_at is not None
+            and now - b.oldest_created_at.timestamp() > self._settings.stall_after
+        }
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(StorageUnavailableError):
+                await self.measure()
+            await asyncio.sleep(self._settings.metrics_interval)
+
+
+class StageWatch:
+    """Says when a stage runs long (which partitions, which stage) and, while publishing fails
+    (broker or database unreachable), says so every few seconds with the backlog and the time
+    since the last success, instead of one line per retry."""
+
+    def __init__(
+        self, blocks: RunningBlocks, backlog: BacklogMonitor, settings: RelaySettings
+    ) -> None:
+        self._blocks = blocks
+        self._backlog = backlog
+        self._settings = settings
+        self._slow_logged: dict[Block, float] = {}
+        self._failing_logged = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.check(time.monotonic())
+
+    def check(self, now: float) -> None:
+        """Log what runs long or fails at ``now`` (monotonic), unless logged recently."""
+        failing = []
+        for worker in self._blocks.workers:
+            running = now - worker.stage_since
+            if worker.stage is not None and running >= self._settings.slow_after:
+                if now - self._slow_logged.get(worker.block, 0.0) >= _SLOW_LOG_EVERY:
+                    self._slow_logged[worker.block] = now
+                    logger.warning(
+                        "relay stage running long",
+                        stage=worker.stage,
+                        seconds=round(running, 1),
+                        partitions=[str(tp) for tp in worker.tps],
+                    )
+            else:
+                self._slow_logged.pop(worker.block, None)
+            if worker.failing_since is not None and now - worker.failing_since >= 1.0:
+                failing.append(worker)
+        if failing and now - self._failing_logged >= _FAILING_LOG_EVERY:
+            self._failing_logged = now
+            tps = [tp for w in failing for tp in w.tps]
+            since = [now - w.last_success for w in failing if w.last_success is not None]
+            logger.warning(
+                "cannot publish",
+                error=failing[0].last_error,
+                partitions=[str(tp) for tp in tps],
+                backlog=self._backlog.pending(set(tps)),
+                seconds_since_success=round(max(since), 1) if since else None,
+                failing_for=round(now - min(w.failing_since or now for w in failing), 1),
+            )
+
+
+async def clean_up(storage: OutboxStorage, settings: RelaySettings) -> None:
+    """Purge the published records kept longer than ``retention`` (G7), every
+    ``cleanup_interval``, in small batches until a short one: each is a quick statement of its
+    own."""
+    assert settings.retention is not None
+    while True:
+        with contextlib.suppress(StorageUnavailableError):
+            deleted = settings.cleanup_batch
+            while deleted == settings.cleanup_batch:
+                deleted = await storage.purge_published(settings.retention, settings.cleanup_batch)
+        await asyncio.sleep(settings.cleanup_interval)
