@@ -1,6 +1,6 @@
 """Inbox throughput: handled events/s with a handler that inserts one row, against the ceiling
 (raw aiokafka consumption of the same topic), with a small and a large dedupe table; then what
-one 1 MB record of each pathological shape costs to decode (tests/hostile_records.py).
+one 1 MB record of each pathological shape costs to decode (outboxkit/testing/hostile.py).
 
     python bench/inbox.py [--events 20000] [--partitions 6] [--workers 1,2] [--rounds 1]
     python bench/inbox.py --shapes-only
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.inbox_app import Paid
 from bench.inbox_db import DATABASES, InboxDatabase, start_database
 from bench.kafka_io import consume_rate, produce_events
-from tests.hostile_records import SHAPES, measure
+from outboxkit.testing.hostile import SHAPES, measure
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """Decoding costs time and memory in proportion to the record's size, whatever its shape
 (issue #16): a size limit before parsing, and validation that stops after the first errors.
 
-The cost of each pathological shape in ``tests/hostile_records.py`` is measured at 1 MB in a
+The cost of each pathological shape in ``outboxkit/testing/hostile.py`` is measured at 1 MB in a
 fresh process. The ceilings are generous (a loaded 2-core machine); the targets (≤ 50 ms, ≤ 50
 MB extra) are measured by ``bench/inbox.py --shapes``. Before the bounded validators, a 1 MB
 list of wrong items cost ~0.9 s and +380 MB here, and the other shapes 50-90 MB each."""
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outboxkit.schemas import DecodeErrorReason, Event, EventDecodeError, EventRegistry, encode
 from outboxkit.schemas.bounded import bounded_validator
-from tests.hostile_records import HEADERS, KEY, REGISTRY, SHAPES, Hostile, measure
+from outboxkit.testing.hostile import HEADERS, KEY, REGISTRY, SHAPES, Hostile, measure
 
 CPU_SECONDS_AT_MOST = 0.5
 EXTRA_MB_AT_MOST = 40

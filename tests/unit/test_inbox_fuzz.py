@@ -3,7 +3,7 @@ decoder, the dead-letter builder and the lenient record-batch reader.
 
 CI runs a modest number of examples; ``bench/fuzz_inbox.py`` runs the same properties for
 longer (``OUTBOXKIT_FUZZ_EXAMPLES``). Shapes that once cost too much are regression cases in
-``tests/hostile_records.py`` and as ``@example``s here.
+``outboxkit/testing/hostile.py`` and as ``@example``s here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from outboxkit.inbox.deadletter import (
 from outboxkit.inbox.kafka import UnreadableRecord, _read_batch
 from outboxkit.schemas import DecodeErrorReason, Event, EventDecodeError, encode
 from outboxkit.schemas import wire as wire_module
-from tests.hostile_records import HEADERS, KEY, REGISTRY, SHAPES, Hostile
+from outboxkit.testing.hostile import HEADERS, KEY, REGISTRY, SHAPES, Hostile
 from tests.raw_batches import raw_batch
 
 FUZZ = settings(

@@ -2,10 +2,13 @@
 (issue #16), kept as regression cases, and a way to measure what one costs.
 
 Each shape is a function of a target size that returns a record value for :class:`Hostile`
-(headers from a valid encoding, so that only the value is hostile). The unit tests assert a
-generous ceiling per shape; ``bench/inbox.py --shapes`` prints the measured cost.
+(headers from a valid encoding, so that only the value is hostile). outboxkit's unit tests
+assert a generous ceiling per shape (tests/unit/test_decode_bounded.py) and fuzz the inbox with
+them; ``bench/inbox.py --shapes`` prints the measured cost. In ``outboxkit.testing`` so that
+the benchmarks and the tests share them (bench/ imports nothing from tests/); the shapes target
+this module's own :class:`Hostile` event, a model with the field types that used to be costly.
 
-    python -m tests.hostile_records SHAPE SIZE   # one measurement, in a fresh process (JSON)
+    python -m outboxkit.testing.hostile SHAPE SIZE   # one measurement, in a fresh process (JSON)
 """
 
 from __future__ import annotations
@@ -17,13 +20,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from outboxkit.schemas import Event, EventDecodeError, EventRegistry, encode
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Address(BaseModel):
@@ -150,11 +150,10 @@ def decode_cost(shape: str, size: int) -> Cost:
 def measure(shape: str, size: int) -> Cost:
     """:func:`decode_cost` in a fresh Python process."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.hostile_records", shape, str(size)],
+        [sys.executable, "-m", "outboxkit.testing.hostile", shape, str(size)],
         capture_output=True,
         text=True,
         check=True,
-        cwd=REPO,
         timeout=300,
     )
     return Cost(**json.loads(result.stdout))
