@@ -6,8 +6,8 @@ process's sockets, and the server ends its sessions (PostgreSQL releases their a
 MongoDB drops their connections from ``$currentOp``). Each relay keeps a *presence* on the
 database that only its own process can hold, named after the process (its Kafka client id,
 announced before it joins); a survivor that finds a process's presence gone removes its members
-from the group (:meth:`Relay._remove_departed`). The storages call the name a "member id": any
-string the relay announces.
+from the group (:class:`~outboxkit.relay.departed.DepartedCheck`). The storages call the name
+a "member id": any string the relay announces.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outboxkit.relay import engine, worker
+from outboxkit.relay import side_tasks, worker
 from outboxkit.relay.blocks import MAX_LEVEL, Block, containing, fence_ids, plan
 from outboxkit.relay.records import TopicPartition
 from tests.unit.relay_engine_harness import TOPIC, MakeHarness, make, tp, until
@@ -277,7 +277,7 @@ async def test_a_stage_running_long_is_logged_with_its_partitions(
 async def test_a_failing_relay_warns_every_few_seconds_not_every_retry(
     make: MakeHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "_FAILING_LOG_EVERY", 0.5)
+    monkeypatch.setattr(side_tasks, "_FAILING_LOG_EVERY", 0.5)
     h = await make(partitions=2, retry_backoff_max=0.01, metrics_interval=0.05)
     h.broker.always[tp(0)] = "error"  # the broker is unreachable for t/0
     h.add(0)
