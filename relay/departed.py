@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -45,23 +46,17 @@ class Evictor(Protocol):
     async def evict_process(self, process_key: str) -> int: ...
 
 
+@dataclass
 class DepartedCheck:
     """Keeps this relay's process announced and evicts the members of departed ones, every
     ``departed_check_interval`` and again right after each assignment."""
 
-    def __init__(
-        self,
-        settings: RelaySettings,
-        storage: OutboxStorage,
-        group: Evictor,
-        metrics: RelayMetrics,
-    ) -> None:
-        self._settings = settings
-        self._storage = storage
-        self._group = group
-        self._metrics = metrics
-        self._assigned = asyncio.Event()
-        self._refused_logged = -_REFUSED_LOG_EVERY
+    settings: RelaySettings
+    storage: OutboxStorage
+    group: Evictor
+    metrics: RelayMetrics
+    _assigned: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _refused_logged: float = field(default=-_REFUSED_LOG_EVERY, init=False)
 
     @staticmethod
     def wanted(settings: RelaySettings) -> bool:
@@ -74,7 +69,7 @@ class DepartedCheck:
         """Announce the process once, before the join: a relay killed while its join is
         pending can then be removed for it. Failures are left to :meth:`run` to report."""
         with contextlib.suppress(Exception):
-            await self._storage.announce_member(self._settings.group_id, self._group.process_key)
+            await self.storage.announce_member(self.settings.group_id, self.group.process_key)
 
     def assigned(self) -> None:
         """Check again now: a rebalance may have been waiting for the dead."""
@@ -84,20 +79,20 @@ class DepartedCheck:
         while True:
             await self.check()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.departed_check_interval):
+                async with asyncio.timeout(self.settings.departed_check_interval):
                     await self._assigned.wait()
             self._assigned.clear()
 
     async def check(self) -> None:
         """Announce this process and evict every departed one's members; a failure is logged,
         never raised (the session timeout still applies: this only comes sooner)."""
-        group, key = self._settings.group_id, self._group.process_key
+        group, key = self.settings.group_id, self.group.process_key
         try:
-            await self._storage.announce_member(group, key)
-            for gone in await self._storage.departed_members(group, key):
-                removed = await self._group.evict_process(gone)
+            await self.storage.announce_member(group, key)
+            for gone in await self.storage.departed_members(group, key):
+                removed = await self.group.evict_process(gone)
                 if removed:
-                    self._metrics.departed_removed.inc(removed)
+                    self.metrics.departed_removed.inc(removed)
                     logger.warning(
                         "removed a dead relay from the group: its database connections ended",
                         process=gone,

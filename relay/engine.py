@@ -128,7 +128,18 @@ class Relay:
             self.settings, self.assign, self.revoke
         )
         fencer = self._fencer_factory(self.settings)
-        self._ctx = self._worker_context(ownership, fencer)
+        self._ctx = WorkerContext(
+            settings=self.settings,
+            storage=self.storage,
+            wakeups=self.wakeups,
+            metrics=self.metrics,
+            budget=self._budget,
+            publisher_factory=self._publisher_factory,
+            fencer=fencer,
+            confirm=ownership.confirm,
+            on_progress=self._progress.progressed,
+            on_error=self._progress.failed,
+        )
         tasks = SideTasks()
         if DepartedCheck.wanted(self.settings):
             # Announced before joining, so that a relay killed while its join is pending can be
@@ -207,20 +218,6 @@ class Relay:
             member_id=self._ownership.member_id if self._ownership is not None else None,
             partitions=partition_statuses(owned, self._partitions.worker_of, self._backlog.backlog),
             crashed=sorted(str(tp) for tp in self._partitions.crashed),
-        )
-
-    def _worker_context(self, ownership: Ownership, fencer: Fencer) -> WorkerContext:
-        return WorkerContext(
-            settings=self.settings,
-            storage=self.storage,
-            wakeups=self.wakeups,
-            metrics=self.metrics,
-            budget=self._budget,
-            publisher_factory=self._publisher_factory,
-            fencer=fencer,
-            confirm=ownership.confirm,
-            on_progress=self._progress.progressed,
-            on_error=self._progress.failed,
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

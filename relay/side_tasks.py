@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -57,57 +58,53 @@ async def dispatch_wakeups(
             owner.wake(tp)
 
 
+@dataclass
 class BacklogMonitor:
     """Measures the outbox's backlog every ``metrics_interval`` for the metrics, the health and
     the watch; a partition is *stalled* when its oldest pending record is older than
     ``stall_after``."""
 
-    def __init__(
-        self, storage: OutboxStorage, settings: RelaySettings, metrics: RelayMetrics
-    ) -> None:
-        self._storage = storage
-        self._settings = settings
-        self._metrics = metrics
-        #: Per partition, as last measured; ``None`` until the first measure.
-        self.backlog: dict[TopicPartition, PartitionBacklog] | None = None
-        self.stalled: set[TopicPartition] = set()
+    storage: OutboxStorage
+    settings: RelaySettings
+    metrics: RelayMetrics
+    #: Per partition, as last measured; ``None`` until the first measure.
+    backlog: dict[TopicPartition, PartitionBacklog] | None = field(default=None, init=False)
+    stalled: set[TopicPartition] = field(default_factory=set, init=False)
 
     def pending(self, tps: set[TopicPartition]) -> int:
         """Records pending in ``tps``, as last measured."""
         return sum(b.pending for tp, b in (self.backlog or {}).items() if tp in tps)
 
     async def measure(self) -> None:
-        backlog = await self._storage.backlog()
+        backlog = await self.storage.backlog()
         now = time.time()
-        self._metrics.observe_backlog(backlog, now)
+        self.metrics.observe_backlog(backlog, now)
         self.backlog = {TopicPartition(b.topic, b.partition): b for b in backlog}
         self.stalled = {
             TopicPartition(b.topic, b.partition)
             for b in backlog
             if b.oldest_created_at is not None
-            and now - b.oldest_created_at.timestamp() > self._settings.stall_after
+            and now - b.oldest_created_at.timestamp() > self.settings.stall_after
         }
 
     async def run(self) -> None:
         while True:
             with contextlib.suppress(StorageUnavailableError):
                 await self.measure()
-            await asyncio.sleep(self._settings.metrics_interval)
+            await asyncio.sleep(self.settings.metrics_interval)
 
 
+@dataclass
 class StageWatch:
     """Says when a stage runs long (which partitions, which stage) and, while publishing fails
     (broker or database unreachable), says so every few seconds with the backlog and the time
     since the last success, instead of one line per retry."""
 
-    def __init__(
-        self, blocks: RunningBlocks, backlog: BacklogMonitor, settings: RelaySettings
-    ) -> None:
-        self._blocks = blocks
-        self._backlog = backlog
-        self._settings = settings
-        self._slow_logged: dict[Block, float] = {}
-        self._failing_logged = 0.0
+    blocks: RunningBlocks
+    backlog: BacklogMonitor
+    settings: RelaySettings
+    _slow_logged: dict[Block, float] = field(default_factory=dict, init=False)
+    _failing_logged: float = field(default=0.0, init=False)
 
     async def run(self) -> None:
         while True:
@@ -117,9 +114,9 @@ class StageWatch:
     def check(self, now: float) -> None:
         """Log what runs long or fails at ``now`` (monotonic), unless logged recently."""
         failing = []
-        for worker in self._blocks.workers:
+        for worker in self.blocks.workers:
             running = now - worker.stage_since
-            if worker.stage is not None and running >= self._settings.slow_after:
+            if worker.stage is not None and running >= self.settings.slow_after:
                 if now - self._slow_logged.get(worker.block, 0.0) >= _SLOW_LOG_EVERY:
                     self._slow_logged[worker.block] = now
                     logger.warning(
@@ -140,7 +137,7 @@ class StageWatch:
                 "cannot publish",
                 error=failing[0].last_error,
                 partitions=[str(tp) for tp in tps],
-                backlog=self._backlog.pending(set(tps)),
+                backlog=self.backlog.pending(set(tps)),
                 seconds_since_success=round(max(since), 1) if since else None,
                 failing_for=round(now - min(w.failing_since or now for w in failing), 1),
             )

@@ -1,0 +1,289 @@
+"""The relay's side tasks and their supervision, each through its own small interface, on the
+in-memory outbox (relay/supervisor.py, relay/side_tasks.py, relay/departed.py).
+
+A side task that ends stops the relay; stopping never waits on one for ever; wake-ups reach the
+worker of their partition; the backlog and what is stalled; the watch's rate limits; the purge
+in batches (G7); the check for departed relays announces, evicts, and never raises. The whole
+relay runs them in test_relay_engine_ownership.py and test_relay_blocks.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from outboxkit.relay.blocks import Block
+from outboxkit.relay.departed import DepartedCheck
+from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.records import TopicPartition
+from outboxkit.relay.settings import RelaySettings
+from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
+from outboxkit.relay.storage import OutboxStorage
+from outboxkit.relay.supervisor import SideTasks, unless_stopped
+from outboxkit.relay.worker import BlockWorker
+from tests.unit.relay_engine_harness import TOPIC, Ping, keys_on, tp, until
+from tests.unit.relay_fakes import ManualOwnership, SpyStorage
+
+
+def settings(**values: Any) -> RelaySettings:
+    return RelaySettings(**{"database_url": "postgresql://x/y", "topics": TOPIC, **values})
+
+
+def metrics() -> tuple[RelayMetrics, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return RelayMetrics(registry), registry
+
+
+# -- supervision -------------------------------------------------------------------------------
+
+
+async def test_a_side_task_that_ends_stops_the_relay_with_its_name_or_error() -> None:
+    """Would catch a relay that keeps running half-blind after a side task ended."""
+    tasks = SideTasks()
+    tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
+    tasks.start("quitter", asyncio.sleep(0.01))
+    with pytest.raises(RuntimeError, match="relay task quitter ended unexpectedly"):
+        await asyncio.wait_for(tasks.wait(asyncio.Event()), 2)
+
+    async def broken() -> None:
+        raise ValueError("wakeups lost")
+
+    failing = SideTasks()
+    failing.start("wakeups", broken())
+    with pytest.raises(ValueError, match="wakeups lost"):
+        await asyncio.wait_for(failing.wait(asyncio.Event()), 2)
+    await tasks.cancel()
+    await failing.cancel()
+    assert all(t.done() for t in tasks._tasks)
+
+
+async def test_stopping_returns_and_cancel_ends_every_side_task() -> None:
+    stopping = asyncio.Event()
+    tasks = SideTasks()
+    tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
+    waiting = asyncio.create_task(tasks.wait(stopping))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    stopping.set()
+    await asyncio.wait_for(waiting, 2)
+    await asyncio.wait_for(tasks.cancel(), 2)
+    assert [t.cancelled() for t in tasks._tasks] == [True]
+
+
+async def test_work_unless_stopped_ends_raises_or_is_cancelled() -> None:
+    """Would catch a relay that cannot stop while the database is away at start, or that
+    swallows the error of a registration that failed for good."""
+    stopping = asyncio.Event()
+    assert await unless_stopped(stopping, asyncio.sleep(0))
+
+    async def refused() -> None:
+        raise RuntimeError("permission denied")
+
+    with pytest.raises(RuntimeError, match="permission denied"):
+        await unless_stopped(stopping, refused())
+    cancelled = asyncio.Event()
+
+    async def retrying() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    waiting = asyncio.create_task(unless_stopped(stopping, retrying()))
+    await asyncio.sleep(0.01)
+    stopping.set()
+    assert await asyncio.wait_for(waiting, 2) is False
+    assert cancelled.is_set()
+
+
+# -- wake-ups, backlog, the watch, the purge ----------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """What the side tasks read of a block worker."""
+
+    block: Block
+    tps: list[TopicPartition]
+    woken: list[TopicPartition | None] = field(default_factory=list)
+    stage: str | None = None
+    stage_since: float = 0.0
+    failing_since: float | None = None
+    last_success: float | None = None
+    last_error: str | None = None
+
+    def wake(self, tp: TopicPartition | None) -> None:
+        self.woken.append(tp)
+
+
+class Blocks:
+    def __init__(self, *workers: Worker) -> None:
+        self._workers = list(workers)
+
+    @property
+    def workers(self) -> list[BlockWorker]:
+        return cast(list[BlockWorker], self._workers)
+
+    def worker_of(self, tp: TopicPartition) -> BlockWorker | None:
+        return next((cast(BlockWorker, w) for w in self._workers if tp in w.tps), None)
+
+
+async def test_a_wakeup_reaches_the_worker_of_its_partition_and_a_reconnect_every_worker() -> None:
+    """G5: would catch a commit's wake-up lost, or a reconnect that leaves a worker asleep."""
+    storage = SpyStorage()
+    await storage.register_topics({TOPIC: 4})
+    low, high = Worker(Block(TOPIC, 0, 1), [tp(0), tp(1)]), Worker(Block(TOPIC, 2, 0), [tp(2)])
+    m, registry = metrics()
+    task = asyncio.create_task(dispatch_wakeups(storage, Blocks(low, high), m))
+    try:
+        await storage.set_waiting([tp(1), tp(3)], True)
+        storage.add(Ping(key=keys_on(1, 4)[0]))
+        storage.add(Ping(key=keys_on(3, 4)[0]))  # nobody's: dropped
+        storage.signal_reconnect()
+        await until(lambda: len(high.woken) == 1, "the reconnect")
+        assert (low.woken, high.woken) == ([tp(1), None], [None])
+        assert registry.get_sample_value("outboxkit_relay_wakeups_total", {"reason": "reconnect"})
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_backlog_counts_pending_per_partition_and_names_the_stalled() -> None:
+    storage = SpyStorage()
+    await storage.register_topics({TOPIC: 2})
+    monitor = BacklogMonitor(storage, settings(stall_after=0.05), metrics()[0])
+    assert monitor.backlog is None  # not measured yet: the health shows no counts
+    storage.add(Ping(key=keys_on(1, 2)[0]))
+    await monitor.measure()
+    assert monitor.backlog is not None
+    assert monitor.backlog[tp(1)].pending == 1
+    assert monitor.pending({tp(0), tp(1)}) == 1
+    assert monitor.stalled == set()
+    await asyncio.sleep(0.1)
+    await monitor.measure()
+    assert monitor.stalled == {tp(1)}
+
+
+async def test_the_watch_logs_a_long_stage_once_per_interval_and_failures_with_their_backlog() -> (
+    None
+):
+    """Would catch a watch that logs a slow stage or a failing broker once per check (a line
+    per second per block) or forgets the partitions and backlog an operator needs."""
+    storage = SpyStorage()
+    await storage.register_topics({TOPIC: 2})
+    storage.add(Ping(key=keys_on(0, 2)[0]))
+    monitor = BacklogMonitor(storage, settings(), metrics()[0])
+    await monitor.measure()
+    slow = Worker(Block(TOPIC, 0, 0), [tp(0)], stage="send", stage_since=100.0)
+    failing = Worker(Block(TOPIC, 1, 0), [tp(1)], failing_since=100.0, last_error="down")
+    watch = StageWatch(Blocks(slow, failing), monitor, settings(slow_after=5.0))
+    with structlog.testing.capture_logs() as logs:
+        for now in (106.0, 107.0, 108.0, 112.0, 137.0):
+            watch.check(now)
+    events = [(e["event"], e.get("seconds") or e.get("failing_for")) for e in logs]
+    assert events == [
+        ("relay stage running long", 6.0),
+        ("cannot publish", 6.0),
+        ("cannot publish", 12.0),
+        ("relay stage running long", 37.0),
+        ("cannot publish", 37.0),
+    ]
+    report = next(e for e in logs if e["event"] == "cannot publish")
+    assert (report["partitions"], report["error"], report["backlog"]) == (["t/1"], "down", 0)
+    assert next(e for e in logs if e["event"] == "relay stage running long")["partitions"] == [
+        "t/0"
+    ]
+
+
+@dataclass
+class Purges:
+    """An outbox with ``kept`` published records past their retention."""
+
+    kept: int
+    calls: list[int] = field(default_factory=list)
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        deleted = min(self.kept, limit)
+        self.kept -= deleted
+        self.calls.append(deleted)
+        return deleted
+
+
+async def test_the_purge_deletes_in_batches_until_a_short_one_then_waits() -> None:
+    """G7: would catch a purge that stops after one batch (storage grows) or deletes all in
+    one statement."""
+    outbox = Purges(kept=25)
+    configured = settings(retention=60.0, cleanup_batch=10, cleanup_interval=30.0)
+    task = asyncio.create_task(clean_up(cast(OutboxStorage, outbox), configured))
+    try:
+        await until(lambda: outbox.calls == [10, 10, 5], "three batches")
+        await asyncio.sleep(0.05)
+        assert outbox.calls == [10, 10, 5], "then waits for the interval"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# -- departed relays ---------------------------------------------------------------------------
+
+
+async def test_the_check_announces_this_process_and_evicts_the_departed_ones() -> None:
+    """Would catch a dead relay left in the group until its session timeout, or a live one
+    (or this one) evicted."""
+    storage = SpyStorage()
+    group = ManualOwnership({TOPIC: 1})
+    group.others = {"dead", "alive"}
+    configured = settings(departed_check_interval=30.0)
+    m, registry = metrics()
+    check = DepartedCheck(configured, storage, group, m)
+    await check.announce()
+    assert storage.announced(configured.group_id) == ["manual-process"]
+    for other in ("dead", "alive"):
+        await storage.announce_member(configured.group_id, other)
+    storage.end_session(configured.group_id, "dead")
+    task = asyncio.create_task(check.run())
+    try:
+        await until(lambda: group.evicted == ["dead"], "the dead evicted")
+        assert group.others == {"alive"}
+        assert registry.get_sample_value("outboxkit_relay_departed_members_removed_total") == 1
+        # An assignment makes it look again at once, not after the 30 s interval.
+        storage.end_session(configured.group_id, "alive")
+        check.assigned()
+        await until(lambda: group.evicted == ["dead", "alive"], "checked again on assignment")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_check_the_storage_refuses_warns_once_a_minute_and_never_raises() -> None:
+    class Refusing(SpyStorage):
+        async def announce_member(self, group: str, member_id: str) -> None:
+            raise RuntimeError("permission denied for table relay_members")
+
+    check = DepartedCheck(settings(), Refusing(), ManualOwnership({TOPIC: 1}), metrics()[0])
+    with structlog.testing.capture_logs() as logs:
+        await check.announce()
+        for _ in range(3):
+            await check.check()
+    assert [e["event"] for e in logs] == [
+        "cannot check for dead relays; they leave the group at their session timeout"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "wanted"),
+    [
+        ({}, True),
+        ({"departed_check_interval": 0}, False),
+        ({"instance_id": "relay-1"}, False),
+    ],
+    ids=["default", "check-off", "static-membership"],
+)
+def test_the_check_runs_only_with_dynamic_membership(values: dict[str, Any], wanted: bool) -> None:
+    assert DepartedCheck.wanted(settings(**values)) is wanted
