@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiokafka.structs import TopicPartition
 
 #: Longest error text kept in a committed offset's metadata (Kafka's default limit for the whole
 #: metadata is 4096 bytes).
@@ -83,3 +86,29 @@ def is_stalled(
 ) -> bool:
     """Records are pending and nothing moved for ``stall_after`` seconds."""
     return bool(pending) and (progress_at is None or now - progress_at > stall_after)
+
+
+def troubled(
+    partitions: Mapping[TopicPartition, PartitionProgress],
+    pending: Mapping[TopicPartition, int],
+    stall_after: float,
+    now: float,
+) -> list[PartitionState]:
+    """The stalled and parked ones of ``partitions`` (``pending``: records pending of each)."""
+    found = []
+    for tp, progress in sorted(partitions.items()):
+        if progress.parked is None and not is_stalled(
+            pending.get(tp), progress.progress_at, stall_after, now
+        ):
+            continue
+        found.append(
+            PartitionState(
+                partition=f"{tp.topic}/{tp.partition}",
+                offset=progress.offset,
+                pending=pending.get(tp),
+                seconds_since_progress=round(now - progress.progress_at, 1),
+                last_error=progress.last_error,
+                parked=progress.parked,
+            )
+        )
+    return found
