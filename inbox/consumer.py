@@ -125,9 +125,7 @@ class InboxWorker(Generic[TX]):
             heartbeat_interval_ms=int(s.heartbeat_interval * 1000),
             client_id=self.group_id,
         )
-        offsets = OffsetCommitter(
-            consumer, inbox=self.inbox.name, stall_after=s.stall_after, metrics=self.metrics
-        )
+        offsets = OffsetCommitter(consumer, s, inbox=self.inbox.name, metrics=self.metrics)
         self._offsets = offsets
         consumer.subscribe(s.topics, listener=CommitOnRevoke(offsets, self._idle))
         producer = kafka_clients.producer(

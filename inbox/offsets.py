@@ -24,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.progress import PartitionProgress, is_stalled
+from outboxkit.inbox.settings import InboxSettings
 
 logger = structlog.get_logger("outboxkit.inbox")
 
@@ -46,20 +47,20 @@ class OffsetConsumer(Protocol):
 
 class OffsetCommitter:
     """Holds each assigned partition's :class:`PartitionProgress` and commits its offset to
-    ``consumer``'s group. ``stall_after``: seconds with records pending and no progress after
-    which a partition counts as stalled (a metric here, the health in the worker)."""
+    ``consumer``'s group, for inbox ``inbox``. A partition with records pending and no progress
+    for ``settings.stall_after`` counts as stalled (a metric here, the health in the worker)."""
 
     def __init__(
         self,
         consumer: OffsetConsumer,
+        settings: InboxSettings,
         *,
         inbox: str,
-        stall_after: float,
         metrics: InboxMetrics,
     ) -> None:
         self._consumer = consumer
+        self._stall_after = settings.stall_after
         self._inbox = inbox
-        self._stall_after = stall_after
         self._metrics = metrics
         #: Each assigned partition's progress (the delivery path moves its offset).
         self.partitions: dict[TopicPartition, PartitionProgress] = {}

@@ -1,0 +1,155 @@
+"""The inbox's delivery path (inbox/delivery.py) through its own interface,
+``await path.deliver(tp, records, progress)``, with the in-memory store and a dead-letter producer
+that keeps what it is sent: a partition's records take effect once each, in order (G5/G6); bad
+input is dead-lettered and the partition goes on (G8); the offset never moves past a record whose
+transaction did not commit, nor past one the dead-letter topic refuses for good (it parks)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+from outboxkit.core.memory import MemoryTransaction
+from outboxkit.inbox import InMemoryInboxStore
+from outboxkit.inbox.delivery import DeliveryPath
+from outboxkit.inbox.kafka import UnreadableRecord
+from outboxkit.inbox.progress import PartitionProgress
+from tests.helpers import wait_for
+from tests.unit.inbox_fakes import (
+    TOPIC,
+    TP,
+    Charged,
+    DeadLetterProducer,
+    charging_inbox,
+    metrics,
+    record,
+    settings,
+)
+
+
+def _path(
+    store: InMemoryInboxStore, producer: DeadLetterProducer, **overrides: object
+) -> tuple[DeliveryPath[MemoryTransaction], asyncio.Event]:
+    stopping = asyncio.Event()
+    inbox_metrics = metrics()
+    path = DeliveryPath(
+        charging_inbox(),
+        settings(**overrides),
+        store,
+        dead_letters=producer.writer(inbox_metrics),
+        stopping=stopping,
+        metrics=inbox_metrics,
+    )
+    return path, stopping
+
+
+async def test_a_redelivered_event_takes_effect_once_and_the_offset_passes_both() -> None:
+    """Would catch a duplicate running its handler again (G5), or a redelivery left behind."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    path, _ = _path(store, producer, transaction_batch=2)
+    first, second = Charged(order="a"), Charged(order="b")
+    progress = PartitionProgress()
+    records = [record(10, first), record(11, second), record(12, first), record(13, first)]
+
+    assert await path.deliver(TP, records, progress)
+
+    assert store.effects == [("charge", "a"), ("charge", "b")]
+    assert progress.offset == 14
+    assert producer.sent == []
+
+
+async def test_bad_input_is_dead_lettered_and_the_records_around_it_take_effect_in_order() -> None:
+    """Would catch bad input crashing the path or stopping the partition (G8), a dead letter
+    without its reason, or the records after it skipped or reordered."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    path, _ = _path(store, producer)
+    unreadable = UnreadableRecord(TOPIC, 0, 3, 5, "CorruptRecordException: bad CRC")
+    records = [
+        record(0, Charged(order="a")),
+        record(1, value=b"\xff not json"),
+        record(2, Charged(order="b")),
+        unreadable,
+        record(5, Charged(order="bad")),  # its handler raises every time
+        record(6, Charged(order="c")),
+    ]
+    progress = PartitionProgress()
+
+    assert await path.deliver(TP, records, progress)
+
+    assert store.effects == [("charge", "a"), ("charge", "b"), ("charge", "c")]
+    reasons = producer.reasons()
+    assert reasons[1:] == ["unreadable_record", "handler_failed"]
+    assert reasons[0] != "handler_failed"  # the decoder's own reason
+    assert {topic for topic, _, _ in producer.sent} == {f"{TOPIC}.dlq"}
+    assert progress.offset == 7
+    assert progress.parked is None
+
+
+async def test_a_dead_letter_refused_for_good_parks_the_partition_at_that_record() -> None:
+    """Would catch a record the dead-letter topic will never take being skipped (lost) or
+    retried forever, or the records after it taking effect before it."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    producer.failures = [
+        KafkaConnectionError("broker away"),  # retried
+        TopicAuthorizationFailedError("no ACL"),  # for good
+    ]
+    path, _ = _path(store, producer)
+    records = [
+        record(0, Charged(order="a")),
+        record(1, value=b"garbage"),
+        record(2, Charged(order="b")),
+    ]
+    progress = PartitionProgress()
+
+    assert not await path.deliver(TP, records, progress)
+
+    assert store.effects == [("charge", "a")]
+    assert progress.offset == 1
+    assert progress.parked is not None
+    assert "orders.dlq" in progress.parked
+    # parked stays parked: nothing more is delivered for the partition
+    assert not await path.deliver(TP, [record(3, Charged(order="c"))], progress)
+    assert progress.offset == 1
+
+
+async def test_the_offset_waits_while_the_database_is_away_then_the_record_takes_effect() -> None:
+    """Would catch the offset moving past records whose transaction did not commit (G6: the
+    committer would then commit them), or an outage dead-lettering them (not their fault)."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    path, _ = _path(store, producer)
+    progress = PartitionProgress()
+    store.unavailable = True
+    delivering = asyncio.create_task(
+        path.deliver(TP, [record(7, Charged(order="a")), record(8, Charged(order="b"))], progress)
+    )
+    await wait_for(lambda: not path.health.database_available, what="the outage seen")
+    await asyncio.sleep(0.05)  # several retries
+    assert progress.offset == 7
+    assert path.health.last_error is not None
+
+    store.unavailable = False
+    assert await delivering
+
+    assert store.effects == [("charge", "a"), ("charge", "b")]
+    assert progress.offset == 9
+    assert path.health.database_available
+    assert producer.sent == []
+
+
+async def test_stopping_during_an_outage_ends_the_delivery_without_moving_the_offset() -> None:
+    """Would catch a stop hanging on an outage, or counting the undelivered records as done."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    path, stopping = _path(store, producer, retry_backoff_max=30)
+    progress = PartitionProgress()
+    store.unavailable = True
+    delivering = asyncio.create_task(path.deliver(TP, [record(4, Charged(order="a"))], progress))
+    await wait_for(lambda: not path.health.database_available, what="the outage seen")
+
+    stopping.set()
+    async with asyncio.timeout(5):
+        assert await delivering  # not parked
+
+    assert progress.offset == 4
+    assert progress.parked is None
+    assert store.effects == []
