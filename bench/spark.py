@@ -3,6 +3,7 @@ throughput into each sink and its ratio to the raw rate, SparkSession start, and
 to end with a driver killed mid-stream, checked against a batch recount.
 
     python bench/spark.py [--events 1000000] [--partitions 4] [--master local[2]]
+    python bench/spark.py --events 300000 --phases compare --rounds 6   # issue #31's setup
 
 Starts its own PostgreSQL and one Apache Kafka node (or uses --postgres URL / --kafka HOST:PORT)
 and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on the same topic:
@@ -16,7 +17,16 @@ and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on t
    event (robust on a shared machine, unlike wall time); where the micro-batches' time went
    (Spark's ``durationMs`` per batch, and ``addBatch`` per step: the quarantine sink, whose
    first read also reads, decodes and deduplicates the batch, then each sink);
-3. kill/restart: the same job as ``python -m outboxkit.pipeline run`` with a 1 s trigger and
+3. compare: the pipeline against the job a data engineer writes by hand instead (issue #31):
+   ``readStream.format("kafka")`` → ``from_json(value::string, <OrderPlaced payload schema>)``
+   → ``foreachBatch(df.write.jdbc(..., mode="append"))`` with Spark's default JDBC options (no
+   validation, no dedupe, no quarantine), and the demo's job into PostgreSQL only; both
+   available-now with the same records per micro-batch on fresh checkpoints and tables, order
+   alternated, ``--rounds`` rounds; prints each run's events/s and Spark's CPU per event, then
+   the medians and the ratios pipeline/hand-written (the first round, which warms both up, left
+   out when there are more). ``--jobs`` adds diagnostic variants of the pipeline to each round
+   (``pipeline:no-quarantine``, ``:no-dedupe``… see ``JOB_VARIANTS``);
+4. kill/restart: the same job as ``python -m outboxkit.pipeline run`` with a 1 s trigger and
    100K records per batch, SIGKILLed after two committed batches, then resumed from its
    checkpoint (available-now); both sinks are compared with a batch recount of the distinct
    valid events (Kafka → decode → dropDuplicates → the same totals).
@@ -28,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -52,6 +63,14 @@ from outboxkit.migrations.postgres import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kafka_io import produce_events
+from bench.spark_compare import (
+    JOB_VARIANTS,
+    Compare,
+    breakdown,
+    compare_phase,
+    jdbc_driver,
+    tree_cpu,
+)
 
 
 async def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -111,38 +130,11 @@ def _frame_totals(frame: Any) -> dict[tuple[Any, ...], int]:
     }
 
 
-PHASES = ("postgresql", "delta", "both", "kill")
+PHASES = ("postgresql", "delta", "both", "compare", "kill")
 #: Records per micro-batch (``pipeline_max_offsets_per_trigger``) unless --setting says otherwise.
 BATCH = 100_000
 #: Records of the warm-up (the JIT compiles the decoder's and the job's code paths).
 WARMUP = 300_000
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live descendants, from ``/proc``: the
-    Spark JVM and its Python workers (Kafka and PostgreSQL are not counted)."""
-    total, pending = 0.0, [pid]
-    ticks = os.sysconf("SC_CLK_TCK")
-    while pending:
-        current = pending.pop()
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending += [int(c) for c in (task / "children").read_text().split()]
-    return total
-
-
-def _breakdown(report: Any) -> str:
-    """Where the micro-batches' time went: Spark's durationMs and the sinks, per batch."""
-    n = max(report.batches, 1)
-    spark = ", ".join(
-        f"{k} {v / n / 1000:.2f}"
-        for k, v in sorted(report.duration_ms.items(), key=lambda kv: -kv[1])
-        if v / n >= 5  # ms: leave out what never costs anything
-    )
-    steps = ", ".join(f"{k} {v / n:.2f}" for k, v in report.step_seconds.items())
-    return f"    s per batch: {spark}\n    addBatch steps: {steps}"
 
 
 def _compare(name: str, got: dict[tuple[Any, ...], int], want: dict[tuple[Any, ...], int]) -> None:
@@ -172,6 +164,16 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
         "--phases",
         default=",".join(PHASES),
         help=f"comma-separated, of {','.join(PHASES)} (raw always runs: the ratios need it)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the compare phase (each job once each)"
+    )
+    parser.add_argument(
+        "--jobs",
+        default="hand-written,pipeline",
+        help="comma-separated jobs of the compare phase: hand-written, pipeline, and the "
+        f"diagnostic variants {', '.join(JOB_VARIANTS)} (modifiers combine: "
+        "pipeline:no-quarantine:no-persist)",
     )
     parser.add_argument(
         "--setting",
@@ -228,8 +230,13 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                     **extra,
                 )
 
+            # The session's jars: the connector and Delta, and the hand-written job's driver.
+            jars = workdir / "jars"
+            jars.mkdir()
+            for jar in [*pipeline_jars(), *(jdbc_driver() if "compare" in phases else [])]:
+                (jars / jar.name).symlink_to(jar)
             started = time.perf_counter()
-            spark = build_session(settings("bench"))
+            spark = build_session(settings("bench", spark_jars=str(jars)))
             spark.sparkContext.setLogLevel("ERROR")
             print(f"SparkSession start: {time.perf_counter() - started:.1f} s ({args.master})")
 
@@ -246,11 +253,11 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
             jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
             raw = 0.0
             for attempt in (1, 2):  # the first read also warms the JVM up
-                cpu = _tree_cpu(jvm)
+                cpu = tree_cpu(jvm)
                 started = time.perf_counter()
                 count = source().count()
                 elapsed = time.perf_counter() - started
-                cpu = _tree_cpu(jvm) - cpu
+                cpu = tree_cpu(jvm) - cpu
                 raw = max(raw, count / elapsed)
                 print(
                     f"raw kafka source count #{attempt}: {count:,} in {elapsed:.1f} s "
@@ -280,18 +287,24 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                     for o in job.outputs
                 ]
                 job = type(job)(job.registry, outputs, job.quarantine)
-                cpu = _tree_cpu(jvm)
+                cpu = tree_cpu(jvm)
                 started = time.perf_counter()
                 report = run(job, job_settings, spark=spark)
                 elapsed = time.perf_counter() - started
-                cpu = _tree_cpu(jvm) - cpu
+                cpu = tree_cpu(jvm) - cpu
                 rate = report.input_rows / elapsed
                 print(
                     f"pipeline into {label}: {report.input_rows:,} events in {elapsed:.1f} s "
                     f"({report.batches} batches) = {rate:,.0f} events/s = {rate / raw:.2f}x raw; "
                     f"Spark's CPU {cpu / max(report.input_rows, 1) * 1e6:.0f} us/event"
                 )
-                print(_breakdown(report))
+                print(breakdown(report))
+
+            if "compare" in phases:
+                batch = int(extra["pipeline_max_offsets_per_trigger"])
+                jobs = functools.partial(settings, **extra)
+                ctx = Compare(spark, jvm, bootstrap, topic, pg_url, workdir, batch, jobs)
+                compare_phase(ctx, args.jobs.split(","), args.rounds)
 
             if "kill" not in phases:
                 spark.stop()
@@ -311,10 +324,6 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
                 **{f"OUTBOXKIT_{k.upper()}": str(v) for k, v in extra.items()},
                 "OUTBOXKIT_SPARK_MASTER": args.master,
             }
-            jars = workdir / "jars"
-            jars.mkdir()
-            for jar in pipeline_jars():
-                (jars / jar.name).symlink_to(jar)
             env["OUTBOXKIT_SPARK_JARS"] = str(jars)
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 conn.execute("DROP TABLE IF EXISTS shop_order_totals")

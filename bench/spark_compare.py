@@ -1,0 +1,265 @@
+"""The compare phase of bench/spark.py (issue #31): the pipeline against the job a data engineer
+writes by hand instead, in the same SparkSession, alternating, with Spark's CPU per event.
+
+The hand-written job: ``readStream.format("kafka")`` → ``from_json(value::string, <OrderPlaced
+payload schema>)`` → ``foreachBatch(df.write.jdbc(..., mode="append"))`` with Spark's default
+JDBC options: no validation, no dedupe, no quarantine. The pipeline: the demo's job
+(``order_totals``) into PostgreSQL only. Both available-now, the same records per micro-batch,
+a fresh checkpoint and table each run. The diagnostic variants (:data:`JOB_VARIANTS`) each leave
+one part of the pipeline out, to say what it costs; they are not valid pipelines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from outboxkit.core.maven import copy_dependencies
+from outboxkit.demo.events import OrderPlaced
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants, from ``/proc``: the
+    Spark JVM and its Python workers (Kafka and PostgreSQL are not counted)."""
+    total, pending = 0.0, [pid]
+    ticks = os.sysconf("SC_CLK_TCK")
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+    return total
+
+
+def breakdown(report: Any) -> str:
+    """Where the micro-batches' time went: Spark's durationMs and the sinks, per batch."""
+    n = max(report.batches, 1)
+    spark = ", ".join(
+        f"{k} {v / n / 1000:.2f}"
+        for k, v in sorted(report.duration_ms.items(), key=lambda kv: -kv[1])
+        if v / n >= 5  # ms: leave out what never costs anything
+    )
+    steps = ", ".join(f"{k} {v / n:.2f}" for k, v in report.step_seconds.items())
+    return f"    s per batch: {spark}\n    addBatch steps: {steps}"
+
+
+#: The hand-written job's PostgreSQL JDBC driver (group, artifact, version), fetched with Maven.
+JDBC_DRIVER = ("org.postgresql", "postgresql", "42.7.14")
+
+#: OrderPlaced's payload as a data engineer writes it for ``from_json`` (its JSON fields).
+ORDER_SCHEMA = (
+    "order_id STRING, customer_id STRING, currency STRING, "
+    "lines ARRAY<STRUCT<sku: STRING, quantity: INT, unit_price: DECIMAL(38,2)>>, "
+    "amount DECIMAL(38,2), note STRING"
+)
+
+#: What ``--jobs`` may name besides ``hand-written`` and ``pipeline``: a kind, then modifiers.
+#: Diagnostics only (each weakens a guarantee): they say what a part of the pipeline costs.
+JOB_VARIANTS = {
+    "pipeline:no-quarantine": "no quarantine sink (the batch's rows are read once, by totals)",
+    "pipeline:no-dedupe": "no watermark nor dropDuplicatesWithinWatermark (no state store)",
+    "pipeline:no-persist": "the micro-batch is not persisted (each sink reads it again)",
+    "pipeline:noop-sink": "totals computed, then written to Spark's noop format",
+    "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
+}
+
+
+def jdbc_driver() -> list[Path]:
+    """The PostgreSQL JDBC driver's jars, fetched with Maven once into outboxkit's cache."""
+    group, artifact, version = JDBC_DRIVER
+    dest = Path.home() / ".cache" / "outboxkit" / f"{artifact}-jdbc-{version}"
+    if not (dest / f"{artifact}-{version}.jar").exists():
+        with tempfile.TemporaryDirectory(prefix="outboxkit-jdbc-") as work:
+            jars = Path(work) / "jars"
+            result = copy_dependencies([JDBC_DRIVER], jars, work=Path(work), name=artifact)
+            if result.returncode:
+                output = (result.stdout + result.stderr)[-2000:]
+                raise SystemExit(f"Maven could not fetch {group}:{artifact}:{version}:\n{output}")
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(jars, dest)
+    return sorted(dest.glob("*.jar"))
+
+
+def _jdbc(url: str) -> tuple[str, dict[str, str]]:
+    """A libpq URL as Spark's JDBC URL and connection properties."""
+    parts = urllib.parse.urlsplit(url)
+    props = {"driver": "org.postgresql.Driver", "user": parts.username or "postgres"}
+    if parts.password:
+        props["password"] = urllib.parse.unquote(parts.password)
+    return f"jdbc:postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}", props
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    """What every job of the compare phase shares: the session, the topic, the database."""
+
+    spark: Any
+    jvm: int
+    bootstrap: str
+    topic: str
+    pg_url: str
+    workdir: Path
+    batch: int
+    settings: Callable[[str], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    job: str
+    rows: int
+    seconds: float
+    cpu: float
+    report: Any
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+    @property
+    def us(self) -> float:
+        return self.cpu / max(self.rows, 1) * 1e6
+
+
+def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
+    """readStream kafka → from_json → foreachBatch JDBC append (Spark's default options)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    from outboxkit.pipeline.job import report  # noqa: PLC0415
+
+    url, props = _jdbc(ctx.pg_url)
+    records = (
+        ctx.spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", ctx.bootstrap)
+        .option("subscribe", ctx.topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", ctx.batch)
+        .option("includeHeaders", str("pipeline-decode" in modifiers).lower())
+        .load()
+    )
+    if "pipeline-decode" in modifiers:
+        from outboxkit.demo.events import registry  # noqa: PLC0415
+        from outboxkit.pipeline import decode, event_column, valid_events  # noqa: PLC0415
+
+        order = F.col(event_column(OrderPlaced)).alias("o")
+        orders = valid_events(decode(records, registry)).select(order)
+    else:
+        value = F.col("value").cast("string")
+        orders = records.select(F.from_json(value, ORDER_SCHEMA).alias("o"))
+    orders = orders.select("o.order_id", "o.customer_id", "o.currency", "o.amount", "o.note")
+
+    def append(batch: Any, _batch_id: int) -> None:
+        batch.write.jdbc(url, name, mode="append", properties=props)
+
+    query = (
+        orders.writeStream.queryName(name)
+        .foreachBatch(append)
+        .option("checkpointLocation", str(ctx.workdir / "checkpoints" / name))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception():
+        raise SystemExit(f"{name} failed: {query.exception()}")
+    return report(query)
+
+
+class _NoopSink:
+    """Computes the rows and writes them nowhere (Spark's ``noop`` format)."""
+
+    name = "noop"
+
+    def prepare(self, spark: Any, output: str, database_url: str | None) -> None:
+        pass
+
+    def write(self, rows: Any, batch: Any) -> bool:
+        rows.write.format("noop").mode("overwrite").save()
+        return True
+
+
+def _pipeline(ctx: Compare, name: str, modifiers: list[str]) -> Any:
+    """The demo's job into PostgreSQL only, as the other phases run it, with ``modifiers``."""
+    from unittest import mock  # noqa: PLC0415
+
+    from pyspark.sql import DataFrame  # noqa: PLC0415
+
+    from outboxkit.demo.pipeline import order_totals  # noqa: PLC0415
+    from outboxkit.pipeline import PostgresSink, run  # noqa: PLC0415
+    from outboxkit.pipeline import job as job_module  # noqa: PLC0415
+
+    settings = ctx.settings(name)
+    job = order_totals(settings, table=name)
+    output = job.outputs[0]
+    sinks: list[Any] = [s for s in output.sinks if isinstance(s, PostgresSink)]
+    if "noop-sink" in modifiers:
+        sinks = [_NoopSink()]
+    job = dataclasses.replace(
+        job,
+        outputs=[dataclasses.replace(output, sinks=sinks)],
+        quarantine=None if "no-quarantine" in modifiers else job.quarantine,
+    )
+    with contextlib.ExitStack() as patches:
+        if "no-dedupe" in modifiers:
+            patches.enter_context(
+                mock.patch.object(job_module, "deduplicated", lambda decoded, _settings: decoded)
+            )
+        if "no-persist" in modifiers:
+            for method in ("persist", "unpersist"):
+                patches.enter_context(
+                    mock.patch.object(DataFrame, method, lambda self, *_args, **_kw: self)
+                )
+        return run(job, settings, spark=ctx.spark)
+
+
+def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
+    kind, *modifiers = job.split(":")
+    name = "_".join([kind, *modifiers, str(round_)]).replace("-", "_")
+    cpu = tree_cpu(ctx.jvm)
+    started = time.perf_counter()
+    report = (_hand_written if kind == "hand-written" else _pipeline)(ctx, name, modifiers)
+    seconds = time.perf_counter() - started
+    return _Run(job, report.input_rows, seconds, tree_cpu(ctx.jvm) - cpu, report)
+
+
+def compare_phase(ctx: Compare, jobs: list[str], rounds: int) -> None:
+    """Every job once per round, in an order rotated each round; then medians and ratios."""
+    print(f"compare, {rounds} rounds of {', '.join(jobs)}:")
+    runs: dict[str, list[_Run]] = {job: [] for job in jobs}
+    for round_ in range(1, rounds + 1):
+        shift = (round_ - 1) % len(jobs)
+        for job in jobs[shift:] + jobs[:shift]:
+            r = _run_job(ctx, job, round_)
+            runs[job].append(r)
+            print(
+                f"  round {round_} {job}: {r.rows:,} events in {r.seconds:.1f} s "
+                f"({r.report.batches} batches) = {r.rate:,.0f} events/s; "
+                f"Spark's CPU {r.us:.1f} us/event"
+            )
+            print(breakdown(r.report))
+    warm = slice(1, None) if rounds > 1 else slice(None)
+    print(f"compare, medians of rounds {'2' if rounds > 1 else '1'}-{rounds}:")
+    base = runs.get("hand-written", [])
+    for job, done in runs.items():
+        rate = statistics.median(r.rate for r in done[warm])
+        us = statistics.median(r.us for r in done[warm])
+        line = f"  {job}: {rate:,.0f} events/s, {us:.1f} us of Spark's CPU per event"
+        if base and job != "hand-written":
+            rates = [r.rate / b.rate for r, b in zip(done[warm], base[warm], strict=True)]
+            cpus = [r.us / b.us for r, b in zip(done[warm], base[warm], strict=True)]
+            line += (
+                f"; x hand-written, same round: events/s {statistics.median(rates):.2f} "
+                f"({min(rates):.2f}-{max(rates):.2f}), CPU per event "
+                f"{statistics.median(cpus):.2f} ({min(cpus):.2f}-{max(cpus):.2f})"
+            )
+        print(line)
+    print("  targets (#31): pipeline >= 0.8x the hand-written job's events/s, <= 1.5x its CPU")
