@@ -17,7 +17,7 @@ from outboxkit.check import REPLICA_SET_FIX
 from outboxkit.embedded._process import free_port
 from outboxkit.relay.mongodb import MongoOutboxStorage
 from outboxkit.relay.records import TopicPartition
-from outboxkit.relay.worker import RETRIABLE
+from outboxkit.relay.retry import RETRIABLE
 from tests.docs_snippets import REPO
 from tests.helpers import run_cli
 from tests.integration.standalone_mongod import standalone_mongod

@@ -18,7 +18,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outboxkit.relay import side_tasks, worker
+from outboxkit.relay import lease, side_tasks
 from outboxkit.relay.blocks import MAX_LEVEL, Block, containing, fence_ids, plan
 from outboxkit.relay.records import TopicPartition
 from tests.unit.relay_engine_harness import TOPIC, MakeHarness, make, tp, until
@@ -157,7 +157,7 @@ async def test_a_fenced_block_restarts_once_the_group_confirms_it_is_still_ours(
 ) -> None:
     """A fence that raced a rebalance (the partitions came back to this relay) must not leave
     them unpublished until the next rebalance."""
-    monkeypatch.setattr(worker, "FENCED_RECHECK", 0.05)
+    monkeypatch.setattr(lease, "FENCED_RECHECK", 0.05)
     h = await make(partitions=2, partitions_per_transaction=32)
     h.broker.script.append("fenced")
     first = h.add(0)

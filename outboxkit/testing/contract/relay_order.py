@@ -174,7 +174,7 @@ def _step(record: OutboxRecord) -> Step:
 
 @dataclass
 class SimulatedRelay:
-    """The worker's storage calls (relay/worker.py ``_cycle`` and ``_settle``), one step at a
+    """The worker's storage calls (relay/worker.py ``_cycle``, relay/settler.py), one step at a
     time so that writes can land anywhere: between cycles and between the ranks of one."""
 
     storage: OutboxStorage
