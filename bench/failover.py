@@ -87,6 +87,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--steady", type=float, default=20.0, help="seconds of steady load before and after"
     )
+    p.add_argument(
+        "--writers",
+        type=int,
+        default=16,
+        help="concurrent writer transactions (a majority commit on a replica set is slow: "
+        "the rate needs several)",
+    )
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--relays", type=int, default=3)
     p.add_argument("--inboxes", type=int, default=2)
@@ -188,6 +195,7 @@ async def _under_load(
         relays=args.relays,
         inboxes=args.inboxes,
         rate=args.rate,
+        concurrent_writers=args.writers,
     ) as run:
         await asyncio.sleep(args.steady)
         await scenario.run(run, target)

@@ -103,6 +103,9 @@ class FailoverRun:
     inboxes: int = 2
     rate: float = 200.0
     entities: int = 24
+    #: Concurrent writer transactions: at least ``rate`` times a transaction's time (a majority
+    #: commit on a 3-member replica set takes several times PostgreSQL's local one).
+    concurrent_writers: int = 4
     #: Seconds a fault may take to recover (everything committed has reached Kafka and taken
     #: effect) before the run fails with what is missing.
     recovery_timeout: float = 90.0
@@ -172,8 +175,7 @@ class FailoverRun:
             self._spawn(f"relay-{i}", RelayProcess, self.relay_env)
         for i in range(self.inboxes):
             self._spawn(f"inbox-{i}", InboxProcess, inbox_env(self.url, self.bootstrap, self.topic))
-        writers = 4
-        self.writers.start(writers=writers, pause=writers / self.rate)
+        self.writers.start(writers=self.concurrent_writers, rate=self.rate)
         self._writing = True
         # Steady: every partition published and effects taken.
         await wait_for(
@@ -266,6 +268,8 @@ class FailoverRun:
         and each fault's gaps."""
         self._writing = False
         await self.writers.stop()
+        commits = sorted(self.writers.committed_at.values())
+        load = len(commits) / (commits[-1] - commits[0]) if len(commits) > 1 else 0.0
         await wait_for(lambda: _drained(self.url), within=90, interval=0.25, what="outbox drain")
         await self._caught_up_to(time.time(), within=90)
         await wait_for(
@@ -274,7 +278,9 @@ class FailoverRun:
             interval=0.5,
             what="the inbox's offsets to reach the end",
         )
-        report = Report()
+        report = Report(
+            load=f"{len(commits)} events written, {load:.0f}/s (asked {self.rate:.0f}/s)"
+        )
         report.health = await self._health()
         published = await read_topic(self.bootstrap, self.topic, self.partitions)
         report.guarantees["G1+G2"] = _outcome(lambda: check_guarantees(self.writers, published))

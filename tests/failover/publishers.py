@@ -62,7 +62,7 @@ async def _read_partition(client: AIOKafkaClient, topic: str, partition: int) ->
                 await asyncio.sleep(0.2)
                 continue
             records = MemoryRecords(data[-1])
-            while (batch := records.settle_and_claim()) is not None:
+            while (batch := records.next_batch()) is not None:
                 if not batch.is_control_batch:
                     for record in batch:
                         sessions[record.offset] = (batch.producer_id, batch.producer_epoch)

@@ -88,6 +88,8 @@ class Report:
     guarantees: dict[str, tuple[bool, str]] = field(default_factory=dict)
     #: What was wrong with the processes at the end (dead, unhealthy, a traceback logged).
     health: list[str] = field(default_factory=list)
+    #: How many events the writers committed, and how fast.
+    load: str = ""
 
     @property
     def ok(self) -> bool:
@@ -95,6 +97,7 @@ class Report:
 
     def lines(self) -> list[str]:
         out = [
+            f"load: {self.load}",
             "| fault | what | events | delivery gap s (to send) | inbox gap s "
             "| commit→effect s | recovered after s | most delayed |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",

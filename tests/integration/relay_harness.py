@@ -150,22 +150,30 @@ class Writers:
     def total(self) -> int:
         return sum(len(ids) for ids in self.committed.values())
 
-    def start(self, *, writers: int = 4, pause: float = 0.002) -> None:
+    def start(self, *, writers: int = 4, pause: float = 0.002, rate: float | None = None) -> None:
+        """``writers`` tasks, each pausing ``pause`` after each commit; or, with ``rate``,
+        starting its writes ``writers / rate`` apart (a slow commit is not added to the pause:
+        a database whose transactions take longer still gets about ``rate``, given writers
+        enough)."""
         names = [f"entity-{i}" for i in range(self.entities)]
         for w in range(writers):
             mine = names[w::writers]
-            self._tasks.append(asyncio.create_task(self._write(mine, pause)))
+            self._tasks.append(
+                asyncio.create_task(self._write(mine, pause, rate and writers / rate))
+            )
 
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
-    async def _write(self, entities: list[str], pause: float) -> None:
+    async def _write(self, entities: list[str], pause: float, interval: float | None) -> None:
         writer = step_writer(self.url)
         seqs = dict.fromkeys(entities, 0)
         turn = 0
+        next_start = time.monotonic()
         try:
             while not self._stop.is_set():
+                next_start += interval or 0.0
                 entity = entities[turn % len(entities)]
                 turn += 1
                 event = self.kind(topic=self.topic, entity=entity, seq=seqs[entity])
@@ -180,7 +188,7 @@ class Writers:
                 self.committed[entity].append(event.id)
                 self.seq_of[event.id] = (entity, seqs[entity])
                 seqs[entity] += 1
-                await asyncio.sleep(pause)
+                await asyncio.sleep(pause if interval is None else next_start - time.monotonic())
         finally:
             await writer.close()
 

@@ -53,7 +53,9 @@ async def test_step_down_kill_and_rolling_restart_of_the_primary(
     )
     url = replica_set.url("shop")
     await migrate_mongodb_database(url)
-    async with FailoverRun(url, kafka_bootstrap, tmp_path, rate=150.0) as run:
+    async with FailoverRun(
+        url, kafka_bootstrap, tmp_path, rate=150.0, concurrent_writers=16
+    ) as run:
         for scenario in MONGODB_FAULTS.values():
             await scenario(run, replica_set)
         report = await run.finish()
