@@ -12,7 +12,7 @@ position order). A key with an older record still pending was seen only in part 
 and is held back until the next cycle, counted in ``outboxkit_relay_order_holds`` and logged.
 Within one read, a key's records must link up: the chain is cut at the first missing link.
 
-The head read itself is a snapshot read (:mod:`.storage`), so a hold means something outside
+The head read itself is a snapshot read (:mod:`.heads`), so a hold means something outside
 what the relay was designed against changed: the barrier turns it into a delay, never a reorder.
 A key whose first record has ``previous`` ``None`` (no position document existed) has no
 predecessor: it passes without a check. Memory is bounded: past :data:`REMEMBERED` keys the

@@ -15,6 +15,7 @@ from pymongo import AsyncMongoClient
 from outboxkit.core.mongodb import database_name
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.relay import MongoOutboxStorage, TopicPartition
+from outboxkit.relay.mongodb.heads import head_pipeline, older_pending_query
 from outboxkit.relay.postgres.storage import _QUERIES
 
 TOPIC = "plans"
@@ -116,20 +117,20 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
     await outbox.insert_one(failed)
     try:
         async with MongoOutboxStorage(mongo_url) as storage:
-            blocked = (await storage._blocked_keys([TP0]))[TP0]
+            blocked = (await storage.heads.blocked_keys([TP0]))[TP0]
             assert blocked == [b"h0"]
             explained = await storage.database.command(
                 "explain",
                 {
                     "aggregate": storage.outbox.name,
-                    "pipeline": storage.head_pipeline(TP0, blocked, LIMIT, depth=4),
+                    "pipeline": head_pipeline(TP0, blocked, LIMIT, depth=4),
                     "cursor": {},
                     "hint": "outbox_head_idx",
                 },
                 verbosity="executionStats",
             )
             records = await storage.settle_and_claim([TP0], LIMIT, depth=4)
-            where, fields = storage.older_pending_query(TP0, {b"h1": AROUND + 5, b"h3": AROUND + 9})
+            where, fields = older_pending_query(TP0, {b"h1": AROUND + 5, b"h3": AROUND + 9})
             checked = await storage.outbox.find(where, fields, hint="outbox_head_idx").explain()
     finally:
         await client.close()

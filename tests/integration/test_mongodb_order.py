@@ -27,7 +27,7 @@ from pymongo import AsyncMongoClient
 from outboxkit.core.mongodb import database_name
 from outboxkit.relay import MongoOutboxStorage, TopicPartition
 from outboxkit.relay.metrics import RelayMetrics
-from outboxkit.relay.mongodb.storage import HEAD_INDEX
+from outboxkit.relay.mongodb.heads import HEAD_INDEX, HeadReader, head_pipeline
 from outboxkit.relay.mongodb.writer import MongoOutbox
 from outboxkit.schemas import Event
 from tests.helpers import wait_for
@@ -57,13 +57,11 @@ async def yielding_mongo(mongo_factory: Any) -> str:
 
 
 async def _plain_head_read(
-    self: MongoOutboxStorage, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
+    self: HeadReader, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
 ) -> list[Any]:
     """The head read of 4bac9f4: a majority read, no snapshot (a read that yields resumes on
     a newer one)."""
-    cursor = await self.outbox.aggregate(
-        self.head_pipeline(tp, blocked, limit, depth), hint=HEAD_INDEX
-    )
+    cursor = await self.outbox.aggregate(head_pipeline(tp, blocked, limit, depth), hint=HEAD_INDEX)
     return [i for head in await cursor.to_list() for i in head["ids"]]
 
 
@@ -82,7 +80,7 @@ async def test_a_transaction_committing_during_the_head_read_is_never_published_
     all; with the head read made a plain yielding read again, the order barrier holds back what
     it saw in part (and counts it)."""
     if guard == "order barrier alone":
-        monkeypatch.setattr(MongoOutboxStorage, "_choose_head", _plain_head_read)
+        monkeypatch.setattr(HeadReader, "choose_head", _plain_head_read)
     registry = CollectorRegistry()
     RelayMetrics(registry)
 

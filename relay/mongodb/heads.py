@@ -1,0 +1,296 @@
+"""The claim's read on MongoDB: which pending records head each partition, read whole.
+
+One job, in three reads whatever the number of partitions: the keys a failed record blocks (all
+partitions at once), the choice of each partition's head (concurrently, each from one snapshot),
+then the chosen documents within the claim's byte bound. And the order barrier's check
+(:meth:`HeadReader.older_pending`): is an older record of a key still pending?
+
+The head of a partition is chosen by mongod from ``outbox_head_idx`` alone, a partial index that
+holds pending records only, by ``(topic, partition, position, _id, key)``: the choice stays an
+index range scan however many published or failed records the collection keeps, and only the
+chosen documents are read. It is a **snapshot read** (a point in time of majority-committed
+data): an ordinary read yields every so often and resumes on a newer snapshot, so a transaction
+that committed meanwhile shows only the records past the scan's position, and a key's later
+records looked like its head (issue #32: seq 12-15 published before 8-11 of one transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Collection, Mapping
+from typing import Any, TypeVar
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from outboxkit.core.mongodb import Client, Document, guarded, is_unavailable
+from outboxkit.core.mongodb import Collection as MongoCollection
+from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.mongodb.barrier import ChainKey, Link, link_of
+from outboxkit.relay.records import OutboxRecord, TopicPartition
+
+T = TypeVar("T")
+
+#: The head's choice reads this many records per record it may return: with repeated keys near the
+#: head, a wider window still fills the batch with distinct keys.
+SCAN_FACTOR = 4
+#: Bytes of blocked keys the head read's ``$nin`` carries at most (mongod's commands are limited
+#: to 16 MB; keys are at most 4 KiB, relay/limits.py): beyond, keys are dropped after the read.
+BLOCKED_IN_QUERY = 1_000_000
+#: A record's bytes as relay/limits.py's record_bytes counts them: key, value, header names
+#: (UTF-8) and values (headers are stored as [name, value] pairs).
+_SIZE: Document = {
+    "$add": [
+        {"$binarySize": "$key"},
+        {"$ifNull": [{"$binarySize": "$value"}, 0]},
+        {
+            "$reduce": {
+                "input": "$headers",
+                "initialValue": 0,
+                "in": {
+                    "$add": [
+                        "$$value",
+                        {"$strLenBytes": {"$arrayElemAt": ["$$this", 0]}},
+                        {"$binarySize": {"$arrayElemAt": ["$$this", 1]}},
+                    ]
+                },
+            }
+        },
+    ]
+}
+#: The partial index of pending records the head read uses (migrations/files/mongodb/0002).
+HEAD_INDEX = "outbox_head_idx"
+
+_RECORD_FIELDS = {
+    "topic": True,
+    "partition": True,
+    "key": True,
+    "value": True,
+    "headers": True,
+    "event_id": True,
+    "attempts": True,
+    "created_at": True,
+    "position": True,
+    "previous": True,
+}
+
+#: Server errors of a snapshot read that a later read does not meet: the point in time is
+#: older than the history mongod keeps, or newer than a collection's catalog change (a restart
+#: or failover); the relay retries them as an unavailable database.
+_SNAPSHOT_ERRORS = {"SnapshotTooOld", "SnapshotUnavailable"}
+
+
+class HeadReader:
+    """Reads the heads of partitions from ``outbox`` (the claim's read; nothing is written)."""
+
+    def __init__(self, client: Client, outbox: MongoCollection) -> None:
+        self._client = client
+        self.outbox = outbox
+
+    async def read(
+        self, tps: Collection[TopicPartition], limit: int, *, depth: int, max_bytes: int | None
+    ) -> list[tuple[OutboxRecord, Link]]:
+        """Of each partition of ``tps``, at most ``limit`` keys, oldest key first, each with its
+        ``depth`` oldest pending records in order (none skipped), keys a failed record blocks
+        left out; with ``max_bytes``, of each partition only those while the bytes before them
+        stay under it (always the first). Each with its link in its key's chain."""
+        if not tps:
+            return []
+        blocked = await self.blocked_keys(tps)
+        chosen = await asyncio.gather(
+            *(self.choose_head(tp, blocked.get(tp, []), limit, depth) for tp in tps)
+        )
+        ids = [record_id for head in chosen for record_id in head]
+        if not ids:
+            return []
+        by_id = {doc["_id"]: doc for doc in await self._documents(ids, max_bytes)}
+        # A record the CLI skipped or retried meanwhile is simply not there.
+        return [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
+
+    async def blocked_keys(
+        self, tps: Collection[TopicPartition]
+    ) -> dict[TopicPartition, list[bytes]]:
+        """Per partition, the keys with a failed record (per-key order: nothing overtakes it).
+        Few by construction, read from outbox_failed_idx in one query for all partitions."""
+        where = {
+            "state": "failed",
+            "$or": [{"topic": tp.topic, "partition": tp.partition} for tp in tps],
+        }
+        fields = {"_id": False, "topic": True, "partition": True, "key": True}
+        blocked: dict[TopicPartition, list[bytes]] = {}
+        for doc in await _guard(self.outbox.find(where, fields).to_list()):
+            keys = blocked.setdefault(TopicPartition(doc["topic"], doc["partition"]), [])
+            if doc["key"] not in keys:
+                keys.append(doc["key"])
+        return blocked
+
+    async def choose_head(
+        self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
+    ) -> list[Any]:
+        """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
+        first (see :func:`head_pipeline`), from one snapshot: every transaction is seen whole
+        or not at all. Blocked keys are left out by the query up to :data:`BLOCKED_IN_QUERY`
+        bytes of them, so that no command grows with the parked keys (mongod refuses a command
+        over 16 MB); any more are left out of what it returns."""
+        in_query, rest = split_by_size(blocked, BLOCKED_IN_QUERY)
+        pipeline = head_pipeline(tp, in_query, limit, depth)
+        async with self._client.start_session(snapshot=True, causal_consistency=False) as session:
+            cursor = await _guard_snapshot(
+                self.outbox.aggregate(pipeline, hint=HEAD_INDEX, session=session)
+            )
+            heads = await _guard_snapshot(cursor.to_list())
+        skipped = set(rest)
+        return [i for head in heads if bytes(head["_id"]) not in skipped for i in head["ids"]]
+
+    async def older_pending(self, keys: Mapping[TopicPartition, dict[bytes, int]]) -> set[ChainKey]:
+        """The keys of ``keys`` with a pending record older than the given position (the order
+        barrier's check), one read per partition (:func:`older_pending_query`)."""
+
+        async def of(tp: TopicPartition, positions: dict[bytes, int]) -> set[ChainKey]:
+            where, fields = older_pending_query(tp, positions)
+            found = self.outbox.find(where, fields, hint=HEAD_INDEX)
+            return {
+                (tp.topic, bytes(doc["key"]))
+                for doc in await _guard(found.to_list())
+                if doc["position"] < positions[bytes(doc["key"])]
+            }
+
+        found = await asyncio.gather(*(of(tp, positions) for tp, positions in keys.items()))
+        return set().union(*found)
+
+    async def _documents(self, ids: list[Any], max_bytes: int | None) -> list[Document]:
+        """The documents of ``ids``, within the claim's byte bound: of each partition, in the
+        head's order (key by key, each key's oldest first), those while the bytes of the ones
+        before them (:func:`~outboxkit.relay.limits.record_bytes`) stay under ``max_bytes``.
+        Read whole as long as no partition's documents pass the bound (the usual case: one
+        read, as without a bound); else sized on the server first, then only the chosen
+        documents are read."""
+        cursor = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
+        docs: list[Document] = []
+        size: dict[tuple[str, int], int] = {}
+        try:
+            async for doc in cursor:
+                tp = (doc["topic"], doc["partition"])
+                size[tp] = size.get(tp, 0) + doc_bytes(doc)
+                if max_bytes is not None and size[tp] > max_bytes:
+                    break
+                docs.append(doc)
+            else:
+                return docs
+        except PyMongoError as exc:
+            if is_unavailable(exc):
+                raise StorageUnavailableError(f"MongoDB is unavailable: {exc}") from exc
+            raise
+        finally:
+            await cursor.close()
+        del docs  # some partition needs cutting: what was read so far is not it
+        assert max_bytes is not None
+        return await self._bounded_documents(ids, max_bytes)
+
+    async def _bounded_documents(self, ids: list[Any], max_bytes: int) -> list[Document]:
+        fields = {"topic": True, "partition": True, "size": _SIZE}
+        sized = await _guard(self.outbox.find({"_id": {"$in": ids}}, fields).to_list())
+        by_id = {doc["_id"]: doc for doc in sized}
+        before: dict[tuple[str, int], int] = {}
+        chosen = []
+        for record_id in ids:  # the head's order
+            doc = by_id.get(record_id)
+            if doc is None:
+                continue
+            tp = (doc["topic"], doc["partition"])
+            if before.get(tp, 0) < max_bytes:
+                chosen.append(record_id)
+                before[tp] = before.get(tp, 0) + doc["size"]
+        found = self.outbox.find({"_id": {"$in": chosen}}, _RECORD_FIELDS)
+        return await _guard(found.to_list())
+
+
+def head_pipeline(
+    tp: TopicPartition, blocked: list[bytes], limit: int, depth: int = 1
+) -> list[Document]:
+    """The choice of ``tp``'s head, made by mongod from outbox_head_idx alone (a covered
+    read: every field it uses is in the index, no document is fetched): the first
+    ``4 * limit`` pending records in position order (an index range scan, no sort: the
+    index is in order; blocked keys left out so that they do not crowd the window); of
+    each key among them its ``depth`` oldest, in order (``$firstN`` keeps the scan's order:
+    a prefix of the key's pending records, none skipped, since a key's records commit in
+    position order); the ``limit`` keys whose oldest record comes first."""
+    match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
+    if blocked:
+        match["key"] = {"$nin": blocked}
+    return [
+        {"$match": match},
+        {"$sort": {"position": 1, "_id": 1}},
+        {"$limit": limit * SCAN_FACTOR},
+        {
+            "$group": {
+                "_id": "$key",
+                "ids": {"$firstN": {"input": "$_id", "n": depth}},
+                "id": {"$first": "$_id"},
+                "at": {"$first": "$position"},
+            }
+        },
+        {"$sort": {"at": 1, "id": 1}},
+        {"$limit": limit},
+    ]
+
+
+def older_pending_query(
+    tp: TopicPartition, positions: Mapping[bytes, int]
+) -> tuple[Document, Document]:
+    """Filter and projection of the pending records of ``positions``' keys below the newest
+    position asked about: a covered range scan of outbox_head_idx over the head's window,
+    where those records were read."""
+    where = {
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "state": "pending",
+        "position": {"$lt": max(positions.values())},
+        "key": {"$in": list(positions)},
+    }
+    return where, {"_id": False, "key": True, "position": True}
+
+
+def split_by_size(keys: list[bytes], budget: int) -> tuple[list[bytes], list[bytes]]:
+    """``keys`` as the longest prefix of at most ``budget`` bytes, and the rest."""
+    used = 0
+    for index, key in enumerate(keys):
+        used += len(key)
+        if used > budget:
+            return keys[:index], keys[index:]
+    return keys, []
+
+
+def doc_bytes(doc: Document) -> int:
+    """:func:`~outboxkit.relay.limits.record_bytes` of a document, as :data:`_SIZE` on mongod."""
+    value = doc["value"]
+    size = len(doc["key"]) + (0 if value is None else len(value))
+    return size + sum(len(str(name).encode()) + len(v) for name, v in doc["headers"])
+
+
+async def _guard(operation: Awaitable[T]) -> T:
+    """A server or network failure surfaces as the relay's retriable error."""
+    return await guarded(operation, StorageUnavailableError)
+
+
+async def _guard_snapshot(operation: Awaitable[T]) -> T:
+    """As :func:`_guard`; a snapshot that cannot be read now is retriable too."""
+    try:
+        return await _guard(operation)
+    except OperationFailure as exc:
+        if exc.details is not None and exc.details.get("codeName") in _SNAPSHOT_ERRORS:
+            raise StorageUnavailableError(f"MongoDB snapshot read: {exc}") from exc
+        raise
+
+
+def _record(doc: Document) -> OutboxRecord:
+    return OutboxRecord(
+        id=doc["_id"],
+        topic=doc["topic"],
+        partition=doc["partition"],
+        key=bytes(doc["key"]),
+        value=None if doc["value"] is None else bytes(doc["value"]),
+        headers=tuple((str(name), bytes(value)) for name, value in doc["headers"]),
+        event_id=doc["event_id"],
+        attempts=doc["attempts"],
+        created_at=doc["created_at"],
+    )
