@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ JOB_VARIANTS = {
     "pipeline:no-persist": "the micro-batch is not persisted (each sink reads it again)",
     "pipeline:noop-sink": "totals computed, then written to Spark's noop format",
     "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
+    "hand-written:scalars": "the hand-written job without the order lines (not parsed then)",
+    "<job>:<key>=<value>": "a Spark SQL setting for this job's query only",
 }
 
 
@@ -156,7 +159,11 @@ def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
     else:
         value = F.col("value").cast("string")
         orders = records.select(F.from_json(value, ORDER_SCHEMA).alias("o"))
-    orders = orders.select("o.order_id", "o.customer_id", "o.currency", "o.amount", "o.note")
+    scalars = ["o.order_id", "o.customer_id", "o.currency", "o.amount", "o.note"]
+    if "scalars" in modifiers:  # Spark then parses only these fields of the JSON
+        orders = orders.select(*scalars)
+    else:  # every field of the payload; JDBC has no type for an array of structs: JSON text
+        orders = orders.select(*scalars, F.to_json("o.lines").alias("lines"))
 
     def append(batch: Any, _batch_id: int) -> None:
         batch.write.jdbc(url, name, mode="append", properties=props)
@@ -223,10 +230,24 @@ def _pipeline(ctx: Compare, name: str, modifiers: list[str]) -> Any:
 
 def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
     kind, *modifiers = job.split(":")
-    name = "_".join([kind, *modifiers, str(round_)]).replace("-", "_")
+    name = "_".join([kind, *(m for m in modifiers if "=" not in m), str(round_)])
+    confs = dict(m.split("=", 1) for m in modifiers if "=" in m)
+    if confs:  # a table and a checkpoint of its own
+        name += f"_{zlib.crc32(job.encode()):08x}"
+    name = name.replace("-", "_")
+    before = {key: ctx.spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        ctx.spark.conf.set(key, value)
     cpu = tree_cpu(ctx.jvm)
     started = time.perf_counter()
-    report = (_hand_written if kind == "hand-written" else _pipeline)(ctx, name, modifiers)
+    try:
+        report = (_hand_written if kind == "hand-written" else _pipeline)(ctx, name, modifiers)
+    finally:
+        for key, value in before.items():
+            if value is None:
+                ctx.spark.conf.unset(key)
+            else:
+                ctx.spark.conf.set(key, value)
     seconds = time.perf_counter() - started
     return _Run(job, report.input_rows, seconds, tree_cpu(ctx.jvm) - cpu, report)
 
