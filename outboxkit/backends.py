@@ -41,13 +41,17 @@ from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.postgres import migrate as migrate_postgresql
 from outboxkit.relay import (
     InMemoryOutbox,
+    InMemoryOutboxOperations,
     InMemoryOutboxStorage,
     MongoOutbox,
+    MongoOutboxOperations,
     MongoOutboxStorage,
     MongoWakeups,
+    OutboxOperations,
     OutboxStorage,
     OutboxWriter,
     PostgresOutbox,
+    PostgresOutboxOperations,
     PostgresOutboxStorage,
     RelaySettings,
     StorageUnavailableError,
@@ -83,7 +87,13 @@ class Backend(Protocol):
     def outbox_storage(
         self, settings: ConnectionSettings
     ) -> contextlib.AbstractAsyncContextManager[OutboxStorage]:
-        """The outbox for operator commands (backlog, failed, retry, skip, replay, topics)."""
+        """The outbox for the operator commands that read or change it as the relay does
+        (``outboxkit outbox pending``, ``outboxkit topics sync``, ``outboxkit relay status``)."""
+
+    def outbox_operations(
+        self, settings: ConnectionSettings
+    ) -> contextlib.AbstractAsyncContextManager[OutboxOperations]:
+        """The operator's repairs (``outboxkit outbox failed|retry|skip|replay``)."""
 
     def inbox_store(
         self, settings: InboxSettings
@@ -145,6 +155,11 @@ class PostgresBackend:
             self.url, connect_timeout=settings.connect_timeout, application_name="outboxkit-cli"
         ) as storage:
             yield storage
+
+    def outbox_operations(
+        self, settings: ConnectionSettings
+    ) -> contextlib.AbstractAsyncContextManager[OutboxOperations]:
+        return PostgresOutboxOperations(self.url, connect_timeout=settings.connect_timeout)
 
     @contextlib.asynccontextmanager
     async def inbox_store(self, settings: InboxSettings) -> AsyncIterator[InboxStore[Any]]:
@@ -212,6 +227,11 @@ class MongoBackend:
     async def outbox_storage(self, settings: ConnectionSettings) -> AsyncIterator[OutboxStorage]:
         async with MongoOutboxStorage(self.url, connect_timeout=settings.connect_timeout) as s:
             yield s
+
+    def outbox_operations(
+        self, settings: ConnectionSettings
+    ) -> contextlib.AbstractAsyncContextManager[OutboxOperations]:
+        return MongoOutboxOperations(self.url, connect_timeout=settings.connect_timeout)
 
     @contextlib.asynccontextmanager
     async def inbox_store(self, settings: InboxSettings) -> AsyncIterator[InboxStore[Any]]:
@@ -295,6 +315,12 @@ class MemoryBackend:
     @contextlib.asynccontextmanager
     async def outbox_storage(self, settings: ConnectionSettings) -> AsyncIterator[OutboxStorage]:
         yield self.database.outbox
+
+    @contextlib.asynccontextmanager
+    async def outbox_operations(
+        self, settings: ConnectionSettings
+    ) -> AsyncIterator[OutboxOperations]:
+        yield InMemoryOutboxOperations(self.database.outbox)
 
     @contextlib.asynccontextmanager
     async def inbox_store(self, settings: InboxSettings) -> AsyncIterator[InboxStore[Any]]:

@@ -17,7 +17,7 @@ from outboxkit.relay.exceptions import (
     StorageUnavailableError,
     UnknownTopicError,
 )
-from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxStorage
+from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxOperations, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import (
     OutboxRecord,
@@ -28,19 +28,30 @@ from outboxkit.relay.records import (
 )
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.status import GroupStatus, MemberStatus, group_status
-from outboxkit.relay.storage import OutboxStorage, OutboxWriter, WakeupSource
+from outboxkit.relay.storage import OutboxOperations, OutboxStorage, OutboxWriter, WakeupSource
 
 if typing.TYPE_CHECKING:
-    from outboxkit.relay.mongodb import MongoOutbox, MongoOutboxStorage, MongoWakeups
-    from outboxkit.relay.postgres import PostgresOutbox, PostgresOutboxStorage
+    from outboxkit.relay.mongodb import (
+        MongoOutbox,
+        MongoOutboxOperations,
+        MongoOutboxStorage,
+        MongoWakeups,
+    )
+    from outboxkit.relay.postgres import (
+        PostgresOutbox,
+        PostgresOutboxOperations,
+        PostgresOutboxStorage,
+    )
 
 #: The database backends, imported on first use: the engine needs neither driver, and a service
 #: on PostgreSQL never loads pymongo (tests/unit/test_lazy_backends.py).
 _BACKENDS = {
     "MongoOutbox": "outboxkit.relay.mongodb",
+    "MongoOutboxOperations": "outboxkit.relay.mongodb",
     "MongoOutboxStorage": "outboxkit.relay.mongodb",
     "MongoWakeups": "outboxkit.relay.mongodb",
     "PostgresOutbox": "outboxkit.relay.postgres",
+    "PostgresOutboxOperations": "outboxkit.relay.postgres",
     "PostgresOutboxStorage": "outboxkit.relay.postgres",
 }
 
@@ -52,12 +63,15 @@ __all__ = [
     "EventTooLargeError",
     "GroupStatus",
     "InMemoryOutbox",
+    "InMemoryOutboxOperations",
     "InMemoryOutboxStorage",
     "MemberStatus",
     "MongoOutbox",
+    "MongoOutboxOperations",
     "MongoOutboxStorage",
     "MongoWakeups",
     "NotInTransactionError",
+    "OutboxOperations",
     "OutboxRecord",
     "OutboxStorage",
     "OutboxWriter",
@@ -65,6 +79,7 @@ __all__ = [
     "PartitionBacklog",
     "PartitionStatus",
     "PostgresOutbox",
+    "PostgresOutboxOperations",
     "PostgresOutboxStorage",
     "RecordInfo",
     "RecordState",

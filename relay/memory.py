@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -38,10 +38,29 @@ class _Row:
     published_at: datetime | None = None
 
 
+@dataclass
+class OutboxTable:
+    """The outbox's rows, shared by the storage and the operator's repairs."""
+
+    rows: dict[object, _Row] = field(default_factory=dict)
+    next_id: int = 1
+
+    def insert(self, record: OutboxRecord, event_type: str) -> OutboxRecord:
+        """``record`` committed now, under the next id (its commit order)."""
+        record = replace(record, id=self.next_id)
+        self.rows[record.id] = _Row(record, self.next_id, event_type, datetime.now(UTC))
+        self.next_id += 1
+        return record
+
+    def in_order(self) -> list[_Row]:
+        """Every row, in commit order."""
+        return sorted(self.rows.values(), key=lambda r: r.seq)
+
+
 class InMemoryOutboxStorage:
     def __init__(self) -> None:
-        self._rows: dict[object, _Row] = {}
-        self._next_id = 1
+        #: The rows (:class:`InMemoryOutboxOperations` repairs them).
+        self.table = OutboxTable()
         self._topics: dict[str, int] = {}
         self._waiting: set[TopicPartition] = set()
         self._wakeups: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
@@ -57,7 +76,7 @@ class InMemoryOutboxStorage:
         wire = encode(event, source=source)
         self.check_topic(wire.topic)
         record = OutboxRecord(
-            id=self._next_id,
+            id=None,
             topic=wire.topic,
             partition=partition_for_key(wire.key, self._topics[wire.topic]),
             key=wire.key,
@@ -66,8 +85,7 @@ class InMemoryOutboxStorage:
             event_id=event.id,
             created_at=datetime.now(UTC),
         )
-        self._rows[record.id] = _Row(record, self._next_id, event.event_type, datetime.now(UTC))
-        self._next_id += 1
+        record = self.table.insert(record, event.event_type)
         tp = TopicPartition(record.topic, record.partition)
         if tp in self._waiting:
             self._wakeups.put_nowait(tp)
@@ -79,7 +97,7 @@ class InMemoryOutboxStorage:
 
     @property
     def rows(self) -> list[tuple[OutboxRecord, RecordState]]:
-        return [(row.record, row.state) for row in self._rows.values()]
+        return [(row.record, row.state) for row in self.table.rows.values()]
 
     # -- OutboxStorage ----------------------------------------------------------------------
 
@@ -100,14 +118,14 @@ class InMemoryOutboxStorage:
         wanted = set(tps)
         blocked = {
             (_tp(row.record), row.record.key)
-            for row in self._rows.values()
+            for row in self.table.rows.values()
             if row.state == "failed" and _tp(row.record) in wanted
         }
         # The oldest ``depth`` records of each key, at most ``limit`` keys per partition, in
         # commit order (like PostgreSQL).
         heads: dict[TopicPartition, dict[bytes, list[OutboxRecord]]] = {tp: {} for tp in wanted}
         found: list[OutboxRecord] = []
-        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+        for row in self.table.in_order():
             tp = _tp(row.record)
             if row.state != "pending" or tp not in wanted or (tp, row.record.key) in blocked:
                 continue
@@ -132,17 +150,17 @@ class InMemoryOutboxStorage:
     def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         now = datetime.now(UTC)
         for record in records:
-            row = self._rows.get(record.id)
+            row = self.table.rows.get(record.id)
             if row is None:
                 continue
             if keep:
                 if row.state == "pending":
                     row.state, row.published_at = "published", now
             else:
-                del self._rows[record.id]
+                del self.table.rows[record.id]
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
-        row = self._rows.get(record.id)
+        row = self.table.rows.get(record.id)
         if row is None or row.state != "pending":
             return
         row.record = replace(row.record, attempts=row.record.attempts + 1)
@@ -167,16 +185,16 @@ class InMemoryOutboxStorage:
         cutoff = datetime.now(UTC) - older_than
         old = [
             rid
-            for rid, row in sorted(self._rows.items(), key=lambda item: item[1].seq)
+            for rid, row in sorted(self.table.rows.items(), key=lambda item: item[1].seq)
             if row.state == "published" and row.published_at and row.published_at < cutoff
         ][:limit]
         for rid in old:
-            del self._rows[rid]
+            del self.table.rows[rid]
         return len(old)
 
     async def backlog(self) -> list[PartitionBacklog]:
         stats: dict[TopicPartition, PartitionBacklog] = {}
-        for row in self._rows.values():
+        for row in self.table.rows.values():
             tp = _tp(row.record)
             current = stats.get(tp, PartitionBacklog(tp.topic, tp.partition, 0, None))
             if row.state == "pending":
@@ -191,41 +209,6 @@ class InMemoryOutboxStorage:
             stats[tp] = current
         return sorted(stats.values(), key=lambda b: (b.topic, b.partition))
 
-    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
-        rows = [r for r in sorted(self._rows.values(), key=lambda r: r.seq) if r.state == state]
-        return [_info(row) for row in rows[:limit]]
-
-    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
-        count = 0
-        for row in self._rows.values():
-            if row.state == "failed" and row.record.event_id in event_ids:
-                row.state, row.last_error = "pending", None
-                row.record = replace(row.record, attempts=0)
-                count += 1
-        return count
-
-    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
-        doomed = [
-            rid
-            for rid, row in self._rows.items()
-            if row.state == "failed" and row.record.event_id in event_ids
-        ]
-        for rid in doomed:
-            del self._rows[rid]
-        return len(doomed)
-
-    async def replay(self, event_ids: Sequence[UUID]) -> int:
-        kept = [
-            row
-            for row in sorted(self._rows.values(), key=lambda r: r.seq)
-            if row.state == "published" and row.record.event_id in event_ids
-        ]
-        for row in kept:
-            record = replace(row.record, id=self._next_id, attempts=0)
-            self._rows[record.id] = _Row(record, self._next_id, row.event_type, datetime.now(UTC))
-            self._next_id += 1
-        return len(kept)
-
     async def announce_member(self, group: str, member_id: str) -> None:
         self._members.setdefault((group, member_id), True)
 
@@ -238,6 +221,47 @@ class InMemoryOutboxStorage:
         for member in gone:
             del self._members[group, member]
         return gone
+
+
+class InMemoryOutboxOperations:
+    """The operator's repairs (:class:`~outboxkit.relay.storage.OutboxOperations`) on an
+    :class:`InMemoryOutboxStorage`'s rows."""
+
+    def __init__(self, storage: InMemoryOutboxStorage) -> None:
+        self._table = storage.table
+
+    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
+        rows = [r for r in self._table.in_order() if r.state == state]
+        return [_info(row) for row in rows[:limit]]
+
+    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
+        count = 0
+        for row in self._table.rows.values():
+            if row.state == "failed" and row.record.event_id in event_ids:
+                row.state, row.last_error = "pending", None
+                row.record = replace(row.record, attempts=0)
+                count += 1
+        return count
+
+    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
+        doomed = [
+            rid
+            for rid, row in self._table.rows.items()
+            if row.state == "failed" and row.record.event_id in event_ids
+        ]
+        for rid in doomed:
+            del self._table.rows[rid]
+        return len(doomed)
+
+    async def replay(self, event_ids: Sequence[UUID]) -> int:
+        kept = [
+            row
+            for row in self._table.in_order()
+            if row.state == "published" and row.record.event_id in event_ids
+        ]
+        for row in kept:
+            self._table.insert(replace(row.record, attempts=0), row.event_type)
+        return len(kept)
 
 
 def _tp(record: OutboxRecord) -> TopicPartition:

@@ -2,9 +2,10 @@
 
 The engine never sees SQL or documents: it reads and updates records through an
 :class:`OutboxStorage`, and learns that new records were committed from a :class:`WakeupSource`
-(hints only: the storage is the truth). PostgreSQL (:mod:`outboxkit.relay.postgres`), MongoDB
-(:mod:`outboxkit.relay.mongodb`) and an in-memory backend (:mod:`outboxkit.relay.memory`, for
-fast engine tests) implement both.
+(hints only: the storage is the truth). The operator's repairs are a third seam,
+:class:`OutboxOperations`, that the engine never uses. PostgreSQL
+(:mod:`outboxkit.relay.postgres`), MongoDB (:mod:`outboxkit.relay.mongodb`) and an in-memory
+backend (:mod:`outboxkit.relay.memory`, for fast engine tests) implement all three.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class OutboxWriter(Protocol[TX_contra]):
 
 
 class OutboxStorage(Protocol):
-    """The records: everything the relay and the operator commands read and change."""
+    """The records as the relay reads and changes them (the operator's commands ``outboxkit
+    outbox pending`` and ``outboxkit topics sync`` use :meth:`backlog` and
+    :meth:`register_topics` too)."""
 
     async def register_topics(self, partitions: Mapping[str, int]) -> None:
         """Record each topic's partition count; writers fix a row's partition with it."""
@@ -81,18 +84,6 @@ class OutboxStorage(Protocol):
     async def backlog(self) -> list[PartitionBacklog]:
         """Pending and failed counts and the oldest pending record per partition."""
 
-    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
-        """Records in ``state``, oldest first."""
-
-    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
-        """Put failed records back to pending (attempts reset); return how many."""
-
-    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
-        """Delete failed records without publishing them (unblocks their keys)."""
-
-    async def replay(self, event_ids: Sequence[UUID]) -> int:
-        """Publish kept (published) records again, after everything pending."""
-
     async def announce_member(self, group: str, member_id: str) -> None:
         """This process is ``member_id`` of consumer group ``group`` from now on (the relay
         announces its process key, :attr:`Ownership.process_key`), replacing what it announced
@@ -104,6 +95,25 @@ class OutboxStorage(Protocol):
         (it died, or lost the database): the relay asks Kafka to remove them at once rather
         than at their session timeout. Each is returned once. None when the storage cannot
         tell for sure (:mod:`outboxkit.relay.presence`): a wrong answer costs a rebalance."""
+
+
+class OutboxOperations(Protocol):
+    """The operator's repairs (``outboxkit outbox failed|retry|skip|replay``): the relay never
+    calls them, so a backend implements them apart from its :class:`OutboxStorage`. Each keeps
+    per-key order: a retried record is still its key's oldest, a replayed one goes after
+    everything pending of its key."""
+
+    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
+        """Records in ``state``, oldest first."""
+
+    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
+        """Put failed records back to pending (attempts reset); return how many."""
+
+    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
+        """Delete failed records without publishing them (unblocks their keys)."""
+
+    async def replay(self, event_ids: Sequence[UUID]) -> int:
+        """Publish kept (published) records again, after everything pending."""
 
 
 class WakeupSource(Protocol):

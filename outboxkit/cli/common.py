@@ -1,6 +1,6 @@
 """What the ``outboxkit`` commands share: exit codes, the ``--debug`` flag, loading settings
 (a bad one is exit code 2), logging, running a worker until a signal, and opening the outbox
-storage for one operation."""
+storage or its repairs for one operation."""
 
 from __future__ import annotations
 
@@ -8,21 +8,23 @@ import asyncio
 import gc
 import signal
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import typer
 from pydantic_settings import BaseSettings
 
-from outboxkit.backends import backend_for
+from outboxkit.backends import Backend, backend_for
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.logs import configure_logging
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
 from outboxkit.diagnose import preflight
 from outboxkit.probes import serve_probes
-from outboxkit.relay import OutboxStorage, StorageUnavailableError
+from outboxkit.relay import OutboxOperations, OutboxStorage, StorageUnavailableError
 
 T = TypeVar("T")
+P = TypeVar("P")
 S = TypeVar("S", bound=BaseSettings)
 
 EXIT_FAILED = 1
@@ -104,12 +106,28 @@ def collect_garbage_rarely() -> None:
 
 def run_storage(database_url: str | None, action: Callable[[OutboxStorage], Awaitable[T]]) -> T:
     """Run ``action`` on the outbox storage of ``database_url`` (after the database checks)."""
+    return _run_on_outbox(database_url, lambda b, settings: b.outbox_storage(settings), action)
+
+
+def run_operations(
+    database_url: str | None, action: Callable[[OutboxOperations], Awaitable[T]]
+) -> T:
+    """Run ``action`` on the operator's repairs of ``database_url``'s outbox (after the
+    database checks)."""
+    return _run_on_outbox(database_url, lambda b, settings: b.outbox_operations(settings), action)
+
+
+def _run_on_outbox(
+    database_url: str | None,
+    open_part: Callable[[Backend, ConnectionSettings], AbstractAsyncContextManager[P]],
+    action: Callable[[P], Awaitable[T]],
+) -> T:
     settings = load(ConnectionSettings, database_url=database_url)
 
     async def run() -> T:
         await preflight(settings, kafka=False)
-        async with backend_for(settings.database_url).outbox_storage(settings) as storage:
-            return await action(storage)
+        async with open_part(backend_for(settings.database_url), settings) as part:
+            return await action(part)
 
     try:
         return asyncio.run(run())

@@ -10,7 +10,7 @@ from uuid import UUID
 
 import typer
 
-from outboxkit.cli.common import EXIT_FAILED, parse_event_ids, run_storage
+from outboxkit.cli.common import EXIT_FAILED, parse_event_ids, run_operations, run_storage
 from outboxkit.cli_options import DatabaseUrl, JsonOutput, Limit
 from outboxkit.core.printable import printable
 
@@ -45,7 +45,7 @@ def outbox_failed(
     database_url: DatabaseUrl = None, limit: Limit = 100, json_output: JsonOutput = False
 ) -> None:
     """Records the broker refused (parked after retries), with their errors."""
-    records = run_storage(database_url, lambda s: s.list_records("failed", limit))
+    records = run_operations(database_url, lambda o: o.list_records("failed", limit))
     if json_output:
         typer.echo(json.dumps([asdict(r) for r in records], default=str, indent=2))
         return
@@ -64,7 +64,7 @@ def outbox_failed(
 def _repair(
     database_url: str | None, ids: list[UUID], verb: str, method: str, json_output: bool
 ) -> None:
-    count = run_storage(database_url, lambda s: getattr(s, method)(ids))
+    count = run_operations(database_url, lambda o: getattr(o, method)(ids))
     if count == 0:
         typer.echo(f"error: no matching record for {', '.join(map(str, ids))}", err=True)
         raise typer.Exit(EXIT_FAILED)

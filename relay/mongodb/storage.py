@@ -5,7 +5,8 @@ Collections (``outboxkit migrate`` creates them and their indexes; see
 
 - ``outboxkit.outbox``: one document per record; the relay chooses the head of a partition
   from ``outbox_head_idx`` alone (:mod:`.heads`).
-- ``outboxkit.keys``: the last position of each key (:mod:`.positions`).
+- ``outboxkit.keys``: the last position of each key (:mod:`.positions`; a replay takes new
+  ones, :mod:`.operations`).
 - ``outboxkit.topics``: partition counts, kept from Kafka's metadata by the relay.
 - ``outboxkit.relay_members``: the relays' member ids, each named by a client of its process
   (:mod:`.presence`).
@@ -25,10 +26,8 @@ from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
-from uuid import UUID
 
 from pymongo import UpdateOne
-from pymongo.asynchronous.client_session import AsyncClientSession
 
 from outboxkit.core.mongodb import (
     MAJORITY_READ,
@@ -37,18 +36,14 @@ from outboxkit.core.mongodb import (
     MongoConnection,
     collection,
     guarded,
-    in_transaction,
 )
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.barrier import OrderBarrier
 from outboxkit.relay.mongodb.heads import HEAD_INDEX, HeadReader
-from outboxkit.relay.mongodb.positions import take_positions
 from outboxkit.relay.mongodb.presence import MongoPresence
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
-    RecordInfo,
-    RecordState,
     TopicPartition,
 )
 
@@ -75,7 +70,6 @@ class MongoOutboxStorage(MongoConnection):
         self.outbox = collection(
             self.database, "outbox", read_concern=MAJORITY_READ, write_concern=MAJORITY_WRITE
         )
-        self._keys = collection(self.database, "keys")
         self._topics = collection(self.database, "topics", write_concern=MAJORITY_WRITE)
         self._presence = MongoPresence(
             url, self.database, app_name=app_name, connect_timeout=connect_timeout
@@ -197,58 +191,11 @@ class MongoOutboxStorage(MongoConnection):
             rows[tp] = replace(found, failed=row["n"])
         return [rows[tp] for tp in sorted(rows)]
 
-    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
-        cursor = self.outbox.find({"state": state}).sort("_id", 1).limit(limit)
-        return [_info(doc) for doc in await _guard(cursor.to_list())]
-
-    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
-        # The record keeps its position: it blocked its key, so it is still the key's oldest.
-        result = await _guard(
-            self.outbox.update_many(
-                {"state": "failed", "event_id": {"$in": list(event_ids)}},
-                {"$set": {"state": "pending", "attempts": 0}, "$unset": {"last_error": ""}},
-            )
-        )
-        return int(result.modified_count)
-
-    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
-        result = await _guard(
-            self.outbox.delete_many({"state": "failed", "event_id": {"$in": list(event_ids)}})
-        )
-        return int(result.deleted_count)
-
     async def announce_member(self, group: str, member_id: str) -> None:
         await self._presence.announce(group, member_id)
 
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         return await self._presence.departed(group, own_member_id)
-
-    async def replay(self, event_ids: Sequence[UUID]) -> int:
-        """Copies with new positions: published after everything already pending of their key,
-        never ahead of newer events. The event id stays, so inboxes that saw it absorb it."""
-
-        async def copy(session: AsyncClientSession) -> int:
-            kept = self.outbox.find(
-                {"state": "published", "event_id": {"$in": list(event_ids)}}, session=session
-            ).sort([("position", 1), ("_id", 1)])
-            copies = []
-            now = datetime.now(UTC)
-            async for doc in kept:
-                key = (doc["topic"], bytes(doc["key"]))
-                span = (await take_positions(self._keys, session, {key: 1}))[key]
-                copy = {k: v for k, v in doc.items() if k not in _PUBLISHED_ONLY}
-                fresh = {
-                    "position": span.first,
-                    "previous": span.previous,
-                    "created_at": now,
-                    "state": "pending",
-                }
-                copies.append({**copy, **fresh, "attempts": 0})
-            if copies:
-                await self.outbox.insert_many(copies, session=session)
-            return len(copies)
-
-        return await in_transaction(self._client, copy, unavailable=StorageUnavailableError)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -257,25 +204,6 @@ class MongoOutboxStorage(MongoConnection):
         return await cursor.to_list()
 
 
-#: Fields of a published record that its replayed copy does not take.
-_PUBLISHED_ONLY = {"_id", "published_at", "expires_at", "last_error", "attempts"}
-
-
 async def _guard(operation: Awaitable[T]) -> T:
     """A server or network failure surfaces as the relay's retriable error."""
     return await guarded(operation, StorageUnavailableError)
-
-
-def _info(doc: Document) -> RecordInfo:
-    return RecordInfo(
-        event_id=doc["event_id"],
-        event_type=doc["event_type"],
-        topic=doc["topic"],
-        partition=doc["partition"],
-        key=bytes(doc["key"]),
-        state=doc["state"],
-        attempts=doc["attempts"],
-        created_at=doc["created_at"],
-        last_error=doc.get("last_error"),
-        published_at=doc.get("published_at"),
-    )

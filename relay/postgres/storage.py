@@ -13,20 +13,17 @@ import logging
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
-from uuid import UUID
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from outboxkit.core.postgres import PooledStore, connect_session
+from outboxkit.core.postgres import connect_session
 from outboxkit.core.sql import load_queries
-from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.postgres.presence import PostgresPresence
+from outboxkit.relay.postgres.statements import NamedStatements
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
-    RecordInfo,
-    RecordState,
     TopicPartition,
 )
 
@@ -53,10 +50,10 @@ _SPLIT_AFTER = 200
 _NO_BYTE_BOUND = 2**62
 
 
-class PostgresOutboxStorage(PooledStore):
+class PostgresOutboxStorage(NamedStatements):
     """Use as ``async with PostgresOutboxStorage(url) as storage:``."""
 
-    unavailable = StorageUnavailableError
+    queries = _QUERIES
 
     def __init__(
         self,
@@ -90,18 +87,6 @@ class PostgresOutboxStorage(PooledStore):
 
     async def _close_own_connections(self) -> None:
         await self._presence.close()
-
-    async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
-        async with self._connection() as conn:
-            cur = await conn.execute(_QUERIES[name], params)
-            return cur.rowcount
-
-    async def _fetch(
-        self, name: str, params: Mapping[str, Any], *, binary: bool = False
-    ) -> list[TupleRow]:
-        async with self._connection() as conn:
-            cur = await conn.execute(_QUERIES[name], params, binary=binary)
-            return await cur.fetchall()
 
     # -- OutboxStorage ----------------------------------------------------------------------
 
@@ -257,33 +242,6 @@ class PostgresOutboxStorage(PooledStore):
             PartitionBacklog(t, p, pending, oldest, failed)
             for t, p, pending, oldest, failed in rows
         ]
-
-    async def list_records(self, state: RecordState, limit: int) -> list[RecordInfo]:
-        rows = await self._fetch("list_records", {"state": state, "limit": limit})
-        return [
-            RecordInfo(
-                event_id=eid,
-                event_type=etype,
-                topic=topic,
-                partition=partition,
-                key=bytes(key),
-                state=st,
-                attempts=attempts,
-                created_at=created,
-                last_error=error,
-                published_at=published,
-            )
-            for eid, etype, topic, partition, key, st, attempts, created, error, published in rows
-        ]
-
-    async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
-        return await self._execute("retry_failed", {"event_ids": list(event_ids)})
-
-    async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
-        return await self._execute("skip_failed", {"event_ids": list(event_ids)})
-
-    async def replay(self, event_ids: Sequence[UUID]) -> int:
-        return await self._execute("replay", {"event_ids": list(event_ids)})
 
 
 def _parse(payload: str) -> TopicPartition | None:

@@ -33,7 +33,7 @@ from outboxkit.core.mongodb import database_name
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox import InboxSettings, InboxStore
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
-from outboxkit.relay import OutboxStorage, RelaySettings, WakeupSource
+from outboxkit.relay import OutboxOperations, OutboxStorage, RelaySettings, WakeupSource
 
 BACKENDS = ["memory", "postgresql", "mongodb"]
 
@@ -70,6 +70,9 @@ class BackendCase:
         settings = RelaySettings(database_url=self.url, topics=["contract"], retention=retention)
         async with self.backend.relay(settings) as parts:
             yield parts
+
+    def operations(self) -> contextlib.AbstractAsyncContextManager[OutboxOperations]:
+        return self.backend.outbox_operations(self.settings)
 
     def transactions(
         self, *, pool_size: int

@@ -24,7 +24,7 @@ from outboxkit.core.settings import ConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced
 from outboxkit.fastapi import health_router, running
 from outboxkit.inbox import Inbox, InboxSettings
-from outboxkit.relay import PostgresOutboxStorage, RelaySettings
+from outboxkit.relay import PostgresOutboxOperations, RelaySettings
 from outboxkit.service import Outboxkit
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
@@ -163,8 +163,8 @@ async def test_an_order_takes_effect_in_payments_exactly_once(
                     await conn.execute("SELECT event_id FROM shop_payments LIMIT 5")
                 ).fetchall()
             ]
-        async with PostgresOutboxStorage(pg_url, pool_size=1, connect_timeout=5) as storage:
-            assert await storage.replay(ids) == 5
+        async with PostgresOutboxOperations(pg_url, connect_timeout=5) as operations:
+            assert await operations.replay(ids) == 5
         duplicates = payments.registry
         await wait_for(
             lambda: (

@@ -278,8 +278,8 @@ async def test_handler_chains_an_outbox_event_once(
     finally:
         worker.kill()
     settings = ConnectionSettings(database_url=db_url)
-    async with backend_for(db_url).outbox_storage(settings) as storage:
-        chained = await storage.list_records("pending", 100)
+    async with backend_for(db_url).outbox_operations(settings) as operations:
+        chained = await operations.list_records("pending", 100)
     assert Counter(r.key for r in chained if r.topic == "refunds-issued") == {
         f"r{i}".encode(): 1 for i in range(20)
     }

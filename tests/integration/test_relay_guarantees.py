@@ -312,21 +312,21 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
         await tx.run(lambda t: tx.outbox.add_many(t, [poison, behind, other]))
     env = relay_env(db_url, kafka_bootstrap, topic, OUTBOXKIT_MAX_ATTEMPTS="3")
     settings = ConnectionSettings(database_url=db_url)
-    async with backend.outbox_storage(settings) as storage:
+    async with backend.outbox_operations(settings) as operations:
         with relays(tmp_path, env) as (relay,):
 
             async def parked() -> bool:
-                return bool(await storage.list_records("failed", 10))
+                return bool(await operations.list_records("failed", 10))
 
             await wait_for(parked, within=60, what="the oversize record parked")
-            [failed] = await storage.list_records("failed", 10)
+            [failed] = await operations.list_records("failed", 10)
             assert failed.event_id == poison.id
             assert failed.attempts == 3
             assert failed.last_error is not None
             assert "MessageSizeTooLargeError" in failed.last_error
 
             async def only_its_key_waits() -> bool:
-                waiting = await storage.list_records("pending", 10)
+                waiting = await operations.list_records("pending", 10)
                 return [r.event_id for r in waiting] == [behind.id]
 
             # A refusal by the broker dooms its Kafka transaction: the healthy record of the
@@ -334,7 +334,7 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
             await wait_for(only_its_key_waits, within=30, what="other keys flowing")
             assert "record parked as failed" in relay.log()
 
-            assert await storage.skip_failed([poison.id]) == 1
+            assert await operations.skip_failed([poison.id]) == 1
             await wait_for(lambda: _is_empty(db_url), within=30, what="the key unblocked")
             published = await read_topic(kafka_bootstrap, topic, 1)
     ids = [event_id for _, event_id in published[0]]

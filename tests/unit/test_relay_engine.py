@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from outboxkit.relay.batches import first_per_key
 from outboxkit.relay.exceptions import StorageUnavailableError
+from outboxkit.relay.memory import InMemoryOutboxOperations
 from outboxkit.relay.records import OutboxRecord
 from tests.helpers import wait_for
 from tests.unit.relay_engine_harness import (
@@ -42,6 +43,11 @@ from tests.unit.relay_fakes import (
 )
 
 __all__ = ["make"]  # the fixture, from relay_engine_harness
+
+
+def operations(h: Harness) -> InMemoryOutboxOperations:
+    """The operator's repairs (``outboxkit outbox …``) on the harness's outbox."""
+    return InMemoryOutboxOperations(h.storage)
 
 
 # -- G1: every record published, then removed ------------------------------------------------
@@ -76,10 +82,10 @@ async def test_retention_keeps_published_rows_until_cleanup_purges_them(
     await h.start()
     await until(lambda: len(h.broker.ids()) == 5, "five records published")
 
-    kept = await h.storage.list_records("published", 10)
+    kept = await operations(h).list_records("published", 10)
     assert [info.event_id for info in kept] == [r.event_id for r in records]
     assert all(info.published_at is not None for info in kept)
-    assert await h.storage.list_records("pending", 10) == []
+    assert await operations(h).list_records("pending", 10) == []
 
     await until(lambda: not h.storage.rows, "the cleanup to purge them", within=3)
     assert {(older, limit) for older, limit, _ in h.storage.purges} == {(retention, 2)}
@@ -190,7 +196,7 @@ async def _check_scenario(s: Scenario, per_transaction: int, claim_depth: int) -
             blocked = {r.key for r in failed}
             if failed and all(r.key in blocked for r, _ in h.storage.rows):
                 # Only parked records and the records they block are left: skip the parked.
-                await h.storage.skip_failed([r.event_id for r in failed])
+                await operations(h).skip_failed([r.event_id for r in failed])
                 skipped.extend(failed)
                 h.storage.signal_reconnect()
             return not h.storage.rows
@@ -228,7 +234,7 @@ async def test_rejected_record_is_retried_with_backoff_then_parked(make: MakeHar
     assert sum(bad.id in call.ids for call in h.broker.calls) == 4  # no tight loop
     gaps = [later - earlier for earlier, later in itertools.pairwise(rejected_at)]
     assert min(gaps) >= 0.04, f"no backoff between attempts: {gaps}"
-    [info] = await h.storage.list_records("failed", 10)
+    [info] = await operations(h).list_records("failed", 10)
     assert (info.event_id, info.attempts, info.last_error) == (bad.event_id, 4, REJECTION)
     assert h.broker.ids() == [good.id]
     assert h.metric("outboxkit_relay_publish_errors_total", topic=TOPIC, kind="rejected") == 4
@@ -258,10 +264,10 @@ async def test_failed_record_blocks_its_key_until_retried_or_skipped(
     )
 
     if operator == "retry":
-        assert await h.storage.retry_failed([bad.event_id]) == 1
+        assert await operations(h).retry_failed([bad.event_id]) == 1
         expected = [other.id, bad.id, behind.id]
     else:
-        assert await h.storage.skip_failed([bad.event_id]) == 1
+        assert await operations(h).skip_failed([bad.event_id]) == 1
         expected = [other.id, behind.id]
     h.storage.signal_reconnect()
     await until(lambda: not h.storage.rows, "the key unblocked")

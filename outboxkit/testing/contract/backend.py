@@ -21,7 +21,7 @@ import pytest
 
 from outboxkit.backends import Transactions
 from outboxkit.inbox import InboxStore
-from outboxkit.relay import OutboxStorage, WakeupSource
+from outboxkit.relay import OutboxOperations, OutboxStorage, WakeupSource
 
 #: What a backend may declare it does, beyond what every backend must:
 #:
@@ -50,6 +50,9 @@ class RelayBackend(Protocol):
         """The relay's storage and wake-up source on this database, open. ``retention``: keep
         published records this long (``keep=True``) rather than the backend's default; a
         storage that stamps the expiry when it settles a record needs it."""
+
+    def operations(self) -> AbstractAsyncContextManager[OutboxOperations]:
+        """The operator's repairs (list, retry, skip, replay) on this database, open."""
 
     def transactions(self, *, pool_size: int) -> AbstractAsyncContextManager[Transactions]:
         """The service's side: its transactions and the outbox writer that goes with them, with

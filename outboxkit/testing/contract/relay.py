@@ -1,5 +1,7 @@
 """The relay's storage contract (:class:`~outboxkit.relay.OutboxStorage`,
-:class:`~outboxkit.relay.WakeupSource`): what every backend must do, proven on a real database.
+:class:`~outboxkit.relay.WakeupSource`, and the operator's
+:class:`~outboxkit.relay.OutboxOperations`): what every backend must do, proven on a real
+database.
 
 Records are written through the backend's own writer, in its own transactions, exactly as a
 service writes them; the tests then call the storage as the relay does. Subclass
@@ -22,6 +24,7 @@ import pytest_asyncio
 from outboxkit.backends import Transactions
 from outboxkit.relay import (
     NotInTransactionError,
+    OutboxOperations,
     OutboxRecord,
     OutboxStorage,
     TopicPartition,
@@ -98,6 +101,11 @@ class RelayStorageContract:
         ):
             await storage.register_topics({TOPIC: PARTITIONS})
             yield storage, wakeups, tx
+
+    @pytest_asyncio.fixture
+    async def operations(self, relay_backend: RelayBackend) -> AsyncIterator[OutboxOperations]:
+        async with relay_backend.operations() as operations:
+            yield operations
 
     async def test_the_head_is_oldest_first_with_each_keys_oldest_record(
         self, relay: Relay
@@ -230,7 +238,7 @@ class RelayStorageContract:
         assert seqs(await storage.settle_and_claim([TP0], 10)) == [(A, 1)]
 
     async def test_a_failed_record_blocks_its_key_until_retried_or_skipped(
-        self, relay: Relay
+        self, relay: Relay, operations: OutboxOperations
     ) -> None:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=A, seq=1), Step(entity=B, seq=0))
@@ -241,20 +249,20 @@ class RelayStorageContract:
         assert seqs([again]) == [(A, 0)]
         await storage.record_failure(again, "too large", give_up=True)
         assert seqs(await storage.settle_and_claim([TP0], 10)) == [(B, 0)]
-        [failed] = await storage.list_records("failed", 10)
+        [failed] = await operations.list_records("failed", 10)
         assert failed.event_id == a0.event_id
         assert failed.last_error == "too large"
         assert failed.attempts == 2
-        assert await storage.retry_failed([a0.event_id]) == 1
+        assert await operations.retry_failed([a0.event_id]) == 1
         assert seqs(first_per_key(await storage.settle_and_claim([TP0], 10))) == [(A, 0), (B, 0)]
         [retried, _] = await storage.settle_and_claim([TP0], 10)
         await storage.record_failure(retried, "still too large", give_up=True)
-        assert await storage.skip_failed([a0.event_id]) == 1
+        assert await operations.skip_failed([a0.event_id]) == 1
         assert seqs(first_per_key(await storage.settle_and_claim([TP0], 10))) == [(A, 1), (B, 0)]
-        assert await storage.list_records("failed", 10) == []
+        assert await operations.list_records("failed", 10) == []
 
     async def test_published_records_are_deleted_or_kept_then_replayed_after_pending(
-        self, relay: Relay
+        self, relay: Relay, operations: OutboxOperations
     ) -> None:
         storage, _, tx = relay
         await write(tx, Step(entity=A, seq=0), Step(entity=B, seq=0))
@@ -262,11 +270,11 @@ class RelayStorageContract:
         await storage.settle_and_claim([], 1, published=[a0], keep=True)
         await storage.settle_and_claim([], 1, published=[b0], keep=False)
         assert await storage.settle_and_claim([TP0], 10) == []
-        [kept] = await storage.list_records("published", 10)
+        [kept] = await operations.list_records("published", 10)
         assert kept.event_id == a0.event_id
         assert kept.published_at is not None
         await write(tx, Step(entity=A, seq=1))
-        assert await storage.replay([a0.event_id, b0.event_id]) == 1
+        assert await operations.replay([a0.event_id, b0.event_id]) == 1
         pending = await storage.settle_and_claim([TP0], 10)
         assert seqs(pending[:1]) == [(A, 1)], "a replay never overtakes a newer pending event"
         await storage.settle_and_claim([], 1, published=pending[:1], keep=False)
@@ -274,7 +282,9 @@ class RelayStorageContract:
         assert replayed.event_id == a0.event_id
         assert seqs([replayed]) == [(A, 0)]
 
-    async def test_retention_cleanup_deletes_kept_records_in_batches(self, relay: Relay) -> None:
+    async def test_retention_cleanup_deletes_kept_records_in_batches(
+        self, relay: Relay, operations: OutboxOperations
+    ) -> None:
         storage, _, tx = relay
         await write(tx, *(Step(entity=k, seq=0) for k in keys_on(0, 5)))
         await storage.settle_and_claim(
@@ -282,7 +292,7 @@ class RelayStorageContract:
         )
         assert await storage.purge_published(timedelta(seconds=0), 3) == 3
         assert await storage.purge_published(timedelta(seconds=0), 3) == 2
-        assert await storage.list_records("published", 10) == []
+        assert await operations.list_records("published", 10) == []
 
     async def test_backlog_counts_pending_and_failed_per_partition(self, relay: Relay) -> None:
         storage, _, tx = relay
