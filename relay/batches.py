@@ -32,7 +32,7 @@ def first_per_key(records: Sequence[OutboxRecord]) -> list[OutboxRecord]:
     return ranks[0] if ranks else []
 
 
-class InFlightBudget:
+class InFlightLimit:
     """Bounds the records sent and not yet confirmed, over all blocks."""
 
     def __init__(self, limit: int, metrics: RelayMetrics) -> None:

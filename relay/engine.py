@@ -20,7 +20,7 @@ from typing import Protocol
 import structlog
 
 from outboxkit.core.kafka import leave_group
-from outboxkit.relay.batches import InFlightBudget
+from outboxkit.relay.batches import InFlightLimit
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
 from outboxkit.relay.exceptions import StorageUnavailableError
@@ -111,7 +111,7 @@ class Relay:
         self._publisher_factory = publisher_factory or (lambda b: KafkaPublisher(b, settings))
         self._ownership_factory = ownership_factory
         self._fencer_factory = fencer_factory
-        self._budget = InFlightBudget(settings.max_in_flight, self.metrics)
+        self._budget = InFlightLimit(settings.max_in_flight, self.metrics)
         self._progress = Progress()
         self._partitions = PartitionReconciler(
             settings, self.metrics, self._new_worker, self._progress.failed

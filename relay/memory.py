@@ -116,7 +116,7 @@ class InMemoryOutboxStorage:
     ) -> list[OutboxRecord]:
         self._settle(published, keep=keep)
         wanted = set(tps)
-        blocked = {
+        held = {
             (_tp(row.record), row.record.key)
             for row in self.table.rows.values()
             if row.state == "failed" and _tp(row.record) in wanted
@@ -127,7 +127,7 @@ class InMemoryOutboxStorage:
         found: list[OutboxRecord] = []
         for row in self.table.in_order():
             tp = _tp(row.record)
-            if row.state != "pending" or tp not in wanted or (tp, row.record.key) in blocked:
+            if row.state != "pending" or tp not in wanted or (tp, row.record.key) in held:
                 continue
             head = heads[tp]
             if row.record.key not in head and len(head) >= limit:

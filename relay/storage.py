@@ -76,7 +76,7 @@ class OutboxStorage(Protocol):
         only)."""
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:
-        """Count a failed attempt; with ``give_up`` park the record as failed (blocks its key)."""
+        """Count a failed attempt; with ``give_up`` park the record as failed (it holds its key)."""
 
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` published records older than ``older_than``; return how many."""
@@ -110,7 +110,7 @@ class OutboxOperations(Protocol):
         """Put failed records back to pending (attempts reset); return how many."""
 
     async def skip_failed(self, event_ids: Sequence[UUID]) -> int:
-        """Delete failed records without publishing them (unblocks their keys)."""
+        """Delete failed records without publishing them (releases their keys)."""
 
     async def replay(self, event_ids: Sequence[UUID]) -> int:
         """Publish kept (published) records again, after everything pending."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from outboxkit.relay.batches import InFlightBudget, by_depth
+from outboxkit.relay.batches import InFlightLimit, by_depth
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.clock import StageClock
 from outboxkit.relay.exceptions import OwnershipLostError
@@ -60,7 +60,7 @@ class WorkerContext:
     storage: OutboxStorage
     wakeups: WakeupSource
     metrics: RelayMetrics
-    budget: InFlightBudget
+    budget: InFlightLimit
     publisher_factory: PublisherFactory
     fencer: Fencer
     confirm: Confirm

@@ -78,7 +78,7 @@ def _repair(
 def outbox_retry(
     event_ids: EventIds, database_url: DatabaseUrl = None, json_output: JsonOutput = False
 ) -> None:
-    """Put failed records back in line (their key stays blocked until they are published)."""
+    """Put failed records back in line (their key stays held back until they are published)."""
     _repair(database_url, parse_event_ids(event_ids), "retrying", "retry_failed", json_output)
 
 

@@ -33,9 +33,9 @@ T = TypeVar("T")
 #: The head's choice reads this many records per record it may return: with repeated keys near the
 #: head, a wider window still fills the batch with distinct keys.
 SCAN_FACTOR = 4
-#: Bytes of blocked keys the head read's ``$nin`` carries at most (mongod's commands are limited
+#: Bytes of held keys the head read's ``$nin`` carries at most (mongod's commands are limited
 #: to 16 MB; keys are at most 4 KiB, relay/limits.py): beyond, keys are dropped after the read.
-BLOCKED_IN_QUERY = 1_000_000
+HELD_IN_QUERY = 1_000_000
 #: A record's bytes as relay/limits.py's record_bytes counts them: key, value, header names
 #: (UTF-8) and values (headers are stored as [name, value] pairs).
 _SIZE: Document = {
@@ -95,9 +95,9 @@ class HeadReader:
         stay under it (always the first). Each with its link in its key's chain."""
         if not tps:
             return []
-        blocked = await self.blocked_keys(tps)
+        held = await self.held_keys(tps)
         chosen = await asyncio.gather(
-            *(self.choose_head(tp, blocked.get(tp, []), limit, depth) for tp in tps)
+            *(self.choose_head(tp, held.get(tp, []), limit, depth) for tp in tps)
         )
         ids = [record_id for head in chosen for record_id in head]
         if not ids:
@@ -106,9 +106,7 @@ class HeadReader:
         # A record the CLI skipped or retried meanwhile is simply not there.
         return [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
 
-    async def blocked_keys(
-        self, tps: Collection[TopicPartition]
-    ) -> dict[TopicPartition, list[bytes]]:
+    async def held_keys(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, list[bytes]]:
         """Per partition, the keys with a failed record (per-key order: nothing overtakes it).
         Few by construction, read from outbox_failed_idx in one query for all partitions."""
         where = {
@@ -116,22 +114,22 @@ class HeadReader:
             "$or": [{"topic": tp.topic, "partition": tp.partition} for tp in tps],
         }
         fields = {"_id": False, "topic": True, "partition": True, "key": True}
-        blocked: dict[TopicPartition, list[bytes]] = {}
+        held: dict[TopicPartition, list[bytes]] = {}
         for doc in await _guard(self.outbox.find(where, fields).to_list()):
-            keys = blocked.setdefault(TopicPartition(doc["topic"], doc["partition"]), [])
+            keys = held.setdefault(TopicPartition(doc["topic"], doc["partition"]), [])
             if doc["key"] not in keys:
                 keys.append(doc["key"])
-        return blocked
+        return held
 
     async def choose_head(
-        self, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
+        self, tp: TopicPartition, held: list[bytes], limit: int, depth: int
     ) -> list[Any]:
         """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
         first (see :func:`head_pipeline`), from one snapshot: every transaction is seen whole
-        or not at all. Blocked keys are left out by the query up to :data:`BLOCKED_IN_QUERY`
+        or not at all. Held keys are left out by the query up to :data:`HELD_IN_QUERY`
         bytes of them, so that no command grows with the parked keys (mongod refuses a command
         over 16 MB); any more are left out of what it returns."""
-        in_query, rest = split_by_size(blocked, BLOCKED_IN_QUERY)
+        in_query, rest = split_by_size(held, HELD_IN_QUERY)
         pipeline = head_pipeline(tp, in_query, limit, depth)
         async with self._client.start_session(snapshot=True, causal_consistency=False) as session:
             cursor = await _guard_snapshot(
@@ -205,18 +203,18 @@ class HeadReader:
 
 
 def head_pipeline(
-    tp: TopicPartition, blocked: list[bytes], limit: int, depth: int = 1
+    tp: TopicPartition, held: list[bytes], limit: int, depth: int = 1
 ) -> list[Document]:
     """The choice of ``tp``'s head, made by mongod from outbox_head_idx alone (a covered
     read: every field it uses is in the index, no document is fetched): the first
     ``4 * limit`` pending records in position order (an index range scan, no sort: the
-    index is in order; blocked keys left out so that they do not crowd the window); of
+    index is in order; held keys left out so that they do not crowd the window); of
     each key among them its ``depth`` oldest, in order (``$firstN`` keeps the scan's order:
     a prefix of the key's pending records, none skipped, since a key's records commit in
     position order); the ``limit`` keys whose oldest record comes first."""
     match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
-    if blocked:
-        match["key"] = {"$nin": blocked}
+    if held:
+        match["key"] = {"$nin": held}
     return [
         {"$match": match},
         {"$sort": {"position": 1, "_id": 1}},

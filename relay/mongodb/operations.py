@@ -1,7 +1,7 @@
 """MongoDB implementation of :class:`~outboxkit.relay.storage.OutboxOperations`: the operator's
 repairs (``outboxkit outbox failed|retry|skip|replay``), on a client of their own.
 
-Each keeps per-key order (G2): a retried record keeps its position (it blocked its key, so it
+Each keeps per-key order (G2): a retried record keeps its position (it held back its key, so it
 is still the key's oldest), and a replayed one is a copy with a new position taken as a writer
 takes one (:mod:`.positions`), after everything already pending of its key.
 """
@@ -46,7 +46,7 @@ class MongoOutboxOperations(mongodb.MongoConnection):
         return [_info(doc) for doc in await _guard(cursor.to_list())]
 
     async def retry_failed(self, event_ids: Sequence[UUID]) -> int:
-        # The record keeps its position: it blocked its key, so it is still the key's oldest.
+        # The record keeps its position: it held back its key, so it is still the key's oldest.
         result = await _guard(
             self._outbox.update_many(
                 {"state": "failed", "event_id": {"$in": list(event_ids)}},

@@ -70,7 +70,7 @@ CROSS JOIN LATERAL (
     SELECT coalesce(array_agg(f.key), '{}') AS keys
     FROM outboxkit.outbox f
     WHERE f.state = 'failed' AND f.topic = p.topic AND f.partition = p.partition
-) blocked
+) held
 CROSS JOIN LATERAL (
     SELECT sized.id, sized.topic, sized.partition, sized.key, sized.value,
            sized.header_names, sized.header_values, sized.event_id, sized.attempts,
@@ -98,7 +98,7 @@ CROSS JOIN LATERAL (
                   AND (o.partition, o.id) >= (p.partition, 0)
                   AND (o.partition, o.id) < (p.partition + 1, 0)
                   AND o.id <> ALL(%(published)s::bigint[])
-                  AND o.key <> ALL(blocked.keys)
+                  AND o.key <> ALL(held.keys)
                 ORDER BY o.topic, o.partition, o.id
                 LIMIT %(scan)s
             ) head

@@ -117,13 +117,13 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
     await outbox.insert_one(failed)
     try:
         async with MongoOutboxStorage(mongo_url) as storage:
-            blocked = (await storage.heads.blocked_keys([TP0]))[TP0]
-            assert blocked == [b"h0"]
+            held = (await storage.heads.held_keys([TP0]))[TP0]
+            assert held == [b"h0"]
             explained = await storage.database.command(
                 "explain",
                 {
                     "aggregate": storage.outbox.name,
-                    "pipeline": head_pipeline(TP0, blocked, LIMIT, depth=4),
+                    "pipeline": head_pipeline(TP0, held, LIMIT, depth=4),
                     "cursor": {},
                     "hint": "outbox_head_idx",
                 },

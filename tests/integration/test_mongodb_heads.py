@@ -3,7 +3,7 @@ on a real mongod: which records head each partition, the byte bound, and the ord
 check. Documents are inserted with chosen positions, so every expectation is exact.
 
 Partition 0 holds, by position: a@10, b@11, a@12, c@13, a@14, b@15, d@16, and d@5 failed (d is
-blocked); partition 1 holds e@1."""
+held back); partition 1 holds e@1."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ async def test_each_partitions_head_is_its_oldest_keys_each_with_a_prefix_of_its
     reader: HeadReader,
 ) -> None:
     """Key by key, oldest key first, each key's oldest ``depth`` in order, at most ``limit``
-    keys per partition, the blocked key left out; each record with its link. Would catch a head
-    that skipped a key's record, let a blocked key through, or mixed the partitions' limits."""
+    keys per partition, the held key left out; each record with its link. Would catch a head
+    that skipped a key's record, let a held key through, or mixed the partitions' limits."""
     read = await reader.read([TP0, TP1], 2, depth=2, max_bytes=None)
     assert chains(read) == [
         (0, "a", 10, None),
@@ -87,13 +87,13 @@ async def test_each_partitions_head_is_its_oldest_keys_each_with_a_prefix_of_its
     assert await reader.read([], 10, depth=1, max_bytes=None) == []
 
 
-async def test_blocked_keys_beyond_the_query_budget_are_left_out_after_the_read(
+async def test_held_keys_beyond_the_query_budget_are_left_out_after_the_read(
     reader: HeadReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With no room for blocked keys in the query (``$nin``), the blocked key is still left out:
+    """With no room for held keys in the query (``$nin``), the held key is still left out:
     would catch parked keys dropped from the query and then published."""
-    assert await reader.blocked_keys([TP0, TP1]) == {TP0: [b"d"]}
-    monkeypatch.setattr(heads, "BLOCKED_IN_QUERY", 0)
+    assert await reader.held_keys([TP0, TP1]) == {TP0: [b"d"]}
+    monkeypatch.setattr(heads, "HELD_IN_QUERY", 0)
     read = await reader.read([TP0], 10, depth=3, max_bytes=None)
     assert b"d" not in {r.key for r, _ in read}
     assert [link.position for _, link in read] == [10, 12, 14, 11, 15, 13]
@@ -122,7 +122,7 @@ async def test_older_pending_names_the_keys_with_an_older_record_still_pending(
 ) -> None:
     """The order barrier's check: a key asked about at a position above a pending record of its
     own is named, one asked at its oldest pending record is not, and a failed record does not
-    count (it blocks its key elsewhere). Would catch a check that let a torn read through."""
+    count (it holds back its key elsewhere). Would catch a check that let a torn read through."""
     asked: dict[TopicPartition, dict[bytes, int]] = {
         TP0: {b"a": 12, b"b": 11, b"c": 13, b"d": 16},
         TP1: {b"e": 1},

@@ -57,11 +57,11 @@ async def yielding_mongo(mongo_factory: Any) -> str:
 
 
 async def _plain_head_read(
-    self: HeadReader, tp: TopicPartition, blocked: list[bytes], limit: int, depth: int
+    self: HeadReader, tp: TopicPartition, held: list[bytes], limit: int, depth: int
 ) -> list[Any]:
     """The head read of 4bac9f4: a majority read, no snapshot (a read that yields resumes on
     a newer one)."""
-    cursor = await self.outbox.aggregate(head_pipeline(tp, blocked, limit, depth), hint=HEAD_INDEX)
+    cursor = await self.outbox.aggregate(head_pipeline(tp, held, limit, depth), hint=HEAD_INDEX)
     return [i for head in await cursor.to_list() for i in head["ids"]]
 
 

@@ -148,7 +148,7 @@ async def test_the_first_read_after_a_backlog_arrives_is_fast_though_relays_poll
 async def test_even_a_plan_made_for_an_empty_outbox_reads_a_backlog_in_linear_time(
     pg_url: str, keep: bool
 ) -> None:
-    """The statement itself, whatever plan it gets: the blocked keys are read once per
+    """The statement itself, whatever plan it gets: the held keys are read once per
     partition, never one scan of the outbox per pending row."""
     await register_topic(pg_url, "orders", PARTITIONS)
     partitions = ",".join(str(p) for p in range(PARTITIONS))

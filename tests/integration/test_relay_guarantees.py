@@ -289,7 +289,7 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
     refused_by: str, db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """G8 (outbox side): an oversize record is retried with backoff, then parked as failed with
-    the error; later events of its key wait behind it, other keys flow; `retry`/`skip` unblock.
+    the error; later events of its key wait behind it, other keys flow; `retry`/`skip` release it.
     ``producer``: over the producer's max_request_size, refused before sending. ``broker``:
     over the topic's max.message.bytes, so the broker refuses the whole record batch of the
     partition it shares with a healthy record; the relay then sends one record per record batch
@@ -335,7 +335,7 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
             assert "record parked as failed" in relay.log()
 
             assert await operations.skip_failed([poison.id]) == 1
-            await wait_for(lambda: _is_empty(db_url), within=30, what="the key unblocked")
+            await wait_for(lambda: _is_empty(db_url), within=30, what="the key released")
             published = await read_topic(kafka_bootstrap, topic, 1)
     ids = [event_id for _, event_id in published[0]]
     assert ids == [other.id, behind.id]

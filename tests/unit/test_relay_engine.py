@@ -193,8 +193,8 @@ async def _check_scenario(s: Scenario, per_transaction: int, claim_depth: int) -
 
         async def drained() -> bool:
             failed = [r for r, state in h.storage.rows if state == "failed"]
-            blocked = {r.key for r in failed}
-            if failed and all(r.key in blocked for r, _ in h.storage.rows):
+            held = {r.key for r in failed}
+            if failed and all(r.key in held for r, _ in h.storage.rows):
                 # Only parked records and the records they block are left: skip the parked.
                 await operations(h).skip_failed([r.event_id for r in failed])
                 skipped.extend(failed)
@@ -257,7 +257,7 @@ async def test_failed_record_blocks_its_key_until_retried_or_skipped(
     await until(lambda: h.storage.state_of(bad) == "failed", "the bad record parked")
     await until(lambda: h.storage.idle_looks(tp(0)) >= 1, "the partition to go idle")
     assert h.broker.ids() == [other.id]  # other keys flow
-    assert h.storage.state_of(behind) == "pending"  # its key is blocked
+    assert h.storage.state_of(behind) == "pending"  # its key is held back
     await until(
         lambda: h.metric("outboxkit_relay_backlog", topic=TOPIC, partition="0") == 1,
         "the backlog gauge",
@@ -270,7 +270,7 @@ async def test_failed_record_blocks_its_key_until_retried_or_skipped(
         assert await operations(h).skip_failed([bad.event_id]) == 1
         expected = [other.id, behind.id]
     h.storage.signal_reconnect()
-    await until(lambda: not h.storage.rows, "the key unblocked")
+    await until(lambda: not h.storage.rows, "the key released")
     assert h.broker.ids() == expected
 
 
