@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.parse
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,10 @@ JOB_VARIANTS = {
     "pipeline:noop-sink": "totals computed, then written to Spark's noop format",
     "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
     "hand-written:scalars": "the hand-written job without the order lines (not parsed then)",
+    "hand-written:headers": "the hand-written job reading the headers too (their count)",
+    "hand-written:pipeline-decode:no-python-pass": "… without the decoder's Python pass",
+    "hand-written:pipeline-decode:no-canonical": "… without the decoder's canonical check",
+    "hand-written:pipeline-decode:no-checks": "… without the decoder's payload checks",
     "<job>:<key>=<value>": "a Spark SQL setting for this job's query only",
 }
 
@@ -147,7 +151,7 @@ def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
         .option("subscribe", ctx.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", ctx.batch)
-        .option("includeHeaders", str("pipeline-decode" in modifiers).lower())
+        .option("includeHeaders", str(bool({"pipeline-decode", "headers"} & {*modifiers})).lower())
         .load()
     )
     if "pipeline-decode" in modifiers:
@@ -155,15 +159,18 @@ def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
         from outboxkit.pipeline import decode, event_column, valid_events  # noqa: PLC0415
 
         order = F.col(event_column(OrderPlaced)).alias("o")
-        orders = valid_events(decode(records, registry)).select(order)
+        with _decoder_parts_off(modifiers):
+            orders = valid_events(decode(records, registry)).select(order)
     else:
         value = F.col("value").cast("string")
-        orders = records.select(F.from_json(value, ORDER_SCHEMA).alias("o"))
+        extra = [F.size("headers").alias("headers")] if "headers" in modifiers else []
+        orders = records.select(F.from_json(value, ORDER_SCHEMA).alias("o"), *extra)
     scalars = ["o.order_id", "o.customer_id", "o.currency", "o.amount", "o.note"]
     if "scalars" in modifiers:  # Spark then parses only these fields of the JSON
         orders = orders.select(*scalars)
     else:  # every field of the payload; JDBC has no type for an array of structs: JSON text
-        orders = orders.select(*scalars, F.to_json("o.lines").alias("lines"))
+        lines = F.to_json("o.lines").alias("lines")
+        orders = orders.select(*scalars, lines, *(["headers"] if "headers" in modifiers else []))
 
     def append(batch: Any, _batch_id: int) -> None:
         batch.write.jdbc(url, name, mode="append", properties=props)
@@ -179,6 +186,35 @@ def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
     if query.exception():
         raise SystemExit(f"{name} failed: {query.exception()}")
     return report(query)
+
+
+@contextlib.contextmanager
+def _decoder_parts_off(modifiers: list[str]) -> Iterator[None]:
+    """While the decoder's plan is built: without its Python pass (``no-python-pass``), its
+    canonical check (``no-canonical``) or its payload checks (``no-checks``). Diagnostics:
+    the decoder is then neither exact nor safe."""
+    from unittest import mock  # noqa: PLC0415
+
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    from outboxkit.pipeline import decoder  # noqa: PLC0415
+
+    def null_pass(_function: Any, schema: Any) -> Callable[..., Any]:
+        return lambda *_columns: F.lit(None).cast(schema)
+
+    def value_text(*_args: Any, **_kwargs: Any) -> Any:
+        return F.col("value").cast("string")
+
+    with contextlib.ExitStack() as patches:
+        if "no-python-pass" in modifiers:
+            patches.enter_context(mock.patch.object(decoder, "arrow_udf", null_pass))
+        if "no-canonical" in modifiers:
+            patches.enter_context(mock.patch.object(F, "to_json", value_text))
+        if "no-checks" in modifiers:
+            patches.enter_context(
+                mock.patch.object(decoder, "payload_checks", return_value=F.lit(True))
+            )
+        yield
 
 
 class _NoopSink:
