@@ -94,6 +94,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="concurrent writer transactions (a majority commit on a replica set is slow: "
         "the rate needs several)",
     )
+    p.add_argument(
+        "--keys",
+        type=int,
+        default=240,
+        help="event keys the writers spread the rate over: each key's records go one per Kafka "
+        "transaction (the per-key barrier), so a few hot keys turn an election's stall into a "
+        "backlog that drains slowly",
+    )
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--relays", type=int, default=3)
     p.add_argument("--inboxes", type=int, default=2)
@@ -196,6 +204,7 @@ async def _under_load(
         inboxes=args.inboxes,
         rate=args.rate,
         concurrent_writers=args.writers,
+        entities=args.keys,
     ) as run:
         await asyncio.sleep(args.steady)
         await scenario.run(run, target)
