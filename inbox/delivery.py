@@ -13,13 +13,13 @@ A record that cannot be dead-lettered for good parks its partition.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from functools import partial
 from typing import Generic
 
 import structlog
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from outboxkit.core.waiting import wait_set
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.handlers import TX, Inbox
 from outboxkit.inbox.kafka import Fetched, UnreadableRecord
@@ -43,10 +43,7 @@ class _Parked(Exception):
 
 async def wait_or_stop(stopping: asyncio.Event, seconds: float) -> None:
     """Wait ``seconds`` before a retry; raise :class:`Stopping` if asked to stop meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await stopping.wait()
-    if stopping.is_set():
+    if await wait_set(stopping, seconds):
         raise Stopping
 
 

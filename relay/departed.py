@@ -22,6 +22,7 @@ from typing import Protocol
 import structlog
 from aiokafka.errors import KafkaError
 
+from outboxkit.core.waiting import wait_set
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.settings import RelaySettings
@@ -78,9 +79,7 @@ class DepartedCheck:
     async def run(self) -> None:
         while True:
             await self.check()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.departed_check_interval):
-                    await self._assigned.wait()
+            await wait_set(self._assigned, self.settings.departed_check_interval)
             self._assigned.clear()
 
     async def check(self) -> None:

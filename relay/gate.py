@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from outboxkit.core.waiting import wait_set
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import TopicPartition
@@ -151,8 +152,4 @@ class IdleGate:
             delay = min(delay * 2, 0.1)
 
     async def _wait(self, seconds: float) -> str:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
-                return "notify"
-        return "sweep"
+        return "notify" if await wait_set(self._wake, seconds) else "sweep"

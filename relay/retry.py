@@ -10,13 +10,13 @@ backoff (``partition worker failed unexpectedly``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from outboxkit.core.waiting import wait_set
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.publisher import describe
 from outboxkit.relay.settings import RelaySettings
@@ -31,9 +31,7 @@ RETRIABLE = (StorageUnavailableError, KafkaError, OSError, RetryLater)
 
 async def pause(seconds: float, stop: asyncio.Event | None) -> None:
     """``seconds``, or until ``stop`` is set."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await (stop or asyncio.Event()).wait()
+    await wait_set(stop or asyncio.Event(), seconds)
 
 
 def retrying(

@@ -159,7 +159,7 @@ class Writers:
         for w in range(writers):
             mine = names[w::writers]
             self._tasks.append(
-                asyncio.create_task(self._write(mine, pause, rate and writers / rate))
+                asyncio.create_task(self._write(mine, pause, writers / rate if rate else None))
             )
 
     async def stop(self) -> None:

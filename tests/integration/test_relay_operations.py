@@ -51,6 +51,24 @@ async def _owned(port: int) -> list[str]:
     return [str(p) for p in owned]
 
 
+async def _first_records(
+    consumer: AIOKafkaConsumer, tps: list[KafkaTP], *, since: float, within: float
+) -> dict[int, float]:
+    """From the end of each of ``tps`` now: seconds after ``since`` (monotonic) at which each
+    partition's next record arrived."""
+    await consumer.seek_to_end(*tps)
+    waiting = set(tps)
+    arrived: dict[int, float] = {}
+    async with asyncio.timeout(within):
+        while waiting:
+            batches = await consumer.getmany(*waiting, timeout_ms=200)
+            for tp, records in batches.items():
+                if records and tp in waiting:
+                    waiting.discard(tp)
+                    arrived[tp.partition] = time.monotonic() - since
+    return arrived
+
+
 @pytest.mark.parametrize(
     "restart", [False, True], ids=["kafka-session-timeout", "database-sees-the-death"]
 )
@@ -107,16 +125,7 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
         started[0].kill()
         if restart:
             started[0].start()
-        await consumer.seek_to_end(*tps)
-        waiting = set(tps)
-        taken_over: dict[int, float] = {}
-        async with asyncio.timeout(session + 30):
-            while waiting:
-                batches = await consumer.getmany(*waiting, timeout_ms=200)
-                for tp, records in batches.items():
-                    if records and tp in waiting:
-                        waiting.discard(tp)
-                        taken_over[tp.partition] = time.monotonic() - killed
+        taken_over = await _first_records(consumer, tps, since=killed, within=session + 30)
         if restart:
             await wait_for(spread, within=bound, what="the restarted relay to get partitions")
             spread_again = time.monotonic() - killed
@@ -159,16 +168,7 @@ async def test_a_lone_relay_restarted_after_a_kill_publishes_long_before_its_ses
         killed = time.monotonic()
         relay.kill()
         replacement.start()
-        await consumer.seek_to_end(*tps)
-        waiting = set(tps)
-        published_again: dict[int, float] = {}
-        async with asyncio.timeout(60):
-            while waiting:
-                batches = await consumer.getmany(*waiting, timeout_ms=200)
-                for tp, records in batches.items():
-                    if records and tp in waiting:
-                        waiting.discard(tp)
-                        published_again[tp.partition] = time.monotonic() - killed
+        published_again = await _first_records(consumer, tps, since=killed, within=60)
         await writers.stop()
         summary = await _drained(db_url, writers, kafka_bootstrap, topic)
     finally:

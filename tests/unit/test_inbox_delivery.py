@@ -15,7 +15,7 @@ from outboxkit.inbox import InMemoryInboxStore
 from outboxkit.inbox.delivery import DeliveryPath
 from outboxkit.inbox.kafka import UnreadableRecord
 from outboxkit.inbox.progress import PartitionProgress
-from tests.helpers import wait_for
+from tests.helpers import holds_for, wait_for
 from tests.unit.inbox_fakes import (
     TOPIC,
     TP,
@@ -124,8 +124,11 @@ async def test_the_offset_waits_while_the_database_is_away_then_the_record_takes
         path.deliver(TP, [record(7, Charged(order="a")), record(8, Charged(order="b"))], progress)
     )
     await wait_for(lambda: not path.health.database_available, what="the outage seen")
-    await asyncio.sleep(0.05)  # several retries
-    assert progress.offset == 7
+
+    async def offset_held() -> None:
+        assert progress.offset == 7
+
+    await holds_for(0.05, offset_held, interval=0.01)  # through several retries
     assert path.health.last_error is not None
 
     store.unavailable = False

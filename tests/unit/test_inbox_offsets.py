@@ -18,7 +18,7 @@ from outboxkit.inbox import InboxMetrics, InMemoryInboxStore
 from outboxkit.inbox.delivery import DeliveryPath
 from outboxkit.inbox.offsets import CommitOnRevoke, OffsetCommitter
 from outboxkit.inbox.progress import troubled
-from tests.helpers import wait_for
+from tests.helpers import holds_for, wait_for
 from tests.unit.inbox_fakes import (
     TOPIC,
     TP,
@@ -117,9 +117,12 @@ async def test_a_revocation_waits_for_the_poll_in_progress_then_commits_and_forg
     listener = CommitOnRevoke(committer, idle)
 
     revoking = asyncio.create_task(listener.on_partitions_revoked({TP}))
-    await asyncio.sleep(0.05)
-    assert not revoking.done()
-    assert log.commits == []
+
+    async def still_waiting() -> None:
+        assert not revoking.done()
+        assert log.commits == []
+
+    await holds_for(0.05, still_waiting, interval=0.01)
     progress.advance(8)  # the poll in progress finishes its records
     idle.set()
     await revoking

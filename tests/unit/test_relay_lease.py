@@ -19,6 +19,7 @@ from outboxkit.relay.blocks import fence_ids
 from outboxkit.relay.clock import StageClock
 from outboxkit.relay.lease import NotConfirmedError, ProducerLease
 from outboxkit.relay.records import TopicPartition
+from tests.helpers import wait_for
 from tests.unit.relay_engine_harness import tp
 from tests.unit.relay_fakes import FakeBroker
 from tests.unit.relay_parts import BLOCK, TPS, Metrics, settings
@@ -140,6 +141,6 @@ async def test_a_fenced_lease_stops_waiting_when_the_block_stops(
     rig = Rig()
     rig.answers = [False] * 10_000
     waiting = asyncio.create_task(rig.lease.regain(rig.stop))
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: len(rig.confirmations) >= 2, what="the group asked again")
     rig.stop.set()
     assert not await asyncio.wait_for(waiting, 5)

@@ -27,6 +27,7 @@ from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dis
 from outboxkit.relay.storage import OutboxStorage
 from outboxkit.relay.supervisor import SideTasks, unless_stopped
 from outboxkit.relay.worker import BlockWorker
+from tests.helpers import holds_for
 from tests.unit.relay_engine_harness import TOPIC, Ping, keys_on, tp, until
 from tests.unit.relay_fakes import ManualOwnership, SpyStorage
 
@@ -68,8 +69,11 @@ async def test_stopping_returns_and_cancel_ends_every_side_task() -> None:
     tasks = SideTasks()
     tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
     waiting = asyncio.create_task(tasks.wait(stopping))
-    await asyncio.sleep(0.01)
-    assert not waiting.done()
+
+    async def still_waiting() -> None:
+        assert not waiting.done()
+
+    await holds_for(0.01, still_waiting, interval=0.002)
     stopping.set()
     await asyncio.wait_for(waiting, 2)
     await asyncio.wait_for(tasks.cancel(), 2)
@@ -87,16 +91,17 @@ async def test_work_unless_stopped_ends_raises_or_is_cancelled() -> None:
 
     with pytest.raises(RuntimeError, match="permission denied"):
         await unless_stopped(stopping, refused())
-    cancelled = asyncio.Event()
+    cancelled, started = asyncio.Event(), asyncio.Event()
 
     async def retrying() -> None:
+        started.set()
         try:
             await asyncio.Event().wait()
         finally:
             cancelled.set()
 
     waiting = asyncio.create_task(unless_stopped(stopping, retrying()))
-    await asyncio.sleep(0.01)
+    await until(started.is_set, "the retrying coroutine started")
     stopping.set()
     assert await asyncio.wait_for(waiting, 2) is False
     assert cancelled.is_set()
@@ -165,8 +170,12 @@ async def test_the_backlog_counts_pending_per_partition_and_names_the_stalled() 
     assert monitor.backlog[tp(1)].pending == 1
     assert monitor.pending({tp(0), tp(1)}) == 1
     assert monitor.stalled == set()
-    await asyncio.sleep(0.1)
-    await monitor.measure()
+
+    async def stalled() -> bool:
+        await monitor.measure()
+        return monitor.stalled == {tp(1)}
+
+    await until(stalled, "stalled once stall_after has passed")
     assert monitor.stalled == {tp(1)}
 
 
@@ -223,8 +232,11 @@ async def test_the_purge_deletes_in_batches_until_a_short_one_then_waits() -> No
     task = asyncio.create_task(clean_up(cast(OutboxStorage, outbox), configured))
     try:
         await until(lambda: outbox.calls == [10, 10, 5], "three batches")
-        await asyncio.sleep(0.05)
-        assert outbox.calls == [10, 10, 5], "then waits for the interval"
+
+        async def waiting_for_the_interval() -> None:
+            assert outbox.calls == [10, 10, 5], "then waits for the interval"
+
+        await holds_for(0.05, waiting_for_the_interval, interval=0.01)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
