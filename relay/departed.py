@@ -90,6 +90,9 @@ class DepartedCheck:
             await self.storage.announce_member(group, key)
             for gone in await self.storage.departed_members(group, key):
                 removed = await self.group.evict_process(gone)
+                # Forgotten only once Kafka was told: one found while the broker is down is
+                # still there when it is back (with every member it loaded from its log).
+                await self.storage.forget_members(group, [gone])
                 if removed:
                     self.metrics.departed_removed.inc(removed)
                     logger.warning(

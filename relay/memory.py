@@ -213,14 +213,16 @@ class InMemoryOutboxStorage:
         self._members.setdefault((group, member_id), True)
 
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
-        gone = [
+        return [
             member
             for (g, member), alive in self._members.items()
             if g == group and member != own_member_id and not alive
         ]
-        for member in gone:
-            del self._members[group, member]
-        return gone
+
+    async def forget_members(self, group: str, member_ids: list[str]) -> None:
+        for member in member_ids:
+            if not self._members.get((group, member), True):
+                del self._members[group, member]
 
 
 class InMemoryOutboxOperations:

@@ -93,8 +93,14 @@ class OutboxStorage(Protocol):
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         """Members of ``group`` announced by a process whose database session has ended since
         (it died, or lost the database): the relay asks Kafka to remove them at once rather
-        than at their session timeout. Each is returned once. None when the storage cannot
-        tell for sure (:mod:`outboxkit.relay.presence`): a wrong answer costs a rebalance."""
+        than at their session timeout. Each is returned at every call until
+        :meth:`forget_members` is told of it, so a departure found while Kafka cannot be told
+        (the broker is down) is acted on when it is back. None when the storage cannot tell
+        for sure (:mod:`outboxkit.relay.presence`): a wrong answer costs a rebalance."""
+
+    async def forget_members(self, group: str, member_ids: list[str]) -> None:
+        """Stop reporting ``member_ids`` of ``group``: Kafka's group no longer has them. One
+        that announced itself again since (it had only lost the database) is kept."""
 
 
 class OutboxOperations(Protocol):

@@ -111,10 +111,10 @@ class MongoPresence:
 
     async def departed(self, group: str, own_member_id: str) -> list[str]:
         """Recorded members of ``group`` whose heartbeat stopped and that no connection names
-        any more (forgotten from now on). None while this relay's own presence is not listed,
-        right after mongod restarted (unlike PostgreSQL sessions, the driver's connections come
-        back by themselves, so mongod's uptime tells), or where the check is off (see the
-        module)."""
+        any more, until :meth:`forget` is told of them. None while this relay's own presence is
+        not listed, right after mongod restarted (unlike PostgreSQL sessions, the driver's
+        connections come back by themselves, so mongod's uptime tells), or where the check is
+        off (see the module)."""
         async with self._lock:
             if self._unsupported is not None or self._announced is None:
                 return []
@@ -131,10 +131,14 @@ class MongoPresence:
             live = await self._live_app_names([own, *candidates.values()])
             if live is None or own not in live:
                 return []  # this view is not to be trusted (see _live_app_names)
-            gone = [member for member, app in candidates.items() if app not in live]
-            for member in gone:
-                await _guard(self._members.delete_one({"_id": _id(group, member)}))
-            return gone
+            return [member for member, app in candidates.items() if app not in live]
+
+    async def forget(self, group: str, member_ids: list[str]) -> None:
+        """Stop reporting ``member_ids`` (departed, and removed from Kafka's group). A record
+        beaten since (a relay that only lost mongod, back) is kept."""
+        stale = {"$expr": {"$lt": ["$at", {"$subtract": ["$$NOW", STALE_AFTER]}]}}
+        ids = [_id(group, member) for member in member_ids]
+        await _guard(self._members.delete_many({"_id": {"$in": ids}, **stale}))
 
     async def _live_app_names(self, app_names: list[str]) -> set[str] | None:
         """Which of ``app_names`` the primary's connections carry; None when that cannot be

@@ -197,6 +197,9 @@ class MongoOutboxStorage(MongoConnection):
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         return await self._presence.departed(group, own_member_id)
 
+    async def forget_members(self, group: str, member_ids: list[str]) -> None:
+        await self._presence.forget(group, member_ids)
+
     # -- helpers -----------------------------------------------------------------------------
 
     async def _aggregate(self, pipeline: list[Document], *, hint: str) -> list[Document]:

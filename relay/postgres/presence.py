@@ -72,9 +72,10 @@ class PostgresPresence:
             self._announced = (group, member_id, key)
 
     async def departed(self, group: str, own_member_id: str) -> list[str]:
-        """Members of ``group`` whose presence session has ended (forgotten from now on). None
-        while this relay's own session is missing or younger than ``RECONNECT_GRACE``: a relay
-        that lost the database cannot tell whether the others lost it too."""
+        """Members of ``group`` whose presence session has ended, until :meth:`forget` is told
+        of them. None while this relay's own session is missing or younger than
+        ``RECONNECT_GRACE``: a relay that lost the database cannot tell whether the others lost
+        it too."""
         async with self._lock, self._unavailable():
             conn = self._conn
             if (
@@ -87,6 +88,12 @@ class PostgresPresence:
                 _QUERIES["departed_members"], {"group": group, "own": own_member_id}
             )
             return [str(member_id) for (member_id,) in await cur.fetchall()]
+
+    async def forget(self, group: str, member_ids: list[str]) -> None:
+        """Stop reporting ``member_ids`` (departed, and removed from Kafka's group)."""
+        async with self._lock, self._unavailable():
+            conn = self._conn if self._conn is not None else await self._session()
+            await conn.execute(_QUERIES["forget_members"], {"group": group, "members": member_ids})
 
     async def _alive(self) -> bool:
         """Whether the current session is still there (a database restart ends it)."""

@@ -174,9 +174,15 @@ ON CONFLICT (group_id, member_id) DO UPDATE SET lock_key = EXCLUDED.lock_key
 
 -- departed_members --
 -- Members of the group whose presence session has ended: nobody holds their lock, so this
--- statement gets it (and releases it when it ends, autocommit). They are forgotten here; the
--- caller removes those still in Kafka's group. Run on the relay's own presence session, which
--- would get its own lock again (advisory locks are reentrant): its row is skipped.
-DELETE FROM outboxkit.relay_members
+-- statement gets it (and releases it when it ends, autocommit). Run on the relay's own presence
+-- session, which would get its own lock again (advisory locks are reentrant): its row is
+-- skipped. Nothing is deleted here: a departure is forgotten (forget_members) only once Kafka
+-- has been told, so one found while the broker is down is still found when it is back.
+SELECT member_id FROM outboxkit.relay_members
 WHERE group_id = %(group)s AND member_id <> %(own)s AND pg_try_advisory_xact_lock(lock_key)
-RETURNING member_id
+
+-- forget_members --
+-- Departures the relay has removed from Kafka's group. The lock is tried again: a relay that
+-- only lost its session and announced itself again since is alive, and keeps its row.
+DELETE FROM outboxkit.relay_members
+WHERE group_id = %(group)s AND member_id = ANY(%(members)s) AND pg_try_advisory_xact_lock(lock_key)

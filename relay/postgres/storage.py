@@ -233,6 +233,9 @@ class PostgresOutboxStorage(NamedStatements):
     async def departed_members(self, group: str, own_member_id: str) -> list[str]:
         return await self._presence.departed(group, own_member_id)
 
+    async def forget_members(self, group: str, member_ids: list[str]) -> None:
+        await self._presence.forget(group, member_ids)
+
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         return await self._execute("purge_published", {"older_than": older_than, "limit": limit})
 

@@ -39,6 +39,7 @@ from uuid import UUID
 import httpx
 import psycopg
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
 
 from outboxkit.core.kafka import admin_client
@@ -226,8 +227,10 @@ class FailoverRun:
         settings = KafkaConnectionSettings(kafka_bootstrap_servers=self.bootstrap.split(","))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            async with admin_client(settings) as admin:
-                _, members = await describe_group(admin, self.relay_group)
+            members = []
+            with contextlib.suppress(KafkaError):  # the coordinator is moving or loading
+                async with admin_client(settings) as admin:
+                    _, members = await describe_group(admin, self.relay_group)
             for member in members:
                 for block in plan(member.assigned, {self.topic: self.partitions}, max_level=5):
                     if TopicPartition(self.topic, partition) in block.partitions(self.partitions):

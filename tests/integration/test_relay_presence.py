@@ -54,7 +54,7 @@ async def _listed(url: str, app_name: str, member: str) -> bool:
         await client.close()
 
 
-async def test_a_killed_relay_is_reported_departed_once_and_a_live_one_never(
+async def test_a_killed_relay_is_reported_departed_until_forgotten_and_a_live_one_never(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = db_url
@@ -62,6 +62,7 @@ async def test_a_killed_relay_is_reported_departed_once_and_a_live_one_never(
     with (
         _announcer(url, "member-a") as dying,
         _announcer(url, "member-x", group=OTHER_GROUP) as elsewhere,
+        _announcer(url, "member-s") as surviving,
     ):
         async with _storage(url, "relay-b") as b, _storage(url, "relay-c") as c:
             await b.announce_member(GROUP, "member-b")
@@ -82,8 +83,17 @@ async def test_a_killed_relay_is_reported_departed_once_and_a_live_one_never(
 
             await wait_for(reported, within=5, what="the killed relay reported departed")
             assert departed == ["member-a"]  # not member-x: another group's business
-            assert await b.departed_members(GROUP, "member-b2") == []  # once
+            # Reported again, by any relay, until forgotten (Kafka may not have been told yet).
+            assert await c.departed_members(GROUP, "member-c") == ["member-a"]
+            # Forgetting a live one (it lost the database and announced itself again) keeps it.
+            await c.forget_members(GROUP, ["member-a", "member-s"])
+            assert await b.departed_members(GROUP, "member-b2") == []
             assert await c.departed_members(GROUP, "member-c") == []
+            surviving.kill()
+            surviving.wait()
+            departed.clear()
+            await wait_for(reported, within=5, what="the survivor's death reported")
+            assert departed == ["member-s"]
 
 
 async def test_postgresql_a_relay_that_just_got_the_database_back_reports_no_departure(

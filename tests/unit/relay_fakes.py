@@ -249,6 +249,8 @@ class ManualOwnership:
         #: removes them.
         self.others: set[str] = set()
         self.evicted: list[str] = []
+        #: What evict_process() raises instead, while set (the broker is down).
+        self.evict_error: Exception | None = None
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
 
@@ -284,6 +286,8 @@ class ManualOwnership:
         return "manual-process"
 
     async def evict_process(self, process_key: str) -> int:
+        if self.evict_error is not None:
+            raise self.evict_error
         if process_key not in self.others:
             return 0
         self.others.discard(process_key)
