@@ -122,13 +122,16 @@ async def test_crash_between_database_commit_and_offset_commit(
     await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
     # Small transactions (7 records) so that there are many commits to crash after; the test
-    # app's store SIGKILLs the worker after a commit with probability 0.2.
+    # app's store SIGKILLs the worker after a commit with probability 0.08: about 5 crashes in
+    # the first 400 events (each costs a worker's start, ~3 s).
     env = inbox_env(
         db_url,
         kafka_bootstrap,
         topic,
-        TEST_CRASH_AFTER_COMMIT="0.2",
+        TEST_CRASH_AFTER_COMMIT="0.08",
         OUTBOXKIT_TRANSACTION_BATCH="7",
+        # Each restart's join waits for the killed member's session to end: 3 s, not 10.
+        OUTBOXKIT_SESSION_TIMEOUT="3",
     )
     events: list[Payment] = []
     crashes = 0
