@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -73,9 +74,19 @@ def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
 
 def die_with_parent() -> None:
     """Runs in the child before exec: if the Python process dies (even by SIGKILL), so does the
-    server, so a killed test run leaves no broker or database behind."""
+    server, so a killed test run leaves no broker or database behind.
+
+    Linux sends the signal when the *thread* that forked the child ends, not the process: a
+    child started from a short-lived thread (``asyncio.to_thread``, a thread pool an event loop
+    shuts down) would die with that thread. :func:`spawn` forks from one thread that lives as
+    long as the process."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+#: The one thread servers are forked from (see :func:`die_with_parent`); it ends only with the
+#: interpreter, whose exit then ends the servers too.
+_forker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="outboxkit-spawn")
 
 
 def spawn(
@@ -85,10 +96,12 @@ def spawn(
     user: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with its output in ``log_path``, tied to this process's life."""
+    """Start ``argv`` with its output in ``log_path``, tied to this process's life (whichever
+    thread asks)."""
     log = log_path.open("ab")
     try:
-        return subprocess.Popen(
+        return _forker.submit(
+            subprocess.Popen,
             list(argv),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -99,8 +112,8 @@ def spawn(
             group=primary_group(user),
             extra_groups=[] if user else None,
             env=env,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, before exec
-        )
+            preexec_fn=die_with_parent,  # only prctl, before exec
+        ).result()
     finally:
         log.close()
 
