@@ -10,7 +10,7 @@ The harness is :mod:`tests.failover`; ``bench/failover.py`` runs the same scenar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +29,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 MAX_GAP = 30.0
 
 
-async def test_topology_names_the_leader_and_the_coordinators(
-    kafka_factory: Callable[[int], KafkaCluster],
-) -> None:
+@pytest.fixture(scope="module")
+def cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """One 3-node cluster for the module (starting one takes ~10 s): each test leaves every
+    node running and in sync."""
+    cluster = KafkaCluster(3, jars_dir=kafka_jars, base_dir=tmp_path_factory.mktemp("kafka3"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+async def test_topology_names_the_leader_and_the_coordinators(cluster: KafkaCluster) -> None:
     """The helpers name a live node for each role, and a killed leader's partition gets
     another one; would catch lookups that answer stale or dead nodes."""
-    cluster = await asyncio.to_thread(kafka_factory, 3)
     topic = "topology"
     admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
     await admin.start()
@@ -60,42 +68,31 @@ async def test_topology_names_the_leader_and_the_coordinators(
             return f"{topic}/0" in await topology.under_replicated()
 
         await wait_for(shrunk, within=30, what="partition 0 under-replicated")
+        await asyncio.to_thread(cluster.node(victim).start)  # as the next test expects it
+
+        async def in_sync() -> bool:
+            return not await topology.under_replicated()
+
+        await wait_for(in_sync, within=90, interval=0.5, what="no under-replicated partition")
 
 
 async def _moved(topology: KafkaTopology, topic: str, old: int) -> bool:
     return await topology.partition_leader(topic, 0) != old
 
 
-async def run_scenarios(names: list[str], url: str, cluster: KafkaCluster, log_dir: Path) -> None:
-    async with FailoverRun(url, cluster.bootstrap_servers, log_dir) as run:
-        for name in names:
+async def test_leaders_coordinators_and_a_rolling_restart(
+    migrated_postgresql_url: str, cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    """One after the other under one load (one run: its 3 relays and 2 inbox workers start
+    once): SIGKILL of the busiest partition's leader, of the relays' transaction coordinator and
+    of the relays' and the inbox's group coordinators; then each broker shut down (SIGTERM,
+    controlled: its leaderships and coordinators move first) and restarted in turn, as a rolling
+    upgrade does, which moves every role of a broker at once. Would catch an event lost or
+    reordered, a zombie publisher not fenced (G4), an effect taken twice (G6), a relay or inbox
+    stuck after a coordinator moved, or a traceback."""
+    async with FailoverRun(migrated_postgresql_url, cluster.bootstrap_servers, tmp_path) as run:
+        for name in ["leader", "txn-coordinator", "group-coordinator", "rolling"]:
             await KAFKA_FAULTS[name](run, cluster)
         report = await run.finish()
     print(f"\n{report}")
     report.assert_ok(max_gap=MAX_GAP)
-
-
-async def test_leader_and_coordinators_killed(
-    migrated_postgresql_url: str, kafka_factory: Callable[[int], KafkaCluster], tmp_path: Path
-) -> None:
-    """SIGKILL of the busiest partition's leader, of the relays' transaction coordinator and of
-    the relays' and the inbox's group coordinators, one after the other on one cluster. Would
-    catch an event lost or reordered, a zombie publisher not fenced (G4), an effect taken twice
-    (G6), a relay or inbox stuck after a coordinator moved, or a traceback."""
-    cluster = await asyncio.to_thread(kafka_factory, 3)
-    await run_scenarios(
-        ["leader", "txn-coordinator", "group-coordinator"],
-        migrated_postgresql_url,
-        cluster,
-        tmp_path,
-    )
-
-
-async def test_rolling_restart(
-    migrated_postgresql_url: str, kafka_factory: Callable[[int], KafkaCluster], tmp_path: Path
-) -> None:
-    """Each broker shut down (SIGTERM, controlled: its leaderships and coordinators move
-    first) and restarted in turn, as a rolling upgrade does. Would catch the same as above
-    for the graceful path, which moves every role of a broker at once."""
-    cluster = await asyncio.to_thread(kafka_factory, 3)
-    await run_scenarios(["rolling"], migrated_postgresql_url, cluster, tmp_path)
