@@ -189,8 +189,20 @@ async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResul
         return None  # connections this plain probe cannot make: the client's own check applies
     wanted = options.get("replicaset")
     within_ms = int(min(settings.connect_timeout, _PROBE_SECONDS) * 1000)
-    answers: list[tuple[str, dict[str, Any]]] = []
-    for host, port in parsed["nodelist"]:
+
+    async def ask(host: str, port: int | None) -> dict[str, Any] | None:
+        if port is not None:  # a TCP host, not a Unix socket's path
+            # A host that refuses the connection answers nothing: said at once, where the
+            # driver's server selection would try it again until the probe's time is out.
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), within_ms / 1000
+                )
+            except (OSError, TimeoutError):
+                return None
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             host,
             port,
@@ -199,11 +211,21 @@ async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResul
             connectTimeoutMS=within_ms,
         )
         try:
-            answers.append((f"{host}:{port}", await client.admin.command("hello")))
+            return await client.admin.command("hello")
         except PyMongoError:
-            continue
+            return None
         finally:
             await client.close()
+
+    # Every host at once: one that does not answer takes the whole probe time, and one after
+    # the other those added up (2 s for each host down).
+    nodes: list[tuple[str, int | None]] = list(parsed["nodelist"])
+    hellos = await asyncio.gather(*(ask(host, port) for host, port in nodes))
+    answers = [
+        (f"{host}:{port}", hello)
+        for (host, port), hello in zip(nodes, hellos, strict=True)
+        if hello is not None
+    ]
     if not answers:
         return CheckResult(
             "database",

@@ -3,8 +3,13 @@ OUTBOXKIT_TEST_MONGO_URL)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
+from urllib.parse import urlsplit
 
+from outboxkit.check import check_mongodb_server
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded import free_port
 from tests.helpers import run_cli
 
@@ -50,3 +55,28 @@ def test_another_replica_sets_name_is_named(mongo_url: str, kafka_bootstrap: str
     output = _check_within(wrong, kafka_bootstrap, 8)
     assert "is a member of replica set rs0, not other" in output
     assert "replicaSet=rs0" in output
+
+
+async def test_the_hosts_are_asked_at_once(mongo_server_url: str) -> None:
+    """Every host of the URL is probed (2 s at most) at the same time, and one that refuses the
+    connection is not waited for: one after the other, with the driver trying a refused host
+    again for the whole probe, a member behind two dead seeds was found after 4 s and three
+    hosts that accept connections but never answer were named after 6 s."""
+    live = urlsplit(mongo_server_url).netloc
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    with contextlib.ExitStack() as stack:
+        silent = []
+        for _ in range(3):  # listening, never accepting: connected, but no answer
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            silent.append(f"127.0.0.1:{sock.getsockname()[1]}")
+        for hosts, ok, within in [([*dead, live], True, 1.5), (silent, False, 4.0)]:
+            settings = ConnectionSettings(
+                database_url=f"mongodb://{','.join(hosts)}/x?replicaSet=rs0", connect_timeout=10
+            )
+            started = time.monotonic()
+            result = await check_mongodb_server(settings)
+            took = time.monotonic() - started
+            assert result.ok is ok, result
+            assert took < within, f"{took:.1f} s: {result}"
