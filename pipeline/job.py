@@ -47,6 +47,10 @@ logger = structlog.get_logger("outboxkit.pipeline")
 #: The local property Spark sets on the thread that runs a streaming query's micro-batches.
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
+#: What a call into Spark's JVM raises once the JVM is gone: a Py4JError on a connection py4j
+#: already had, ConnectionRefusedError (not a Py4JError) when it opens a new one.
+_JVM_GONE = (Py4JError, ConnectionError)
+
 
 @dataclass(frozen=True)
 class Output:
@@ -344,7 +348,7 @@ def await_query(
                 query.stop()
         error = query.exception()
         result = None if error else report(query, writer)
-    except Py4JError as exc:
+    except _JVM_GONE as exc:
         if not stop.is_set():
             raise
         return _stopped_with_the_jvm(name, exc, writer, progress)
@@ -355,7 +359,10 @@ def await_query(
 
 
 def _stopped_with_the_jvm(
-    name: str, error: Py4JError, writer: BatchWriter | None, progress: ProgressLog | None
+    name: str,
+    error: Py4JError | ConnectionError,
+    writer: BatchWriter | None,
+    progress: ProgressLog | None,
 ) -> QueryReport:
     """The stop signal reached Spark's JVM too — SIGTERM to the whole process group, as systemd
     (``KillMode=control-group``) and a shell's ``kill -TERM -<pgid>`` send it — and its shutdown
@@ -396,5 +403,5 @@ def run(
         query = start(spark, pipeline, settings, writer=writer)
         return await_query(query, stop=stop, writer=writer, progress=listener)
     finally:
-        with suppress(Py4JError):  # the JVM may be gone already (see await_query)
+        with suppress(*_JVM_GONE):  # the JVM may be gone already (see await_query)
             spark.streams.removeListener(listener)

@@ -41,3 +41,59 @@ def test_a_stop_that_hangs_exits_after_the_grace_with_what_was_running() -> None
     assert time.monotonic() - started < 10, output
     assert "stop did not finish in time" in output
     assert 'File "<string>", line 10' in output  # where the main thread hung
+
+
+class _StoppedQuery:
+    """A query whose JVM went away during the stop (SIGTERM to the whole process group)."""
+
+    name = "test"
+    id = "q"
+    isActive = True
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def stop(self) -> None:
+        raise self.error
+
+
+class _GoneStreams:
+    def addListener(self, listener: object) -> None:
+        pass
+
+    def removeListener(self, listener: object) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")  # py4j's new connection
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionRefusedError(111, "Connection refused"), "py4j"],
+    ids=["new-connection", "open-connection"],
+)
+def test_a_stop_that_the_jvm_ended_first_is_a_stop(
+    error: Exception | str, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """Would catch: a driver that exits 1 ("error: [Errno 111] Connection refused") after
+    SIGTERM to its process group, when py4j opens a new connection to the JVM already gone
+    (a ConnectionRefusedError, not a Py4JError) — seen in tests/integration/test_spark_cluster.py
+    when the signal landed during an offset lookup."""
+    import threading  # noqa: PLC0415
+
+    from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    from outboxkit.pipeline import job  # noqa: PLC0415
+    from outboxkit.pipeline.settings import PipelineSettings  # noqa: PLC0415
+    from outboxkit.schemas import EventRegistry  # noqa: PLC0415
+
+    raised = Py4JNetworkError("Answer from Java side is empty") if error == "py4j" else error
+    assert isinstance(raised, Exception)
+    monkeypatch.setattr(job, "configure_session", lambda *_, **__: None)
+    monkeypatch.setattr(job, "start", lambda *_, **__: _StoppedQuery(raised))
+    spark = type("Spark", (), {"streams": _GoneStreams()})()
+    settings = PipelineSettings(
+        kafka_bootstrap_servers="127.0.0.1:9", pipeline_output=str(tmp_path)
+    )
+    stop = threading.Event()
+    stop.set()
+    report = job.run(job.Pipeline(EventRegistry(), []), settings, spark=spark, stop=stop)
+    assert (report.name, report.batches) == ("test", 0)
