@@ -159,6 +159,7 @@ class SecuredKafkaCluster(KafkaCluster):
         base_dir: Path | None = None,
         heap: str = "512m",
         extra_config: dict[str, str] | None = None,
+        quick_jvm: bool = False,
     ) -> None:
         #: Password of each SASL user; PLAIN knows only those given here, SCRAM also those
         #: :meth:`add_scram_user` adds.
@@ -173,7 +174,12 @@ class SecuredKafkaCluster(KafkaCluster):
                     f"the password of Kafka user {name!r} may hold only letters, digits and ._~-"
                 )
         super().__init__(
-            size, jars_dir=jars_dir, base_dir=base_dir, heap=heap, extra_config=extra_config
+            size,
+            jars_dir=jars_dir,
+            base_dir=base_dir,
+            heap=heap,
+            extra_config=extra_config,
+            quick_jvm=quick_jvm,
         )
         self.tls_dir = self.base_dir / "tls"
         self.tls_dir.mkdir(exist_ok=True)

@@ -163,7 +163,7 @@ def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
         yield external
         return
     jars: Path = request.getfixturevalue("kafka_jars")
-    with KafkaCluster(1, jars_dir=jars) as cluster:
+    with KafkaCluster(1, jars_dir=jars, quick_jvm=True) as cluster:
         yield cluster.bootstrap_servers
 
 
@@ -202,7 +202,7 @@ def kafka_factory(kafka_jars: Path, tmp_path: Path) -> Iterator[Callable[[int], 
 
     def start(size: int = 1) -> KafkaCluster:
         cluster = KafkaCluster(
-            size, jars_dir=kafka_jars, base_dir=tmp_path / f"kafka{len(clusters)}"
+            size, jars_dir=kafka_jars, base_dir=tmp_path / f"kafka{len(clusters)}", quick_jvm=True
         )
         clusters.append(cluster)
         return cluster.start()
@@ -222,7 +222,7 @@ def secured_kafka(kafka_jars: Path) -> Iterator[SecuredKafkaCluster]:
     (``client_cert(name)``, ``add_scram_user``) and ACLs (``grant``) under unique names, so no
     test depends on another's grants."""
     users = {"alice": secrets.token_urlsafe(12)}
-    with SecuredKafkaCluster(1, jars_dir=kafka_jars, users=users) as cluster:
+    with SecuredKafkaCluster(1, jars_dir=kafka_jars, users=users, quick_jvm=True) as cluster:
         yield cluster
 
 

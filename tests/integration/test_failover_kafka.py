@@ -33,7 +33,9 @@ MAX_GAP = 30.0
 def cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """One 3-node cluster for the module (starting one takes ~10 s): each test leaves every
     node running and in sync."""
-    cluster = KafkaCluster(3, jars_dir=kafka_jars, base_dir=tmp_path_factory.mktemp("kafka3"))
+    cluster = KafkaCluster(
+        3, jars_dir=kafka_jars, base_dir=tmp_path_factory.mktemp("kafka3"), quick_jvm=True
+    )
     try:
         yield cluster.start()
     finally:
