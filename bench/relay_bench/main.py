@@ -35,6 +35,7 @@ from bench.relay_bench.phase_drain import phase_drain
 from bench.relay_bench.phase_idle import phase_idle
 from bench.relay_bench.phase_steady import phase_steady
 from bench.relay_bench.phase_writer import phase_writer
+from bench.relay_bench.phase_writer_mongodb import phase_writer_mongodb
 from bench.relay_bench.relays import child_relay
 from bench.relay_bench.security import (
     SECURITIES,
@@ -60,7 +61,11 @@ PHASES: dict[str, Callable[[Ctx], Awaitable[None]]] = {
 #: Phases that need no outbox database.
 _KAFKA_ONLY = {"ceiling"}
 #: Phases that measure PostgreSQL itself (pgbench, WAL): nothing to run on another database.
-_POSTGRES_ONLY = {"writer", "claims"}
+_POSTGRES_ONLY = {"claims"}
+#: A phase's own variant for a database (the writer phase: pgbench on PostgreSQL).
+_BY_DATABASE: dict[tuple[str, str], Callable[[Ctx], Awaitable[None]]] = {
+    ("writer", "mongodb"): phase_writer_mongodb,
+}
 DATABASES = ("postgresql", "mongodb")
 
 #: The embedded mongod's settings for the bench: the drain's backlog becomes visible in one
@@ -165,9 +170,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--churn-seconds", type=float, default=60)
     p.add_argument("--churn-every", type=float, default=3.0, help="seconds between kills")
     p.add_argument("--churn-session-timeout", type=float, default=10.0)
-    p.add_argument("--pgbench-clients", type=int, default=8)
-    p.add_argument("--pgbench-seconds", type=int, default=20)
-    p.add_argument("--pgbench-rounds", type=int, default=3)
+    _writer_args(p)
     p.add_argument("--claim-rows", type=int, default=100_000)
     p.add_argument("--claim-batch", type=int, default=500)
     p.add_argument("--claim-publish-ms", type=float, default=1.0, help="fake publish per batch")
@@ -192,6 +195,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if set(args.churn_faults) - set(FAULTS):
         p.error(f"--churn-faults: some of {', '.join(FAULTS)}")
     return args
+
+
+def _writer_args(p: argparse.ArgumentParser) -> None:
+    """The writer phase's: pgbench's on PostgreSQL, asyncio writer tasks' on MongoDB."""
+    p.add_argument("--pgbench-clients", type=int, default=8)
+    p.add_argument("--pgbench-seconds", type=int, default=20)
+    p.add_argument("--pgbench-rounds", type=int, default=3)
+    p.add_argument("--mongo-writers", type=int, default=8)
+    p.add_argument("--mongo-writer-seconds", type=float, default=5.0)
+    p.add_argument("--mongo-writer-rounds", type=int, default=6)
 
 
 def _check_servers(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -296,6 +309,7 @@ async def _run_phase(ctx: Ctx, phase: str, run: Callable[[Ctx], Awaitable[None]]
         say(f"n/a on {ctx.database}: this phase measures PostgreSQL itself")
         ctx.add(Result(phase, f"n/a on {ctx.database}", "-", note="measures PostgreSQL itself"))
         return
+    run = _BY_DATABASE.get((phase, ctx.database), run)
     start = time.perf_counter()
     try:
         await run(ctx)

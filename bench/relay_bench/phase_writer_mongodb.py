@@ -1,0 +1,170 @@
+"""Phase ``writer`` on MongoDB: what ``MongoOutbox.add`` costs a writer's transaction.
+
+``--mongo-writers`` asyncio tasks on one AsyncMongoClient (a service's pool), each running
+transactions back to back for ``--mongo-writer-seconds``, ``--mongo-writer-rounds`` rounds
+alternating the variants. Every transaction runs in :func:`outboxkit.core.mongodb.in_transaction`
+(majority write concern, retried on a write conflict): (a) the business insert of an order alone;
+(b) the same plus ``MongoOutbox.add`` of its event (topics read, key position, outbox insert).
+Collections emptied before each round. Per variant: transactions/s and mongod CPU per transaction
+(medians of the rounds), and (b)/(a) against #27's target (≤ 1.3x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bson import Decimal128
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
+
+from bench.relay_bench.harness import SOURCE, Ctx, OrderPlaced, Result, make_event, say
+from bench.relay_bench.outbox_mongodb import MongoBenchOutbox, database_url
+from outboxkit.core.mongodb import Client, collection, in_transaction
+from outboxkit.migrations.mongodb import migrate
+from outboxkit.relay import MongoOutbox, StorageUnavailableError
+
+WRITER_DB = "outboxkit_bench_writer"
+WRITER_TOPIC = "bench.orders"
+ORDERS = "bench_orders"
+#: #27's target: the outbox write costs at most this much over the business transaction.
+TARGET = 1.3
+
+VARIANTS = {"a": "business insert alone", "b": "business insert + MongoOutbox.add"}
+
+Work = Callable[[AsyncClientSession, OrderPlaced], Awaitable[None]]
+
+
+def order_document(event: OrderPlaced) -> dict[str, Any]:
+    return {
+        "order_id": event.order_id,
+        "customer_id": event.customer_id,
+        "amount": Decimal128(event.amount),
+        "currency": event.currency,
+        "lines": event.lines,
+        "note": event.note,
+    }
+
+
+def variant_work(client: Client, outbox: MongoOutbox | None) -> Work:
+    orders = client.get_database(WRITER_DB).get_collection(ORDERS)
+
+    async def work(session: AsyncClientSession, event: OrderPlaced) -> None:
+        await orders.insert_one(order_document(event), session=session)
+        if outbox is not None:
+            await outbox.add(session, event)
+
+    return work
+
+
+async def run_round(client: Client, work: Work, writers: int, seconds: float, keys: int) -> int:
+    """Transactions committed by ``writers`` tasks in ``seconds``."""
+    deadline = time.monotonic() + seconds
+
+    async def writer(seed: int) -> int:
+        rng, done = random.Random(seed), 0
+        while time.monotonic() < deadline:
+            event = make_event(rng, keys, WRITER_TOPIC)
+
+            async def txn(session: AsyncClientSession, event: OrderPlaced = event) -> None:
+                await work(session, event)
+
+            await in_transaction(client, txn, unavailable=StorageUnavailableError)
+            done += 1
+        return done
+
+    return sum(await asyncio.gather(*(writer(i) for i in range(writers))))
+
+
+async def aborted(client: Client) -> int:
+    status: dict[str, Any] = await client.admin.command({"serverStatus": 1})
+    return int(status["transactions"]["totalAborted"])
+
+
+async def phase_writer_mongodb(ctx: Ctx) -> None:
+    args = ctx.args
+    if not isinstance(ctx.outbox, MongoBenchOutbox):
+        raise RuntimeError("this phase measures MongoDB itself")
+    writers, seconds, rounds = (
+        args.mongo_writers,
+        args.mongo_writer_seconds,
+        args.mongo_writer_rounds,
+    )
+    client: Client = AsyncMongoClient(
+        database_url(ctx.outbox.url, WRITER_DB),
+        uuidRepresentation="standard",
+        tz_aware=True,
+        appname="bench-writer",
+        maxPoolSize=writers,
+    )
+    measured = "mongodb" in ctx.cpu.roots
+    tps: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu_ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    aborts: dict[str, int] = dict.fromkeys(VARIANTS, 0)
+    try:
+        await client.drop_database(WRITER_DB)
+        db = client.get_database(WRITER_DB)
+        await migrate(db)
+        await collection(db, "topics").update_one(
+            {"_id": WRITER_TOPIC}, {"$set": {"partitions": args.partitions}}, upsert=True
+        )
+        outbox = MongoOutbox(source=SOURCE, database=WRITER_DB)
+        works = {"a": variant_work(client, None), "b": variant_work(client, outbox)}
+        say(
+            f"{writers} writer tasks on one AsyncMongoClient, {rounds} rounds x {seconds:g} s "
+            f"alternating a b, {args.keys} keys; collections emptied before each round"
+        )
+        for round_no in range(1, rounds + 1):
+            for variant, label in VARIANTS.items():
+                await db.get_collection(ORDERS).delete_many({})
+                await collection(db, "outbox").delete_many({})
+                aborted_before = await aborted(client)
+                before = ctx.cpu.snapshot({"bench": [os.getpid()]})
+                done = await run_round(client, works[variant], writers, seconds, args.keys)
+                after = ctx.cpu.snapshot({"bench": [os.getpid()]})
+                aborts[variant] += await aborted(client) - aborted_before
+                rate = done / (after.at - before.at)
+                per = before.seconds(after, "mongodb") * 1000 / max(done, 1)
+                tps[variant].append(rate)
+                cpu_ms[variant].append(per)
+                bench_ms = before.seconds(after, "bench") * 1000 / max(done, 1)
+                cpu = f"mongod {per:.3f} ms/txn, " if measured else ""
+                say(
+                    f"  round {round_no} ({variant}) {label}: {rate:,.0f} txn/s, {cpu}"
+                    f"bench {bench_ms:.3f} ms/txn"
+                )
+    finally:
+        await client.close()
+    median = {v: statistics.median(tps[v]) for v in VARIANTS}
+    cpu_median = {v: statistics.median(cpu_ms[v]) for v in VARIANTS}
+    for variant, label in VARIANTS.items():
+        spread = f"{min(tps[variant]):,.0f}-{max(tps[variant]):,.0f}"
+        cpu = f"mongod {cpu_median[variant]:.3f} ms CPU/txn" if measured else "mongod CPU n/a"
+        ctx.add(
+            Result(
+                "writer",
+                f"({variant}) {label}",
+                f"{median[variant]:,.0f} txn/s; {cpu}",
+                f"{median['a'] / median[variant]:.2f}x slower than (a)",
+                f"median of {rounds} rounds {spread}; {aborts[variant]} aborted txns",
+            )
+        )
+    slower = median["a"] / median["b"]
+    cpu_ratio = cpu_median["b"] / cpu_median["a"] if measured and cpu_median["a"] else None
+    cpu_text = f"mongod CPU/txn {cpu_ratio:.2f}x" if cpu_ratio is not None else "CPU n/a"
+    verdict = "met" if slower <= TARGET and (cpu_ratio or 0) <= TARGET else "NOT met"
+    say(f"  (b)/(a): throughput cost {slower:.2f}x, {cpu_text}; target ≤ {TARGET}x: {verdict}")
+    ctx.add(
+        Result(
+            "writer",
+            "(b)/(a) outbox write overhead",
+            f"throughput {slower:.2f}x, {cpu_text}",
+            f"{slower:.2f}x",
+            f"target ≤ {TARGET}x (#27): {verdict}",
+        )
+    )
