@@ -47,6 +47,8 @@ PRESENCE_HEARTBEAT_MS = 1000
 #: Milliseconds without a heartbeat after which a member is a suspect (relays renew theirs at
 #: every check, every OUTBOXKIT_DEPARTED_CHECK_INTERVAL, 1 s by default).
 STALE_AFTER = 2500
+#: The records whose heartbeat is older than that (mongod's clock).
+_STALE = {"$expr": {"$lt": ["$at", {"$subtract": ["$$NOW", STALE_AFTER]}]}}
 
 
 class MongoPresence:
@@ -118,8 +120,7 @@ class MongoPresence:
         async with self._lock:
             if self._unsupported is not None or self._announced is None:
                 return []
-            stale = {"$expr": {"$lt": ["$at", {"$subtract": ["$$NOW", STALE_AFTER]}]}}
-            recorded = await _guard(self._members.find({"_id.group": group, **stale}).to_list())
+            recorded = await _guard(self._members.find({"_id.group": group, **_STALE}).to_list())
             candidates = {
                 doc["_id"]["member"]: doc["app_name"]
                 for doc in recorded
@@ -136,9 +137,8 @@ class MongoPresence:
     async def forget(self, group: str, member_ids: list[str]) -> None:
         """Stop reporting ``member_ids`` (departed, and removed from Kafka's group). A record
         beaten since (a relay that only lost mongod, back) is kept."""
-        stale = {"$expr": {"$lt": ["$at", {"$subtract": ["$$NOW", STALE_AFTER]}]}}
         ids = [_id(group, member) for member in member_ids]
-        await _guard(self._members.delete_many({"_id": {"$in": ids}, **stale}))
+        await _guard(self._members.delete_many({"_id": {"$in": ids}, **_STALE}))
 
     async def _live_app_names(self, app_names: list[str]) -> set[str] | None:
         """Which of ``app_names`` the primary's connections carry; None when that cannot be

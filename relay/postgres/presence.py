@@ -92,7 +92,7 @@ class PostgresPresence:
     async def forget(self, group: str, member_ids: list[str]) -> None:
         """Stop reporting ``member_ids`` (departed, and removed from Kafka's group)."""
         async with self._lock, self._unavailable():
-            conn = self._conn if self._conn is not None else await self._session()
+            conn = await self._session()
             await conn.execute(_QUERIES["forget_members"], {"group": group, "members": member_ids})
 
     async def _alive(self) -> bool:

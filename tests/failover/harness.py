@@ -24,7 +24,6 @@ sequence each start from a steady state.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -225,18 +224,22 @@ class FailoverRun:
         """The transactional id the relays publish ``partition`` with now (its owner's block
         that contains it, as ``outboxkit/relay/blocks.py`` plans them)."""
         settings = KafkaConnectionSettings(kafka_bootstrap_servers=self.bootstrap.split(","))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            members = []
+        wanted = TopicPartition(self.topic, partition)
+        found: list[str] = []
+
+        async def owned() -> bool:
             with contextlib.suppress(KafkaError):  # the coordinator is moving or loading
                 async with admin_client(settings) as admin:
                     _, members = await describe_group(admin, self.relay_group)
-            for member in members:
-                for block in plan(member.assigned, {self.topic: self.partitions}, max_level=5):
-                    if TopicPartition(self.topic, partition) in block.partitions(self.partitions):
-                        return block.transactional_id(self.relay_group)
-            await asyncio.sleep(0.5)  # a rebalance is running
-        raise AssertionError(f"no relay owns {self.topic}/{partition}")
+                for member in members:
+                    for block in plan(member.assigned, {self.topic: self.partitions}, max_level=5):
+                        if wanted in block.partitions(self.partitions):
+                            found.append(block.transactional_id(self.relay_group))
+                            return True
+            return False  # a rebalance is running
+
+        await wait_for(owned, within=30, interval=0.5, what=f"a relay owning {wanted}")
+        return found[0]
 
     async def settled(self) -> None:
         """Wait until everything committed so far has reached Kafka and taken effect (within

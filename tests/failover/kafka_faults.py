@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from outboxkit.embedded.kafka import KafkaCluster, KafkaNode
+from outboxkit.embedded.kafka_topology import KafkaTopology
 from tests.failover.harness import FailoverRun
 from tests.helpers import wait_for
 
@@ -32,16 +33,20 @@ async def take_down(run: FailoverRun, node: KafkaNode, *, how: str, name: str, r
         await run.settled()
         without = time.time() - fault.started
         await asyncio.to_thread(node.start)
-        await wait_for(_in_sync(run), within=90, interval=0.5, what="no under-replicated partition")
+        await wait_for(
+            in_sync(run.topology), within=90, interval=0.5, what="no under-replicated partition"
+        )
         fault.detail = (
             f"{how} node {node.node_id} ({role}); caught up without it after {without:.1f} s, "
             f"down {time.time() - down:.1f} s"
         )
 
 
-def _in_sync(run: FailoverRun) -> Callable[[], Awaitable[bool]]:
+def in_sync(topology: KafkaTopology) -> Callable[[], Awaitable[bool]]:
+    """Whether no partition is under-replicated: a restarted broker is back in service."""
+
     async def check() -> bool:
-        return not await run.topology.under_replicated()
+        return not await topology.under_replicated()
 
     return check
 

@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_topology import KafkaTopology
 from tests.failover.harness import FailoverRun
-from tests.failover.kafka_faults import KAFKA_FAULTS
+from tests.failover.kafka_faults import KAFKA_FAULTS, in_sync
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -71,11 +71,9 @@ async def test_topology_names_the_leader_and_the_coordinators(cluster: KafkaClus
 
         await wait_for(shrunk, within=30, what="partition 0 under-replicated")
         await asyncio.to_thread(cluster.node(victim).start)  # as the next test expects it
-
-        async def in_sync() -> bool:
-            return not await topology.under_replicated()
-
-        await wait_for(in_sync, within=90, interval=0.5, what="no under-replicated partition")
+        await wait_for(
+            in_sync(topology), within=90, interval=0.5, what="no under-replicated partition"
+        )
 
 
 async def _moved(topology: KafkaTopology, topic: str, old: int) -> bool:
