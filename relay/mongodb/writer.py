@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -15,6 +16,12 @@ from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
 from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
 from outboxkit.relay.mongodb.positions import take_positions
 from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
+
+#: Seconds a writer keeps the partition counts it read from ``outboxkit.topics``: reading them
+#: in every transaction was one of its four round trips (#27). Counts change only when a topic
+#: grows, which reorders a key across the change anyway (docs/relay.md); a writer takes the
+#: new count at most this long after the relay registers it.
+PARTITIONS_TTL = 10.0
 
 
 class MongoOutbox:
@@ -35,6 +42,9 @@ class MongoOutbox:
 
     ``with_transaction`` matters: two transactions that add events of the same key conflict,
     and MongoDB makes one of them retry (that is what keeps a key's events in commit order).
+
+    Each topic's partition count is read once per ``partitions_ttl`` seconds
+    (:data:`PARTITIONS_TTL`), not in every transaction.
     """
 
     def __init__(
@@ -44,6 +54,7 @@ class MongoOutbox:
         database: str,
         max_key_bytes: int = MAX_KEY_BYTES,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        partitions_ttl: float = PARTITIONS_TTL,
     ) -> None:
         if not source:
             raise ValueError("source must name the producing service, e.g. urn:service:orders")
@@ -53,13 +64,17 @@ class MongoOutbox:
         self.database = database
         self.max_key_bytes = max_key_bytes
         self.max_record_bytes = max_record_bytes
+        self.partitions_ttl = partitions_ttl
+        #: topic → (partition count, time.monotonic() when read)
+        self._partitions: dict[str, tuple[int, float]] = {}
 
     async def add(self, session: AsyncClientSession, event: Event) -> None:
         await self.add_many(session, [event])
 
     async def add_many(self, session: AsyncClientSession, events: Iterable[Event]) -> None:
-        """Add ``events`` in order: one read of the topics, one or two round trips for the
-        keys' positions, one insert of all documents."""
+        """Add ``events`` in order: one or two round trips for the keys' positions, one insert
+        of all documents (and a read of the topics when their partition counts are not known
+        from the last ``partitions_ttl`` seconds)."""
         encoded = [(event, encode(event, source=self.source)) for event in events]
         if not encoded:
             return
@@ -72,7 +87,7 @@ class MongoOutbox:
             )
         session = require_transaction(session, NotInTransactionError)
         db = session.client.get_database(self.database)
-        partitions = await _partition_counts(db, session, {wire.topic for _, wire in encoded})
+        partitions = await self._partition_counts(db, session, {wire.topic for _, wire in encoded})
         counts = Counter((wire.topic, wire.key) for _, wire in encoded)
         spans = await take_positions(collection(db, "keys"), session, counts)
         taken: Counter[tuple[str, bytes]] = Counter()
@@ -87,6 +102,36 @@ class MongoOutbox:
                 record_document(event, wire, partitions[wire.topic], position, previous, now=now)
             )
         await collection(db, "outbox").insert_many(documents, session=session)
+
+    async def _partition_counts(
+        self, db: Any, session: AsyncClientSession, topics: set[str]
+    ) -> dict[str, int]:
+        now = time.monotonic()
+        known = {
+            topic: entry[0]
+            for topic in topics
+            if (entry := self._partitions.get(topic)) is not None
+            and now - entry[1] < self.partitions_ttl
+        }
+        if len(known) == len(topics):
+            return known
+        found = {
+            doc["_id"]: int(doc["partitions"])
+            async for doc in collection(db, "topics").find(
+                {"_id": {"$in": sorted(topics - set(known))}}, session=session
+            )
+        }
+        missing = sorted(topics - set(known) - set(found))
+        if missing:
+            raise UnknownTopicError(
+                f"topic(s) {', '.join(missing)} not registered in outboxkit.topics, so their "
+                "partitions are unknown: start the relay with them in OUTBOXKIT_TOPICS (it "
+                "registers them from Kafka's metadata), or run `outboxkit topics sync`. Abort "
+                "this transaction."
+            )
+        for topic, count in found.items():
+            self._partitions[topic] = (count, now)
+        return known | found
 
 
 def record_document(
@@ -118,22 +163,3 @@ def record_document(
         "state": "pending",
         "attempts": 0,
     }
-
-
-async def _partition_counts(
-    db: Any, session: AsyncClientSession, topics: set[str]
-) -> dict[str, int]:
-    found = {
-        doc["_id"]: int(doc["partitions"])
-        async for doc in collection(db, "topics").find(
-            {"_id": {"$in": sorted(topics)}}, session=session
-        )
-    }
-    missing = sorted(topics - set(found))
-    if missing:
-        raise UnknownTopicError(
-            f"topic(s) {', '.join(missing)} not registered in outboxkit.topics, so their "
-            "partitions are unknown: start the relay with them in OUTBOXKIT_TOPICS (it registers "
-            "them from Kafka's metadata), or run `outboxkit topics sync`. Abort this transaction."
-        )
-    return found
