@@ -1,8 +1,8 @@
 """The claim's read on MongoDB: which pending records head each partition, read whole.
 
-One job, in three reads whatever the number of partitions: the keys a failed record blocks (all
-partitions at once), the choice of each partition's head (concurrently, each from one snapshot),
-then the chosen documents within the claim's byte bound. And the order barrier's check
+One job, in two reads whatever the number of partitions: one command chooses every partition's
+head and reads the keys a failed record blocks, all from one snapshot (:func:`heads_pipeline`);
+then the chosen documents are read within the claim's byte bound. And the order barrier's check
 (:meth:`HeadReader.older_pending`): is an older record of a key still pending?
 
 The head of a partition is chosen by mongod from ``outbox_head_idx`` alone, a partial index that
@@ -59,6 +59,8 @@ _SIZE: Document = {
 }
 #: The partial index of pending records the head read uses (migrations/files/mongodb/0002).
 HEAD_INDEX = "outbox_head_idx"
+#: The partial index of failed records (migrations/files/mongodb/0001): the held keys' read.
+FAILED_INDEX = "outbox_failed_idx"
 
 _RECORD_FIELDS = {
     "topic": True,
@@ -82,9 +84,15 @@ _SNAPSHOT_ERRORS = {"SnapshotTooOld", "SnapshotUnavailable"}
 class HeadReader:
     """Reads the heads of partitions from ``outbox`` (the claim's read; nothing is written)."""
 
+    #: Head reads are snapshot reads (see the module's docstring). A test turns this off to
+    #: show that the order barrier alone still keeps a key's order.
+    snapshot = True
+
     def __init__(self, client: Client, outbox: MongoCollection) -> None:
         self._client = client
         self.outbox = outbox
+        #: Per partition, the keys the last read found held (the next read leaves them out).
+        self._held: dict[TopicPartition, list[bytes]] = {}
 
     async def read(
         self, tps: Collection[TopicPartition], limit: int, *, depth: int, max_bytes: int | None
@@ -95,49 +103,91 @@ class HeadReader:
         stay under it (always the first). Each with its link in its key's chain."""
         if not tps:
             return []
-        held = await self.held_keys(tps)
-        chosen = await asyncio.gather(
-            *(self.choose_head(tp, held.get(tp, []), limit, depth) for tp in tps)
-        )
-        ids = [record_id for head in chosen for record_id in head]
+        ids = await self.choose_heads(list(tps), limit, depth)
         if not ids:
             return []
         by_id = {doc["_id"]: doc for doc in await self._documents(ids, max_bytes)}
         # A record the CLI skipped or retried meanwhile is simply not there.
         return [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
 
-    async def held_keys(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, list[bytes]]:
-        """Per partition, the keys with a failed record (per-key order: nothing overtakes it).
-        Few by construction, read from outbox_failed_idx in one query for all partitions."""
-        where = {
-            "state": "failed",
-            "$or": [{"topic": tp.topic, "partition": tp.partition} for tp in tps],
-        }
-        fields = {"_id": False, "topic": True, "partition": True, "key": True}
-        held: dict[TopicPartition, list[bytes]] = {}
-        for doc in await _guard(self.outbox.find(where, fields).to_list()):
-            keys = held.setdefault(TopicPartition(doc["topic"], doc["partition"]), [])
-            if doc["key"] not in keys:
-                keys.append(doc["key"])
-        return held
+    async def choose_heads(self, tps: list[TopicPartition], limit: int, depth: int) -> list[Any]:
+        """The ``_id``\\ s of each partition's head, partition by partition in the order of
+        ``tps``: key by key, oldest key first, each key's oldest first (:func:`head_pipeline`),
+        held keys left out.
 
-    async def choose_head(
-        self, tp: TopicPartition, held: list[bytes], limit: int, depth: int
-    ) -> list[Any]:
-        """The ``_id``s of ``tp``'s head: key by key, oldest key first, each key's oldest
-        first (see :func:`head_pipeline`), from one snapshot: every transaction is seen whole
-        or not at all. Held keys are left out by the query up to :data:`HELD_IN_QUERY`
-        bytes of them, so that no command grows with the parked keys (mongod refuses a command
-        over 16 MB); any more are left out of what it returns."""
-        in_query, rest = split_by_size(held, HELD_IN_QUERY)
-        pipeline = head_pipeline(tp, in_query, limit, depth)
-        async with self._client.start_session(snapshot=True, causal_consistency=False) as session:
-            cursor = await _guard_snapshot(
-                self.outbox.aggregate(pipeline, hint=HEAD_INDEX, session=session)
+        One command (:func:`heads_pipeline`) reads, from one snapshot, the keys a failed record
+        holds and every partition's head. The head's window leaves out, in the query, the keys
+        the last read found held (a read would otherwise fill with parked records): a partition
+        whose held keys changed since is read once more with the new ones, and a key found held
+        is never returned whatever the query left out."""
+        left_out = self._left_out(tps)
+        heads, held = await self._heads_and_held(tps, left_out, limit, depth)
+        self._remember(tps, held)
+        now_left_out = self._left_out(tps)
+        changed = [tp for tp in tps if set(now_left_out.get(tp, ())) != set(left_out.get(tp, ()))]
+        if changed:
+            again, held_again = await self._heads_and_held(
+                changed, {tp: now_left_out.get(tp, []) for tp in changed}, limit, depth
             )
-            heads = await _guard_snapshot(cursor.to_list())
-        skipped = set(rest)
-        return [i for head in heads if bytes(head["_id"]) not in skipped for i in head["ids"]]
+            heads.update({tp: again.get(tp, []) for tp in changed})
+            held.update({tp: held_again.get(tp, []) for tp in changed})
+            self._remember(changed, held)
+        ids: list[Any] = []
+        for tp in tps:
+            blocked = set(held.get(tp, ()))
+            ids.extend(
+                i
+                for head in heads.get(tp, [])
+                if bytes(head["_id"]) not in blocked
+                for i in head["ids"]
+            )
+        return ids
+
+    def _remember(
+        self, tps: list[TopicPartition], held: Mapping[TopicPartition, list[bytes]]
+    ) -> None:
+        for tp in tps:
+            if held.get(tp):
+                self._held[tp] = held[tp]
+            else:
+                self._held.pop(tp, None)
+
+    def _left_out(self, tps: list[TopicPartition]) -> dict[TopicPartition, list[bytes]]:
+        """Per partition, the held keys the head read's ``$nin`` carries: the last read's, at
+        most :data:`HELD_IN_QUERY` bytes of them in all (mongod refuses a command over 16 MB)."""
+        budget, left_out = HELD_IN_QUERY, {}
+        for tp in tps:
+            in_query, _ = split_by_size(self._held.get(tp, []), budget)
+            if in_query:
+                left_out[tp] = in_query
+                budget -= sum(map(len, in_query))
+        return left_out
+
+    async def _heads_and_held(
+        self,
+        tps: list[TopicPartition],
+        left_out: Mapping[TopicPartition, list[bytes]],
+        limit: int,
+        depth: int,
+    ) -> tuple[dict[TopicPartition, list[Document]], dict[TopicPartition, list[bytes]]]:
+        pipeline = heads_pipeline(self.outbox.name, tps, left_out, limit, depth)
+        async with self._client.start_session(
+            snapshot=self.snapshot, causal_consistency=False
+        ) as session:
+            cursor = await _guard_snapshot(
+                self.outbox.aggregate(pipeline, hint=FAILED_INDEX, session=session)
+            )
+            found = await _guard_snapshot(cursor.to_list())
+        heads: dict[TopicPartition, list[Document]] = {}
+        held: dict[TopicPartition, list[bytes]] = {}
+        for doc in found:
+            if "held" in doc:
+                where = doc["held"]
+                tp = TopicPartition(where["topic"], where["partition"])
+                held.setdefault(tp, []).append(bytes(where["key"]))
+            else:
+                heads.setdefault(tps[doc["tp"]], []).append(doc)
+        return heads, held
 
     async def older_pending(self, keys: Mapping[TopicPartition, dict[bytes, int]]) -> set[ChainKey]:
         """The keys of ``keys`` with a pending record older than the given position (the order
@@ -200,6 +250,41 @@ class HeadReader:
                 before[tp] = before.get(tp, 0) + doc["size"]
         found = self.outbox.find({"_id": {"$in": chosen}}, _RECORD_FIELDS)
         return await _guard(found.to_list())
+
+
+def heads_pipeline(
+    outbox: str,
+    tps: list[TopicPartition],
+    left_out: Mapping[TopicPartition, list[bytes]],
+    limit: int,
+    depth: int,
+) -> list[Document]:
+    """One aggregate for a whole claim's choice: the keys a failed record holds in ``tps``
+    (``{"held": {topic, partition, key}}``, a covered read of outbox_failed_idx, the command's
+    hint), then each partition's head (:func:`head_pipeline`, leaving out ``left_out``'s keys),
+    each output document tagged with its partition's index in ``tps`` (``tp``). In one command
+    every part reads the same snapshot, and the claim pays one round trip, not one per
+    partition. A ``$unionWith`` sub-pipeline takes no hint: outbox_head_idx is the only index
+    whose partial filter serves it (test_claim_plans.py checks the plan)."""
+    where = [{"topic": tp.topic, "partition": tp.partition} for tp in tps]
+    return [
+        {"$match": {"state": "failed", "$or": where}},
+        {"$group": {"_id": {"topic": "$topic", "partition": "$partition", "key": "$key"}}},
+        {"$sort": {"_id": 1}},
+        {"$project": {"_id": False, "held": "$_id"}},
+        *(
+            {
+                "$unionWith": {
+                    "coll": outbox,
+                    "pipeline": [
+                        *head_pipeline(tp, left_out.get(tp, []), limit, depth),
+                        {"$set": {"tp": index}},
+                    ],
+                }
+            }
+            for index, tp in enumerate(tps)
+        ),
+    ]
 
 
 def head_pipeline(

@@ -15,11 +15,11 @@ from pymongo import AsyncMongoClient
 from outboxkit.core.mongodb import database_name
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.relay import MongoOutboxStorage, TopicPartition
-from outboxkit.relay.mongodb.heads import head_pipeline, older_pending_query
+from outboxkit.relay.mongodb.heads import head_pipeline, heads_pipeline, older_pending_query
 from outboxkit.relay.postgres.storage import _QUERIES
 
 TOPIC = "plans"
-TP0 = TopicPartition(TOPIC, 0)
+TP0, TP1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
 AROUND = 20_000  # published rows + pending rows of other partitions
 HEAD = 50  # pending rows of partition 0
 LIMIT = 10
@@ -117,25 +117,39 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
     await outbox.insert_one(failed)
     try:
         async with MongoOutboxStorage(mongo_url) as storage:
-            held = (await storage.heads.held_keys([TP0]))[TP0]
-            assert held == [b"h0"]
-            explained = await storage.database.command(
-                "explain",
-                {
-                    "aggregate": storage.outbox.name,
-                    "pipeline": head_pipeline(TP0, held, LIMIT, depth=4),
-                    "cursor": {},
-                    "hint": "outbox_head_idx",
-                },
-                verbosity="executionStats",
-            )
+
+            async def explain(pipeline: list[dict[str, Any]], hint: str) -> dict[str, Any]:
+                command = {"aggregate": storage.outbox.name, "pipeline": pipeline, "cursor": {}}
+                return await storage.database.command(
+                    "explain", {**command, "hint": hint}, verbosity="executionStats"
+                )
+
+            # The claim's one command: held keys, then each partition's head.
+            claim = heads_pipeline(storage.outbox.name, [TP0, TP1], {TP0: [b"h0"]}, LIMIT, 4)
+            unions = [
+                stage["$unionWith"]["pipeline"][0]["$cursor"]
+                for stage in (await explain(claim, "outbox_failed_idx"))["stages"]
+                if "$unionWith" in stage
+            ]
+            # The same head read alone, where mongod reports what it examined.
+            explained = await explain(head_pipeline(TP0, [b"h0"], LIMIT, 4), "outbox_head_idx")
             records = await storage.settle_and_claim([TP0], LIMIT, depth=4)
             where, fields = older_pending_query(TP0, {b"h1": AROUND + 5, b"h3": AROUND + 9})
             checked = await storage.outbox.find(where, fields, hint="outbox_head_idx").explain()
     finally:
         await client.close()
-    # The $match, $sort and $limit before the $group run as one covered index read (the
-    # "$cursor"); then only the chosen documents are fetched.
+    # Each partition's head, inside the claim's command as alone (a $unionWith sub-pipeline
+    # takes no hint): the $match, $sort and $limit before the $group run as one covered index
+    # read (the "$cursor"); then only the chosen documents are fetched.
+    assert len(unions) == 2
+    for union in unions:
+        plan = union["queryPlanner"]["winningPlan"]
+        assert [s["indexName"] for s in _stages(plan, "indexName")] == ["outbox_head_idx"]
+        assert [s["stage"] for s in _stages(plan, "stage")] == [
+            "LIMIT",
+            "PROJECTION_COVERED",
+            "IXSCAN",
+        ], plan
     cursor = explained["stages"][0]["$cursor"]
     winning = cursor["queryPlanner"]["winningPlan"]
     assert [s["indexName"] for s in _stages(winning, "indexName")] == ["outbox_head_idx"]
