@@ -17,12 +17,13 @@ records looked like its head (issue #32: seq 12-15 published before 8-11 of one 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Collection, Mapping
 from typing import Any, TypeVar
 
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure
 
-from outboxkit.core.mongodb import Client, Document, guarded, is_unavailable
+from outboxkit.core.mongodb import Client, Document, guarded
 from outboxkit.core.mongodb import Collection as MongoCollection
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.barrier import ChainKey, Link, link_of
@@ -100,48 +101,66 @@ class HeadReader:
         """Of each partition of ``tps``, at most ``limit`` keys, oldest key first, each with its
         ``depth`` oldest pending records in order (none skipped), keys a failed record blocks
         left out; with ``max_bytes``, of each partition only those while the bytes before them
-        stay under it (always the first). Each with its link in its key's chain."""
+        stay under it (always the first). Each with its link in its key's chain.
+
+        Usually one command (:meth:`choose_heads`) that returns the records whole. If some
+        partition's records pass ``max_bytes``, that read stops, and the head is chosen again as
+        ids, sized on the server, and only the records within the bound are read."""
         if not tps:
             return []
-        ids = await self.choose_heads(list(tps), limit, depth)
-        if not ids:
-            return []
-        by_id = {doc["_id"]: doc for doc in await self._documents(ids, max_bytes)}
-        # A record the CLI skipped or retried meanwhile is simply not there.
-        return [(_record(by_id[i]), link_of(by_id[i])) for i in ids if i in by_id]
+        chosen = list(tps)
+        try:
+            docs = await self.choose_heads(chosen, limit, depth, max_bytes=max_bytes)
+        except _PastTheBound:
+            assert max_bytes is not None
+            heads = await self.choose_heads(chosen, limit, depth, documents=False)
+            ids = [record_id for head in heads for record_id in head["ids"]]
+            by_id = {doc["_id"]: doc for doc in await self._bounded_documents(ids, max_bytes)}
+            # A record the CLI skipped or retried meanwhile is simply not there.
+            docs = [by_id[i] for i in ids if i in by_id]
+        return [(_record(doc), link_of(doc)) for doc in docs]
 
-    async def choose_heads(self, tps: list[TopicPartition], limit: int, depth: int) -> list[Any]:
-        """The ``_id``\\ s of each partition's head, partition by partition in the order of
-        ``tps``: key by key, oldest key first, each key's oldest first (:func:`head_pipeline`),
-        held keys left out.
+    async def choose_heads(
+        self,
+        tps: list[TopicPartition],
+        limit: int,
+        depth: int,
+        *,
+        documents: bool = True,
+        max_bytes: int | None = None,
+    ) -> list[Document]:
+        """Each partition's head, partition by partition in the order of ``tps``: key by key,
+        oldest key first, each key's oldest first (:func:`head_pipeline`), held keys left out;
+        as records (``documents``; :class:`_PastTheBound` as soon as a partition's pass
+        ``max_bytes``), or as each key's ``{"_id": key, "ids": [...]}``.
 
         One command (:func:`heads_pipeline`) reads, from one snapshot, the keys a failed record
         holds and every partition's head. The head's window leaves out, in the query, the keys
         the last read found held (a read would otherwise fill with parked records): a partition
         whose held keys changed since is read once more with the new ones, and a key found held
         is never returned whatever the query left out."""
+        read = functools.partial(
+            self._heads_and_held, limit=limit, depth=depth, documents=documents, max_bytes=max_bytes
+        )
         left_out = self._left_out(tps)
-        heads, held = await self._heads_and_held(tps, left_out, limit, depth)
+        heads, held = await read(tps, left_out)
         self._remember(tps, held)
         now_left_out = self._left_out(tps)
         changed = [tp for tp in tps if set(now_left_out.get(tp, ())) != set(left_out.get(tp, ()))]
         if changed:
-            again, held_again = await self._heads_and_held(
-                changed, {tp: now_left_out.get(tp, []) for tp in changed}, limit, depth
+            again, held_again = await read(
+                changed, {tp: now_left_out.get(tp, []) for tp in changed}
             )
             heads.update({tp: again.get(tp, []) for tp in changed})
             held.update({tp: held_again.get(tp, []) for tp in changed})
             self._remember(changed, held)
-        ids: list[Any] = []
-        for tp in tps:
-            blocked = set(held.get(tp, ()))
-            ids.extend(
-                i
-                for head in heads.get(tp, [])
-                if bytes(head["_id"]) not in blocked
-                for i in head["ids"]
-            )
-        return ids
+        key = "key" if documents else "_id"
+        return [
+            doc
+            for tp in tps
+            for doc in heads.get(tp, [])
+            if bytes(doc[key]) not in set(held.get(tp, ()))
+        ]
 
     def _remember(
         self, tps: list[TopicPartition], held: Mapping[TopicPartition, list[bytes]]
@@ -167,17 +186,25 @@ class HeadReader:
         self,
         tps: list[TopicPartition],
         left_out: Mapping[TopicPartition, list[bytes]],
+        *,
         limit: int,
         depth: int,
+        documents: bool,
+        max_bytes: int | None,
     ) -> tuple[dict[TopicPartition, list[Document]], dict[TopicPartition, list[bytes]]]:
-        pipeline = heads_pipeline(self.outbox.name, tps, left_out, limit, depth)
+        pipeline = heads_pipeline(
+            self.outbox.name, tps, left_out, limit, depth, documents=documents
+        )
         async with self._client.start_session(
             snapshot=self.snapshot, causal_consistency=False
         ) as session:
             cursor = await _guard_snapshot(
                 self.outbox.aggregate(pipeline, hint=FAILED_INDEX, session=session)
             )
-            found = await _guard_snapshot(cursor.to_list())
+            try:
+                found = await _guard_snapshot(_within(cursor, max_bytes))
+            finally:
+                await cursor.close()
         heads: dict[TopicPartition, list[Document]] = {}
         held: dict[TopicPartition, list[bytes]] = {}
         for doc in found:
@@ -186,7 +213,7 @@ class HeadReader:
                 tp = TopicPartition(where["topic"], where["partition"])
                 held.setdefault(tp, []).append(bytes(where["key"]))
             else:
-                heads.setdefault(tps[doc["tp"]], []).append(doc)
+                heads.setdefault(tps[doc.pop("tp")], []).append(doc)
         return heads, held
 
     async def older_pending(self, keys: Mapping[TopicPartition, dict[bytes, int]]) -> set[ChainKey]:
@@ -204,35 +231,6 @@ class HeadReader:
 
         found = await asyncio.gather(*(of(tp, positions) for tp, positions in keys.items()))
         return set().union(*found)
-
-    async def _documents(self, ids: list[Any], max_bytes: int | None) -> list[Document]:
-        """The documents of ``ids``, within the claim's byte bound: of each partition, in the
-        head's order (key by key, each key's oldest first), those while the bytes of the ones
-        before them (:func:`~outboxkit.relay.limits.record_bytes`) stay under ``max_bytes``.
-        Read whole as long as no partition's documents pass the bound (the usual case: one
-        read, as without a bound); else sized on the server first, then only the chosen
-        documents are read."""
-        cursor = self.outbox.find({"_id": {"$in": ids}}, _RECORD_FIELDS)
-        docs: list[Document] = []
-        size: dict[tuple[str, int], int] = {}
-        try:
-            async for doc in cursor:
-                tp = (doc["topic"], doc["partition"])
-                size[tp] = size.get(tp, 0) + doc_bytes(doc)
-                if max_bytes is not None and size[tp] > max_bytes:
-                    break
-                docs.append(doc)
-            else:
-                return docs
-        except PyMongoError as exc:
-            if is_unavailable(exc):
-                raise StorageUnavailableError(f"MongoDB is unavailable: {exc}") from exc
-            raise
-        finally:
-            await cursor.close()
-        del docs  # some partition needs cutting: what was read so far is not it
-        assert max_bytes is not None
-        return await self._bounded_documents(ids, max_bytes)
 
     async def _bounded_documents(self, ids: list[Any], max_bytes: int) -> list[Document]:
         fields = {"topic": True, "partition": True, "size": _SIZE}
@@ -258,14 +256,18 @@ def heads_pipeline(
     left_out: Mapping[TopicPartition, list[bytes]],
     limit: int,
     depth: int,
+    *,
+    documents: bool = True,
 ) -> list[Document]:
-    """One aggregate for a whole claim's choice: the keys a failed record holds in ``tps``
-    (``{"held": {topic, partition, key}}``, a covered read of outbox_failed_idx, the command's
-    hint), then each partition's head (:func:`head_pipeline`, leaving out ``left_out``'s keys),
-    each output document tagged with its partition's index in ``tps`` (``tp``). In one command
-    every part reads the same snapshot, and the claim pays one round trip, not one per
-    partition. A ``$unionWith`` sub-pipeline takes no hint: outbox_head_idx is the only index
-    whose partial filter serves it (test_claim_plans.py checks the plan)."""
+    """One aggregate for a whole claim's read: the keys a failed record holds in ``tps``
+    (``{"held": {topic, partition, key}}``, read from outbox_failed_idx, the command's hint),
+    then each partition's head (:func:`head_pipeline`, leaving out ``left_out``'s keys): with
+    ``documents`` its records whole, in the head's order (each chosen ``_id`` looked up), else
+    its keys' ``ids``; each output document tagged with its partition's index in ``tps``
+    (``tp``). In one command every part reads the same snapshot, and the claim pays one round
+    trip, not one per partition and another for the documents. A ``$unionWith`` sub-pipeline
+    takes no hint: outbox_head_idx is the only index whose partial filter serves it
+    (test_claim_plans.py checks the plan)."""
     where = [{"topic": tp.topic, "partition": tp.partition} for tp in tps]
     return [
         {"$match": {"state": "failed", "$or": where}},
@@ -278,12 +280,31 @@ def heads_pipeline(
                     "coll": outbox,
                     "pipeline": [
                         *head_pipeline(tp, left_out.get(tp, []), limit, depth),
+                        *(_looked_up(outbox) if documents else []),
                         {"$set": {"tp": index}},
                     ],
                 }
             }
             for index, tp in enumerate(tps)
         ),
+    ]
+
+
+def _looked_up(outbox: str) -> list[Document]:
+    """A head's ``ids``, in order, as their records (by the ``_id`` index)."""
+    return [
+        {"$unwind": "$ids"},
+        {
+            "$lookup": {
+                "from": outbox,
+                "localField": "ids",
+                "foreignField": "_id",
+                "pipeline": [{"$project": _RECORD_FIELDS}],
+                "as": "record",
+            }
+        },
+        {"$unwind": "$record"},
+        {"$replaceWith": "$record"},
     ]
 
 
@@ -353,6 +374,24 @@ def doc_bytes(doc: Document) -> int:
 async def _guard(operation: Awaitable[T]) -> T:
     """A server or network failure surfaces as the relay's retriable error."""
     return await guarded(operation, StorageUnavailableError)
+
+
+class _PastTheBound(Exception):
+    """A partition's records passed the claim's byte bound (:meth:`HeadReader.read`)."""
+
+
+async def _within(cursor: Any, max_bytes: int | None) -> list[Document]:
+    """Everything ``cursor`` returns; with ``max_bytes``, :class:`_PastTheBound` as soon as the
+    records of one partition (``tp``) pass it, before reading more."""
+    found: list[Document] = []
+    size: dict[int, int] = {}
+    async for doc in cursor:
+        if max_bytes is not None and "key" in doc:
+            size[doc["tp"]] = size.get(doc["tp"], 0) + doc_bytes(doc)
+            if size[doc["tp"]] > max_bytes:
+                raise _PastTheBound
+        found.append(doc)
+    return found
 
 
 async def _guard_snapshot(operation: Awaitable[T]) -> T:

@@ -155,14 +155,14 @@ async def test_a_key_held_or_released_since_the_last_read_counts_at_once(
 
 
 async def test_one_command_chooses_every_partitions_head(migrated_mongodb_url: str) -> None:
-    """The choice is one aggregate whatever the number of partitions (it was one per partition,
-    and one more for the held keys), and stays one while the held keys do not change."""
-    aggregates: list[str] = []
+    """The claim's read is one aggregate whatever the number of partitions, the records
+    included (it was one per partition, one more for the held keys and a find of the records),
+    and stays one while the held keys do not change."""
+    commands: list[str] = []
 
     class Listener(monitoring.CommandListener):
         def started(self, event: monitoring.CommandStartedEvent) -> None:
-            if event.command_name == "aggregate":
-                aggregates.append(event.command["aggregate"])
+            commands.append(event.command_name)
 
         def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
             pass
@@ -179,9 +179,17 @@ async def test_one_command_chooses_every_partitions_head(migrated_mongodb_url: s
         await outbox.insert_one({"topic": TOPIC, "partition": 3, "key": b"x", "state": "failed"})
         reader = HeadReader(client, outbox)
         tps = [TopicPartition(TOPIC, p) for p in range(6)]
+        await outbox.insert_many(
+            {"topic": TOPIC, "partition": p, "key": b"k", "position": 1, "state": "pending"}
+            | {"value": b"v", "headers": [], "event_id": uuid4(), "created_at": datetime.now(UTC)}
+            | {"attempts": 0, "previous": None}
+            for p in range(6)
+        )
+        commands.clear()
         for _ in range(3):
-            assert await reader.read(tps, 10, depth=1, max_bytes=None) == []
+            read = await reader.read(tps, 10, depth=1, max_bytes=1_000_000)
+            assert [(r.partition, r.key) for r, _ in read] == [(p, b"k") for p in range(6)]
         # the first read learns of the held key and reads its partition again
-        assert len(aggregates) == 4, aggregates
+        assert commands == ["aggregate"] * 4, commands
     finally:
         await client.close()
