@@ -6,9 +6,12 @@ one 1 MB record of each pathological shape costs to decode (outboxkit/testing/ho
     python bench/inbox.py --shapes-only
 
     python bench/inbox.py --database mongodb [--dedupe-rows 10000]
+    python bench/inbox.py --database mongodb,postgresql
 
-Starts its own PostgreSQL (durable settings) or MongoDB (``--database mongodb``: the embedded
-mongod, a single-node replica set) and one Apache Kafka node; the workers are ``outboxkit inbox
+Starts one Apache Kafka node and its own PostgreSQL (durable settings) or MongoDB (``--database
+mongodb``: the embedded mongod, a single-node replica set), or each in turn, in the order given
+(``mongodb,postgresql``: the same events, one database running at a time, then MongoDB's handled
+events/s over PostgreSQL's per case against #27's target); the workers are ``outboxkit inbox
 bench.inbox_app:inbox`` (``:mongo_inbox``) processes, as in production. Prints figures (and the
 workers' CPU time per event), asserts nothing; the machine is shared, so compare ratios within
 one run.
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +52,11 @@ def _cpu_seconds(pid: int) -> float:
 
 #: The issue's target (#12) on 2 cores, for either database.
 TARGET = 3000
+#: #27's target: MongoDB's handled events/s at least this share of PostgreSQL's, same run.
+MONGO_TO_PG = 0.5
+
+#: (database, dedupe rows, workers) → (events/s handled, workers' CPU µs/event) of each round.
+Figures = dict[tuple[str, int, int], list[tuple[float, float]]]
 
 
 async def _run_inbox(
@@ -112,19 +121,65 @@ def print_shape_costs(size: int) -> None:
         )
 
 
+async def run_database(
+    database: str,
+    db: InboxDatabase,
+    *,
+    args: argparse.Namespace,
+    bootstrap: str,
+    ceiling: float,
+    figures: Figures,
+) -> None:
+    """Every dedupe-table size, round and worker count on ``db`` (``database``), into
+    ``figures``."""
+    await db.prepare()
+    for prefill in args.dedupe_rows:
+        label = f"{database}, dedupe records: {prefill:,} of another consumer"
+        await db.prefill(prefill)
+        for _ in range(args.rounds):
+            for workers in args.workers:
+                rate, overall, cpu = await _run_inbox(db, bootstrap, "paid", args.events, workers)
+                figures.setdefault((database, prefill, workers), []).append((rate, cpu))
+                print(
+                    f"{label}, {workers} worker process(es): {rate:,.0f} events/s handled "
+                    f"({rate / ceiling:.2f}x ceiling; target ≥ {TARGET:,}/s); "
+                    f"{overall:,.0f}/s counting group joins; workers' CPU {cpu:.0f} us/event"
+                )
+
+
+def compare_databases(figures: Figures) -> None:
+    """MongoDB's handled events/s over PostgreSQL's per case (medians of the rounds), against
+    #27's target, with both workers' CPU per event."""
+    print("MongoDB / PostgreSQL, handled events/s (medians of the rounds):")
+    for (database, prefill, workers), mongo in figures.items():
+        pg = figures.get(("postgresql", prefill, workers))
+        if database != "mongodb" or pg is None:
+            continue
+        (m_rate, m_cpu), (p_rate, p_cpu) = (
+            (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs))
+            for runs in (mongo, pg)
+        )
+        ratio = m_rate / p_rate
+        verdict = "met" if ratio >= MONGO_TO_PG else "NOT met"
+        print(
+            f"  dedupe records {prefill:,}, {workers} worker process(es): {m_rate:,.0f} / "
+            f"{p_rate:,.0f} events/s = {ratio:.2f}x, target ≥ {MONGO_TO_PG:g}x (#27): {verdict}; "
+            f"workers' CPU {m_cpu:.0f} / {p_cpu:.0f} us/event"
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
     if args.shapes_only:
         print_shape_costs(args.shape_size)
         return
+    figures: Figures = {}
     with contextlib.ExitStack() as stack:
-        db = start_database(args.database, stack)
         kafka = stack.enter_context(KafkaCluster(1))
         bootstrap = kafka.bootstrap_servers
         print(
             f"inbox benchmark: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-            f"{db.description}; Kafka 1 embedded node; {args.events:,} events"
+            f"{', '.join(args.databases)}; Kafka 1 embedded node; {args.events:,} events"
         )
-        await db.prepare()
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         # The dead-letter topic too: an inbox worker refuses to start without it.
@@ -138,19 +193,15 @@ async def main(args: argparse.Namespace) -> None:
         )
         ceiling = await consume_rate(bootstrap, "paid", args.events)
         print(f"ceiling: raw aiokafka consume (read_committed): {ceiling:,.0f} records/s")
-        for prefill in args.dedupe_rows:
-            label = f"{args.database}, dedupe records: {prefill:,} of another consumer"
-            await db.prefill(prefill)
-            for _ in range(args.rounds):
-                for workers in args.workers:
-                    rate, overall, cpu = await _run_inbox(
-                        db, bootstrap, "paid", args.events, workers
-                    )
-                    print(
-                        f"{label}, {workers} worker process(es): {rate:,.0f} events/s handled "
-                        f"({rate / ceiling:.2f}x ceiling; target ≥ {TARGET:,}/s); "
-                        f"{overall:,.0f}/s counting group joins; workers' CPU {cpu:.0f} us/event"
-                    )
+        for database in args.databases:
+            with contextlib.ExitStack() as db_stack:  # one database running at a time
+                db = start_database(database, db_stack)
+                print(db.description)
+                await run_database(
+                    database, db, args=args, bootstrap=bootstrap, ceiling=ceiling, figures=figures
+                )
+    if {"mongodb", "postgresql"} <= set(args.databases):
+        compare_databases(figures)
     if not args.no_shapes:
         print_shape_costs(args.shape_size)
 
@@ -164,11 +215,21 @@ if __name__ == "__main__":
     parser.add_argument("--shape-size", type=int, default=1_000_000, help="bytes per shape")
     parser.add_argument("--shapes-only", action="store_true", help="only the decode costs")
     parser.add_argument("--no-shapes", action="store_true", help="no decode costs")
-    parser.add_argument("--database", choices=DATABASES, default="postgresql")
+    parser.add_argument(
+        "--database",
+        default="postgresql",
+        help=f"one or more of {', '.join(DATABASES)}, comma-separated, run in this order",
+    )
     parser.add_argument(
         "--dedupe-rows",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[10_000, 1_000_000],
         help="dedupe records of another consumer in the table, one case each",
     )
-    asyncio.run(main(parser.parse_args()))
+    parsed = parser.parse_args()
+    parsed.databases = list(
+        dict.fromkeys(x.strip() for x in parsed.database.split(",") if x.strip())
+    )
+    if not parsed.databases or set(parsed.databases) - set(DATABASES):
+        parser.error(f"--database: one or more of {', '.join(DATABASES)}")
+    asyncio.run(main(parsed))
