@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Collection, Mapping
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pymongo.errors import OperationFailure
@@ -96,12 +96,19 @@ class HeadReader:
         self._held: dict[TopicPartition, list[bytes]] = {}
 
     async def read(
-        self, tps: Collection[TopicPartition], limit: int, *, depth: int, max_bytes: int | None
+        self,
+        tps: Collection[TopicPartition],
+        limit: int,
+        *,
+        depth: int,
+        max_bytes: int | None,
+        settling: Mapping[TopicPartition, list[Any]] | None = None,
     ) -> list[tuple[OutboxRecord, Link]]:
         """Of each partition of ``tps``, at most ``limit`` keys, oldest key first, each with its
         ``depth`` oldest pending records in order (none skipped), keys a failed record blocks
         left out; with ``max_bytes``, of each partition only those while the bytes before them
-        stay under it (always the first). Each with its link in its key's chain.
+        stay under it (always the first). Each with its link in its key's chain. ``settling``:
+        per partition, the ``_id``\\ s of records being settled meanwhile, left out.
 
         Usually one command (:meth:`choose_heads`) that returns the records whole. If some
         partition's records pass ``max_bytes``, that read stops, and the head is chosen again as
@@ -110,10 +117,14 @@ class HeadReader:
             return []
         chosen = list(tps)
         try:
-            docs = await self.choose_heads(chosen, limit, depth, max_bytes=max_bytes)
+            docs = await self.choose_heads(
+                chosen, limit, depth, max_bytes=max_bytes, settling=settling
+            )
         except _PastTheBound:
             assert max_bytes is not None
-            heads = await self.choose_heads(chosen, limit, depth, documents=False)
+            heads = await self.choose_heads(
+                chosen, limit, depth, documents=False, settling=settling
+            )
             ids = [record_id for head in heads for record_id in head["ids"]]
             by_id = {doc["_id"]: doc for doc in await self._bounded_documents(ids, max_bytes)}
             # A record the CLI skipped or retried meanwhile is simply not there.
@@ -128,6 +139,7 @@ class HeadReader:
         *,
         documents: bool = True,
         max_bytes: int | None = None,
+        settling: Mapping[TopicPartition, list[Any]] | None = None,
     ) -> list[Document]:
         """Each partition's head, partition by partition in the order of ``tps``: key by key,
         oldest key first, each key's oldest first (:func:`head_pipeline`), held keys left out;
@@ -140,7 +152,12 @@ class HeadReader:
         whose held keys changed since is read once more with the new ones, and a key found held
         is never returned whatever the query left out."""
         read = functools.partial(
-            self._heads_and_held, limit=limit, depth=depth, documents=documents, max_bytes=max_bytes
+            self._heads_and_held,
+            limit=limit,
+            depth=depth,
+            documents=documents,
+            max_bytes=max_bytes,
+            settling=settling or {},
         )
         left_out = self._left_out(tps)
         heads, held = await read(tps, left_out)
@@ -191,9 +208,10 @@ class HeadReader:
         depth: int,
         documents: bool,
         max_bytes: int | None,
+        settling: Mapping[TopicPartition, list[Any]],
     ) -> tuple[dict[TopicPartition, list[Document]], dict[TopicPartition, list[bytes]]]:
         pipeline = heads_pipeline(
-            self.outbox.name, tps, left_out, limit, depth, documents=documents
+            self.outbox.name, tps, left_out, limit, depth, documents=documents, settling=settling
         )
         async with self._client.start_session(
             snapshot=self.snapshot, causal_consistency=False
@@ -258,16 +276,17 @@ def heads_pipeline(
     depth: int,
     *,
     documents: bool = True,
+    settling: Mapping[TopicPartition, list[Any]] | None = None,
 ) -> list[Document]:
     """One aggregate for a whole claim's read: the keys a failed record holds in ``tps``
     (``{"held": {topic, partition, key}}``, read from outbox_failed_idx, the command's hint),
     then each partition's head (:func:`head_pipeline`, leaving out ``left_out``'s keys): with
     ``documents`` its records whole, in the head's order (each chosen ``_id`` looked up), else
     its keys' ``ids``; each output document tagged with its partition's index in ``tps``
-    (``tp``). In one command every part reads the same snapshot, and the claim pays one round
-    trip, not one per partition and another for the documents. A ``$unionWith`` sub-pipeline
-    takes no hint: outbox_head_idx is the only index whose partial filter serves it
-    (test_claim_plans.py checks the plan)."""
+    (``tp``); ``settling``'s records left out. In one command every part reads the same
+    snapshot, and the claim pays one round trip, not one per partition and another for the
+    documents. A ``$unionWith`` sub-pipeline takes no hint: outbox_head_idx is the only index
+    whose partial filter serves it (test_claim_plans.py checks the plan)."""
     where = [{"topic": tp.topic, "partition": tp.partition} for tp in tps]
     return [
         {"$match": {"state": "failed", "$or": where}},
@@ -279,7 +298,13 @@ def heads_pipeline(
                 "$unionWith": {
                     "coll": outbox,
                     "pipeline": [
-                        *head_pipeline(tp, left_out.get(tp, []), limit, depth),
+                        *head_pipeline(
+                            tp,
+                            left_out.get(tp, []),
+                            limit,
+                            depth,
+                            skip=(settling or {}).get(tp, []),
+                        ),
                         *(_looked_up(outbox) if documents else []),
                         {"$set": {"tp": index}},
                     ],
@@ -309,7 +334,7 @@ def _looked_up(outbox: str) -> list[Document]:
 
 
 def head_pipeline(
-    tp: TopicPartition, held: list[bytes], limit: int, depth: int = 1
+    tp: TopicPartition, held: list[bytes], limit: int, depth: int = 1, *, skip: Sequence[Any] = ()
 ) -> list[Document]:
     """The choice of ``tp``'s head, made by mongod from outbox_head_idx alone (a covered
     read: every field it uses is in the index, no document is fetched): the first
@@ -317,10 +342,13 @@ def head_pipeline(
     index is in order; held keys left out so that they do not crowd the window); of
     each key among them its ``depth`` oldest, in order (``$firstN`` keeps the scan's order:
     a prefix of the key's pending records, none skipped, since a key's records commit in
-    position order); the ``limit`` keys whose oldest record comes first."""
+    position order); the ``limit`` keys whose oldest record comes first. ``skip``: the
+    ``_id``\\ s of records being settled meanwhile (still pending in what this read may see)."""
     match: Document = {"topic": tp.topic, "partition": tp.partition, "state": "pending"}
     if held:
         match["key"] = {"$nin": held}
+    if skip:
+        match["_id"] = {"$nin": list(skip)}
     return [
         {"$match": match},
         {"$sort": {"position": 1, "_id": 1}},

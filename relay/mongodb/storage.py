@@ -22,10 +22,11 @@ read** (:mod:`.heads`): every transaction is seen whole or not at all. And the *
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pymongo import UpdateOne
 
@@ -109,13 +110,24 @@ class MongoOutboxStorage(MongoConnection):
         depth: int = 1,
         max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
-        # Settled first (the write is acknowledged before the reads start), so the reads find
-        # the settled keys' next records and never the settled ones.
-        await self.mark_published(published, keep=keep)
-        self._barrier.settle(published)
         if not tps:
+            await self.mark_published(published, keep=keep)
+            self._barrier.settle(published)
             return []
-        read = await self.heads.read(tps, limit, depth=depth, max_bytes=max_bytes)
+        # The settle's write and the heads' read are two round trips that run at once; the read
+        # leaves out the records being settled (which it may still see pending). Nothing is
+        # returned, so nothing published, before the settle is acknowledged (majority): a later
+        # record of a key never goes out before its predecessor is settled (G2).
+        settling: dict[TopicPartition, list[Any]] = {}
+        for record in published:
+            settling.setdefault(TopicPartition(record.topic, record.partition), []).append(
+                record.id
+            )
+        read = await _alongside(
+            self.mark_published(published, keep=keep),
+            self.heads.read(tps, limit, depth=depth, max_bytes=max_bytes, settling=settling),
+        )
+        self._barrier.settle(published)
         return await self._barrier.admit(read, self.heads.older_pending)
 
     async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
@@ -205,6 +217,19 @@ class MongoOutboxStorage(MongoConnection):
     async def _aggregate(self, pipeline: list[Document], *, hint: str) -> list[Document]:
         cursor = await self.outbox.aggregate(pipeline, hint=hint)
         return await cursor.to_list()
+
+
+async def _alongside(first: Awaitable[None], second: Awaitable[T]) -> T:
+    """``second``'s result, both run at once; if ``first`` fails, ``second`` is cancelled and
+    ``first``'s error raised (as is, not in an exception group: callers retry on it)."""
+    task = asyncio.ensure_future(second)
+    try:
+        await first
+    except BaseException:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    return await task
 
 
 async def _guard(operation: Awaitable[T]) -> T:

@@ -1,5 +1,6 @@
-"""The MongoDB writer's partition counts: read once per ``partitions_ttl``, not in every
-transaction (#27: that read was one of the writer's four round trips)."""
+"""Round trips #27 cut on MongoDB, and the guarantees they keep: the writer reads partition
+counts once per ``partitions_ttl``, not in every transaction (that read was one of its four
+round trips); the claim settles the last batch beside its read of the next."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from outboxkit.relay import (
     MongoOutbox,
     MongoOutboxStorage,
     StorageUnavailableError,
+    TopicPartition,
     UnknownTopicError,
 )
 from outboxkit.schemas import Event, partition_for_key
@@ -98,5 +100,44 @@ async def test_an_unknown_topic_is_not_remembered(migrated_mongodb_url: str) -> 
         async with MongoOutboxStorage(url) as storage:
             await storage.register_topics({TOPIC: 3})
         await in_transaction(client, write, unavailable=StorageUnavailableError)
+    finally:
+        await client.close()
+
+
+async def test_the_settle_runs_beside_the_next_read_and_a_failed_one_returns_nothing(
+    migrated_mongodb_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim settles the last batch while it reads the next heads (two round trips at
+    once), leaving out the records being settled, which it may still see pending: a key's next
+    record comes in the same claim. A settle that fails fails the claim with the relay's
+    retriable error (not an exception group) and returns nothing to publish, so no record goes
+    out before its predecessor is settled (G2)."""
+    url = migrated_mongodb_url
+    outbox = MongoOutbox(source="urn:test", database=database_name(url))
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
+    try:
+        async with MongoOutboxStorage(url) as storage:
+            await storage.register_topics({TOPIC: 1})
+            for order in ["a", "a", "b"]:
+
+                async def write(session: Any, order: str = order) -> None:
+                    await outbox.add(session, Placed(order=order))
+
+                await in_transaction(client, write, unavailable=StorageUnavailableError)
+            tp = [TopicPartition(TOPIC, 0)]
+            first = await storage.settle_and_claim(tp, 10, depth=1)
+            assert [r.key for r in first] == [b"a", b"b"]
+
+            async def unavailable(*args: Any, **kwargs: Any) -> None:
+                raise StorageUnavailableError("the primary stepped down")
+
+            with monkeypatch.context() as patched:
+                patched.setattr(storage, "mark_published", unavailable)
+                with pytest.raises(StorageUnavailableError):
+                    await storage.settle_and_claim(tp, 10, published=first, depth=1)
+            second = await storage.settle_and_claim(tp, 10, published=first, depth=1)
+            assert [r.key for r in second] == [b"a"]
+            assert second[0].id not in {r.id for r in first}
+            assert await storage.settle_and_claim(tp, 10, published=second, depth=1) == []
     finally:
         await client.close()
