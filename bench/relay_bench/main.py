@@ -206,6 +206,12 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mongo-writers", type=int, default=8)
     p.add_argument("--mongo-writer-seconds", type=float, default=5.0)
     p.add_argument("--mongo-writer-rounds", type=int, default=6)
+    p.add_argument(
+        "--mongo-backlog",
+        type=int,
+        default=20_000,
+        help="writer (MongoDB): events of the backlog written plain, with add, with add_many",
+    )
 
 
 def _check_servers(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -6,7 +6,9 @@ alternating the variants. Every transaction runs in :func:`outboxkit.core.mongod
 (majority write concern, retried on a write conflict): (a) the business insert of an order alone;
 (b) the same plus ``MongoOutbox.add`` of its event (topics read, key position, outbox insert).
 Collections emptied before each round. Per variant: transactions/s and mongod CPU per transaction
-(medians of the rounds), and (b)/(a) against #27's target (≤ 1.3x).
+(medians of the rounds), and (b)/(a) against #27's target (≤ 1.3x). Then a backlog of
+``--mongo-backlog`` events written by the same tasks three ways (:data:`BACKLOG_SHAPES`), each
+outboxkit shape's events/s against a plain one-insert-per-event transaction's (#27: ≥ 1x).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from bson import Decimal128
+from bson import Binary, Decimal128
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.client_session import AsyncClientSession
 
@@ -28,6 +31,7 @@ from bench.relay_bench.outbox_mongodb import MongoBenchOutbox, database_url
 from outboxkit.core.mongodb import Client, collection, in_transaction
 from outboxkit.migrations.mongodb import migrate
 from outboxkit.relay import MongoOutbox, StorageUnavailableError
+from outboxkit.schemas import encode
 
 WRITER_DB = "outboxkit_bench_writer"
 WRITER_TOPIC = "bench.orders"
@@ -36,6 +40,8 @@ ORDERS = "bench_orders"
 TARGET = 1.3
 
 VARIANTS = {"a": "business insert alone", "b": "business insert + MongoOutbox.add"}
+#: Events per transaction of the backlog's add_many shape.
+BACKLOG_BATCH = 100
 
 Work = Callable[[AsyncClientSession, OrderPlaced], Awaitable[None]]
 
@@ -79,6 +85,78 @@ async def run_round(client: Client, work: Work, writers: int, seconds: float, ke
         return done
 
     return sum(await asyncio.gather(*(writer(i) for i in range(writers))))
+
+
+#: How a backlog of events is written: a plain document per event, one per transaction (what a
+#: writer without outboxkit does); ``MongoOutbox.add``, one per transaction; ``add_many``, 100
+#: per transaction.
+BACKLOG_SHAPES = {
+    "plain": "plain insert, 1 event/txn",
+    "add": "MongoOutbox.add, 1 event/txn",
+    "add_many": f"MongoOutbox.add_many, {BACKLOG_BATCH} events/txn",
+}
+
+
+async def write_backlog(
+    ctx: Ctx, client: Client, outbox: MongoOutbox, db: Any, writers: int
+) -> None:
+    """#27: a backlog of ``--mongo-backlog`` events written at least as fast as a plain
+    one-insert-per-event transaction writes it. Each shape by ``writers`` tasks, the events
+    split among them; seconds and events/s, and each outboxkit shape against the plain one."""
+    events_total = ctx.args.mongo_backlog
+    plain = db.get_collection("bench_plain_events")
+    rates: dict[str, float] = {}
+    share = events_total // writers
+    for shape, label in BACKLOG_SHAPES.items():
+        await plain.delete_many({})
+        await collection(db, "outbox").delete_many({})
+        per_txn = BACKLOG_BATCH if shape == "add_many" else 1
+
+        async def writer(seed: int, shape: str = shape, per_txn: int = per_txn) -> None:
+            rng = random.Random(seed)
+            for _ in range(share // per_txn):
+                events = [make_event(rng, ctx.args.keys, WRITER_TOPIC) for _ in range(per_txn)]
+
+                async def txn(
+                    session: AsyncClientSession, events: list[OrderPlaced] = events
+                ) -> None:
+                    if shape == "plain":
+                        [event] = events
+                        wire = encode(event, source=SOURCE)
+                        document = {
+                            "topic": wire.topic,
+                            "key": wire.key,
+                            "value": wire.value,
+                            "headers": [[name, value] for name, value in wire.headers],
+                            "event_id": Binary.from_uuid(event.id),
+                            "created_at": datetime.now(UTC),
+                        }
+                        await plain.insert_one(document, session=session)
+                    else:
+                        await outbox.add_many(session, events)
+
+                await in_transaction(client, txn, unavailable=StorageUnavailableError)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(writer(1000 + i) for i in range(writers)))
+        seconds = time.perf_counter() - start
+        rates[shape] = share * writers / seconds
+        say(
+            f"  backlog of {share * writers:,} events, {label}: {seconds:.1f} s, "
+            f"{rates[shape]:,.0f} events/s"
+        )
+    for shape in ("add", "add_many"):
+        ratio = rates[shape] / rates["plain"]
+        verdict = "met" if ratio >= 1 else "NOT met"
+        ctx.add(
+            Result(
+                "writer",
+                f"backlog {events_total:,}: {BACKLOG_SHAPES[shape]} / plain",
+                f"{rates[shape]:,.0f} / {rates['plain']:,.0f} events/s",
+                f"{ratio:.2f}x",
+                f"target ≥ 1x the plain one-insert-per-event transaction (#27): {verdict}",
+            )
+        )
 
 
 async def aborted(client: Client) -> int:
@@ -138,6 +216,7 @@ async def phase_writer_mongodb(ctx: Ctx) -> None:
                     f"  round {round_no} ({variant}) {label}: {rate:,.0f} txn/s, {cpu}"
                     f"bench {bench_ms:.3f} ms/txn"
                 )
+        await write_backlog(ctx, client, outbox, db, writers)
     finally:
         await client.close()
     median = {v: statistics.median(tps[v]) for v in VARIANTS}
