@@ -21,6 +21,8 @@ import os
 import random
 from dataclasses import dataclass
 
+from pymongo import AsyncMongoClient
+
 from bench.relay_bench.consumer import (
     Commits,
     latency_run,
@@ -31,6 +33,7 @@ from bench.relay_bench.consumer import (
 from bench.relay_bench.harness import (
     LATENCY_TOPIC,
     CpuMeter,
+    CpuSnapshot,
     Ctx,
     Result,
     bucket_quantile,
@@ -42,6 +45,8 @@ from bench.relay_bench.harness import (
     say,
     stage_breakdown,
 )
+from bench.relay_bench.outbox_mongodb import MongoBenchOutbox
+from outboxkit.core.mongodb import Client
 
 HISTOGRAM = "outboxkit_relay_commit_to_ack_seconds"
 
@@ -78,6 +83,56 @@ TARGETS = {
 }
 
 
+async def mongod_commands(ctx: Ctx) -> dict[str, int] | None:
+    """mongod's command counters (``serverStatus``), on MongoDB."""
+    if not isinstance(ctx.outbox, MongoBenchOutbox):
+        return None
+    client: Client = AsyncMongoClient(ctx.outbox.url)
+    try:
+        status = await client.admin.command("serverStatus")
+    finally:
+        await client.close()
+    commands = status["metrics"]["commands"]
+    return {
+        name: int(counts["total"])
+        for name, counts in commands.items()
+        if isinstance(counts, dict) and "total" in counts
+    }
+
+
+def mongod_per_event(
+    snap: CpuSnapshot,
+    after: CpuSnapshot,
+    before: dict[str, int],
+    later: dict[str, int],
+    events: int,
+) -> str:
+    """mongod's CPU and its commands per event of the window (writers' and relay's together;
+    the writer phase measures the writers' share alone)."""
+    cpu = snap.seconds(after, "mongodb") * 1000 / events
+    counts = {name: (later[name] - before.get(name, 0)) / events for name in later}
+    shown = sorted(((n, c) for n, c in counts.items() if c >= 0.01), key=lambda item: -item[1])
+    return f"{cpu:.3f} ms CPU; commands " + ", ".join(f"{n} {c:.2f}" for n, c in shown)
+
+
+def report_mongod(
+    ctx: Ctx,
+    cpu: tuple[CpuSnapshot, CpuSnapshot],
+    commands: tuple[dict[str, int] | None, dict[str, int] | None],
+    events: int,
+) -> None:
+    before, later = commands
+    if before is None or later is None or not events:
+        return
+    per_event = mongod_per_event(*cpu, before, later, events)
+    say(f"  mongod per event: {per_event}")
+    ctx.add(
+        Result(
+            "steady", "mongod per event (writers + relay)", per_event.split(";")[0], note=per_event
+        )
+    )
+
+
 async def phase_steady(ctx: Ctx) -> None:
     args = ctx.args
     commits = Commits()
@@ -97,6 +152,7 @@ async def phase_steady(ctx: Ctx) -> None:
             )
             metrics0 = await relays.metrics_text()
             groups = {"relays": relays.pids, "bench": [os.getpid()]}
+            commands0 = await mongod_commands(ctx)
             snap = ctx.cpu.snapshot(groups)
             achieved = await paced_writes(
                 writers,
@@ -109,6 +165,7 @@ async def phase_steady(ctx: Ctx) -> None:
                 topic=LATENCY_TOPIC,
             )
             after = ctx.cpu.snapshot(groups)
+            commands1 = await mongod_commands(ctx)
             with contextlib.suppress(TimeoutError):
                 await consumer.wait_for(len(commits.at), 30)
             await asyncio.sleep(0.5)  # the last batch's settle (for the relay's counters)
@@ -152,6 +209,7 @@ async def phase_steady(ctx: Ctx) -> None:
         f"{pct(send_to_consumer, 0.5) * 1000:.1f} ms; relay {stages}"
     )
     say(f"  relay histogram {HISTOGRAM} (row insert → Kafka commit): {hist}")
+    report_mongod(ctx, (snap, after), (commands0, commands1), events)
     say(f"  {target}")
     ctx.add(
         Result(
