@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import statistics
@@ -56,11 +57,15 @@ TARGET = 3000
 MONGO_TO_PG = 0.5
 
 #: (database, dedupe rows, workers) → (events/s handled, workers' CPU µs/event) of each round.
-Figures = dict[tuple[str, int, int], list[tuple[float, float]]]
+#: (database, handler, dedupe records, workers) → (events/s, workers' CPU µs/event) per round
+Figures = dict[tuple[str, str, int, int], list[tuple[float, float]]]
+#: The handlers: one row (document) inserted per event in the inbox's transaction, or nothing
+#: (what the inbox itself costs, beside what a handler's own write costs).
+HANDLERS = {"insert": "", "noop": "_noop"}
 
 
 async def _run_inbox(
-    db: InboxDatabase, bootstrap: str, topic: str, count: int, workers: int
+    db: InboxDatabase, bootstrap: str, topic: str, count: int, *, workers: int, handler: str
 ) -> tuple[float, float, float]:
     """Handled events/s with ``workers`` ``outboxkit inbox`` processes: from the first handled
     event to the last (group joins excluded), and from the start (joins included); and the
@@ -78,7 +83,7 @@ async def _run_inbox(
     }
     processes = [
         await asyncio.create_subprocess_exec(
-            *[sys.executable, "-m", "outboxkit", "inbox", db.target],
+            *[sys.executable, "-m", "outboxkit", "inbox", db.target + HANDLERS[handler]],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -137,11 +142,14 @@ async def run_database(
         label = f"{database}, dedupe records: {prefill:,} of another consumer"
         await db.prefill(prefill)
         for _ in range(args.rounds):
-            for workers in args.workers:
-                rate, overall, cpu = await _run_inbox(db, bootstrap, "paid", args.events, workers)
-                figures.setdefault((database, prefill, workers), []).append((rate, cpu))
+            for handler, workers in itertools.product(args.handlers, args.workers):
+                rate, overall, cpu = await _run_inbox(
+                    db, bootstrap, "paid", args.events, workers=workers, handler=handler
+                )
+                figures.setdefault((database, handler, prefill, workers), []).append((rate, cpu))
                 print(
-                    f"{label}, {workers} worker process(es): {rate:,.0f} events/s handled "
+                    f"{label}, handler {handler}, {workers} worker process(es): "
+                    f"{rate:,.0f} events/s handled "
                     f"({rate / ceiling:.2f}x ceiling; target ≥ {TARGET:,}/s); "
                     f"{overall:,.0f}/s counting group joins; workers' CPU {cpu:.0f} us/event"
                 )
@@ -151,8 +159,8 @@ def compare_databases(figures: Figures) -> None:
     """MongoDB's handled events/s over PostgreSQL's per case (medians of the rounds), against
     #27's target, with both workers' CPU per event."""
     print("MongoDB / PostgreSQL, handled events/s (medians of the rounds):")
-    for (database, prefill, workers), mongo in figures.items():
-        pg = figures.get(("postgresql", prefill, workers))
+    for (database, handler, prefill, workers), mongo in figures.items():
+        pg = figures.get(("postgresql", handler, prefill, workers))
         if database != "mongodb" or pg is None:
             continue
         (m_rate, m_cpu), (p_rate, p_cpu) = (
@@ -162,7 +170,8 @@ def compare_databases(figures: Figures) -> None:
         ratio = m_rate / p_rate
         verdict = "met" if ratio >= MONGO_TO_PG else "NOT met"
         print(
-            f"  dedupe records {prefill:,}, {workers} worker process(es): {m_rate:,.0f} / "
+            f"  handler {handler}, dedupe records {prefill:,}, {workers} worker process(es): "
+            f"{m_rate:,.0f} / "
             f"{p_rate:,.0f} events/s = {ratio:.2f}x, target ≥ {MONGO_TO_PG:g}x (#27): {verdict}; "
             f"workers' CPU {m_cpu:.0f} / {p_cpu:.0f} us/event"
         )
@@ -212,6 +221,12 @@ if __name__ == "__main__":
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     parser.add_argument("--rounds", type=int, default=1, help="runs of each worker count")
+    parser.add_argument(
+        "--handlers",
+        type=lambda s: s.split(","),
+        default=["insert"],
+        help="insert (one row/document per event), noop (the inbox alone), or both",
+    )
     parser.add_argument("--shape-size", type=int, default=1_000_000, help="bytes per shape")
     parser.add_argument("--shapes-only", action="store_true", help="only the decode costs")
     parser.add_argument("--no-shapes", action="store_true", help="no decode costs")

@@ -1,6 +1,7 @@
 """The inboxes that bench/inbox.py runs: a handler that inserts one row (PostgreSQL,
 ``outboxkit inbox bench.inbox_app:inbox``) or one document (MongoDB,
-``bench.inbox_app:mongo_inbox``) per event, in the transaction the inbox gives it."""
+``bench.inbox_app:mongo_inbox``) per event, in the transaction the inbox gives it; and the same
+inboxes with a handler that writes nothing (``inbox_noop``, ``mongo_inbox_noop``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ NAME = os.environ.get("BENCH_INBOX_NAME", "bench")
 
 inbox = Inbox(NAME)
 mongo_inbox = Inbox[AsyncClientSession](NAME)
+#: Handlers that write nothing: what the inbox itself costs (bench/inbox.py --handlers noop).
+inbox_noop = Inbox(NAME)
+mongo_inbox_noop = Inbox[AsyncClientSession](NAME)
 
 
 @inbox.handler(Paid)
@@ -35,3 +39,9 @@ async def record_document(event: Paid, tx: AsyncClientSession) -> None:
     # The database named by OUTBOXKIT_DATABASE_URL's path, the inbox's own.
     payments = tx.client.get_default_database().get_collection("payments")
     await payments.insert_one({"event_id": event.id, "amount": event.amount}, session=tx)
+
+
+@inbox_noop.handler(Paid)
+@mongo_inbox_noop.handler(Paid)
+async def nothing(event: Paid, tx: object) -> None:
+    pass
