@@ -125,7 +125,7 @@ async def test_mongodb_head_read_is_an_index_range_scan_without_sort(mongo_url: 
                 )
 
             # The claim's one command: held keys, then each partition's head.
-            claim = heads_pipeline(storage.outbox.name, [TP0, TP1], {TP0: [b"h0"]}, LIMIT, 4)
+            claim = heads_pipeline([TP0, TP1], {TP0: [b"h0"]}, LIMIT, 4)
             unions = [
                 stage["$unionWith"]["pipeline"][0]["$cursor"]
                 for stage in (await explain(claim, "outbox_failed_idx"))["stages"]
