@@ -101,7 +101,11 @@ class MongoOutbox:
             documents.append(
                 record_document(event, wire, partitions[wire.topic], position, previous, now=now)
             )
-        await collection(db, "outbox").insert_many(documents, session=session)
+        outbox = collection(db, "outbox")
+        if len(documents) == 1:  # the usual add(): insert_one costs the client less
+            await outbox.insert_one(documents[0], session=session)
+        else:
+            await outbox.insert_many(documents, session=session)
 
     async def _partition_counts(
         self, db: Any, session: AsyncClientSession, topics: set[str]
