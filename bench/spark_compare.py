@@ -72,6 +72,8 @@ JOB_VARIANTS = {
     "pipeline:no-dedupe": "no watermark nor dropDuplicatesWithinWatermark (no state store)",
     "pipeline:no-persist": "the micro-batch is not persisted (each sink reads it again)",
     "pipeline:noop-sink": "totals computed, then written to Spark's noop format",
+    "pipeline:no-python-pass": "the decoder's Python pass replaced by a null (every row still "
+    "decoded, deduplicated, cached and totalled: what the pass costs in the pipeline)",
     "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
     "hand-written:scalars": "the hand-written job without the order lines (not parsed then)",
     "hand-written:headers": "the hand-written job reading the headers too (their count)",
@@ -256,6 +258,8 @@ def _pipeline(ctx: Compare, name: str, modifiers: list[str]) -> Any:
             patches.enter_context(
                 mock.patch.object(job_module, "deduplicated", lambda decoded, _settings: decoded)
             )
+        # The decoder's parts, left out while the query's plan is built (start() decodes).
+        patches.enter_context(_decoder_parts_off(modifiers))
         if "no-persist" in modifiers:
             for method in ("persist", "unpersist"):
                 patches.enter_context(
