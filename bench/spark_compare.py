@@ -72,6 +72,8 @@ JOB_VARIANTS = {
     "pipeline:no-dedupe": "no watermark nor dropDuplicatesWithinWatermark (no state store)",
     "pipeline:no-persist": "the micro-batch is not persisted (each sink reads it again)",
     "pipeline:noop-sink": "totals computed, then written to Spark's noop format",
+    "pipeline:dedupe-shuffle-only": "the dedupe's shuffle on its key, without the watermark "
+    "nor the state store (what the state costs beyond the shuffle)",
     "pipeline:no-python-pass": "the decoder's Python pass replaced by a null (every row still "
     "decoded, deduplicated, cached and totalled: what the pass costs in the pipeline)",
     "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
@@ -232,6 +234,17 @@ class _NoopSink:
         return True
 
 
+def _shuffled_on_the_dedupe_key(decoded: Any, _settings: Any) -> Any:
+    """The dedupe's exchange alone: the rows hash-partitioned on the dedupe key into the
+    shuffle partitions, as ``dropDuplicatesWithinWatermark`` partitions them, no state."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    key = F.coalesce(
+        F.col("event_id"), F.concat_ws(":", F.lit("kafka"), "topic", "partition", "offset")
+    )
+    return decoded.repartition(key)
+
+
 def _pipeline(ctx: Compare, name: str, modifiers: list[str]) -> Any:
     """The demo's job into PostgreSQL only, as the other phases run it, with ``modifiers``."""
     from unittest import mock  # noqa: PLC0415
@@ -257,6 +270,10 @@ def _pipeline(ctx: Compare, name: str, modifiers: list[str]) -> Any:
         if "no-dedupe" in modifiers:
             patches.enter_context(
                 mock.patch.object(job_module, "deduplicated", lambda decoded, _settings: decoded)
+            )
+        if "dedupe-shuffle-only" in modifiers:
+            patches.enter_context(
+                mock.patch.object(job_module, "deduplicated", _shuffled_on_the_dedupe_key)
             )
         # The decoder's parts, left out while the query's plan is built (start() decodes).
         patches.enter_context(_decoder_parts_off(modifiers))
