@@ -397,4 +397,7 @@ def _uncompressed(codec: int, data: bytes) -> bytes:
     }.get(codec)
     if decode is None:
         raise ValueError(f"unknown compression codec {codec}")
-    return bytes(decode(data))
+    try:
+        return bytes(decode(data))
+    except Exception as exc:  # damaged data, or the codec's library is not installed
+        raise ValueError(f"cannot decompress the batch (codec {codec}): {exc!r}") from exc

@@ -273,6 +273,18 @@ def test_the_lenient_reader_fails_cleanly_on_damaged_batches(
     assert all(isinstance(r, ConsumerRecord | UnreadableRecord) for r in read)
 
 
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_a_batch_that_cannot_be_decompressed_is_a_damaged_batch(codec: int) -> None:
+    """A batch whose attributes name a codec its bytes are not in (or whose library is not
+    installed: snappy, lz4 and zstd are optional in aiokafka) raises ``ValueError``, as every
+    damaged batch does; hypothesis found gzip's ``BadGzipFile`` and the codecs'
+    ``NotImplementedError`` escaping the lenient reader."""
+    raw = bytearray(raw_batch([(b"key1", b"value", [])]))
+    raw[22] = (raw[22] & ~0x07) | codec  # the attributes' low byte: the compression codec
+    with pytest.raises(ValueError, match=f"codec {codec}"):
+        _read_batch(bytes(raw), TopicPartition("t", 0), 0, "e")
+
+
 def test_aiokafka_still_cannot_read_a_header_name_that_is_not_utf8() -> None:
     """Why InboxConsumer exists (aio-libs/aiokafka#321). When this fails, aiokafka reads such
     records itself and the workaround in outboxkit/inbox/kafka.py can be revisited."""
