@@ -14,6 +14,7 @@ outboxkit shape's events/s against a plain one-insert-per-event transaction's (#
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import statistics
@@ -97,6 +98,35 @@ BACKLOG_SHAPES = {
 }
 
 
+BacklogWork = Callable[..., Awaitable[None]]
+
+
+def plain_document(event: OrderPlaced) -> dict[str, Any]:
+    """``event`` as a writer without outboxkit stores it: no partition, no position."""
+    wire = encode(event, source=SOURCE)
+    return {
+        "topic": wire.topic,
+        "key": wire.key,
+        "value": wire.value,
+        "headers": [[name, value] for name, value in wire.headers],
+        "event_id": Binary.from_uuid(event.id),
+        "created_at": datetime.now(UTC),
+    }
+
+
+def backlog_work(shape: str, outbox: MongoOutbox, plain: Any) -> BacklogWork:
+    """One transaction's work of a backlog ``shape`` (:data:`BACKLOG_SHAPES`)."""
+
+    async def insert_plain(session: AsyncClientSession, events: list[OrderPlaced]) -> None:
+        for event in events:
+            await plain.insert_one(plain_document(event), session=session)
+
+    async def add(session: AsyncClientSession, events: list[OrderPlaced]) -> None:
+        await outbox.add_many(session, events)
+
+    return insert_plain if shape == "plain" else add
+
+
 async def write_backlog(
     ctx: Ctx, client: Client, outbox: MongoOutbox, db: Any, writers: int
 ) -> None:
@@ -111,31 +141,17 @@ async def write_backlog(
         await plain.delete_many({})
         await collection(db, "outbox").delete_many({})
         per_txn = BACKLOG_BATCH if shape == "add_many" else 1
+        work = backlog_work(shape, outbox, plain)
 
-        async def writer(seed: int, shape: str = shape, per_txn: int = per_txn) -> None:
+        async def writer(seed: int, work: BacklogWork = work, per_txn: int = per_txn) -> None:
             rng = random.Random(seed)
             for _ in range(share // per_txn):
                 events = [make_event(rng, ctx.args.keys, WRITER_TOPIC) for _ in range(per_txn)]
-
-                async def txn(
-                    session: AsyncClientSession, events: list[OrderPlaced] = events
-                ) -> None:
-                    if shape == "plain":
-                        [event] = events
-                        wire = encode(event, source=SOURCE)
-                        document = {
-                            "topic": wire.topic,
-                            "key": wire.key,
-                            "value": wire.value,
-                            "headers": [[name, value] for name, value in wire.headers],
-                            "event_id": Binary.from_uuid(event.id),
-                            "created_at": datetime.now(UTC),
-                        }
-                        await plain.insert_one(document, session=session)
-                    else:
-                        await outbox.add_many(session, events)
-
-                await in_transaction(client, txn, unavailable=StorageUnavailableError)
+                await in_transaction(
+                    client,
+                    functools.partial(work, events=events),
+                    unavailable=StorageUnavailableError,
+                )
 
         start = time.perf_counter()
         await asyncio.gather(*(writer(1000 + i) for i in range(writers)))

@@ -158,12 +158,11 @@ class HeadReader:
             heads.update({tp: again.get(tp, []) for tp in changed})
             held.update({tp: held_again.get(tp, []) for tp in changed})
             self._remember(changed, held)
-        return [
-            head
-            for tp in tps
-            for head in heads.get(tp, [])
-            if bytes(head["_id"]) not in set(held.get(tp, ()))
-        ]
+        chosen: list[Document] = []
+        for tp in tps:
+            blocked = set(held.get(tp, ()))
+            chosen += (head for head in heads.get(tp, []) if bytes(head["_id"]) not in blocked)
+        return chosen
 
     def _remember(
         self, tps: list[TopicPartition], held: Mapping[TopicPartition, list[bytes]]
