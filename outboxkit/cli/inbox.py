@@ -22,6 +22,7 @@ from outboxkit.cli.common import (
     fail_config,
     kafka_settings,
     load,
+    run_on_loop,
     run_worker,
 )
 from outboxkit.cli.dlq import dlq_app
@@ -81,21 +82,16 @@ def inbox_command(
     )
     dlqs = [f"{topic}{settings.dlq_suffix}" for topic in settings.topics]
     group = f"outboxkit.inbox.{inbox.name}"
-    asyncio.run(
-        preflight(
-            settings,
-            topics=[*settings.topics, *dlqs],
-            group=group,
-            grace=settings.startup_grace,
-        )
-    )
 
     async def run() -> None:
+        await preflight(
+            settings, topics=[*settings.topics, *dlqs], group=group, grace=settings.startup_grace
+        )
         async with backend_for(settings.database_url).inbox_store(settings) as store:
             worker = InboxWorker(inbox, settings, store)
             await run_worker(worker, http_port)
 
-    asyncio.run(run())
+    run_on_loop(run(), settings.event_loop)
 
 
 def _import_inbox(target: str) -> Inbox[Any]:

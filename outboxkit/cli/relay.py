@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from dataclasses import asdict
@@ -16,6 +15,7 @@ from outboxkit.cli.common import (
     EXIT_FAILED,
     configure_worker_logging,
     load,
+    run_on_loop,
     run_storage,
     run_worker,
 )
@@ -72,13 +72,13 @@ def relay(
         topics=topics,
         relay_name=relay_name,
     )
-    asyncio.run(preflight(settings, topics=settings.topics, grace=settings.startup_grace))
 
     async def run() -> None:
+        await preflight(settings, topics=settings.topics, grace=settings.startup_grace)
         async with backend_for(settings.database_url).relay(settings) as (storage, wakeups):
             await run_worker(Relay(settings, storage, wakeups), http_port)
 
-    asyncio.run(run())
+    run_on_loop(run(), settings.event_loop)
 
 
 @relay_app.command("status")

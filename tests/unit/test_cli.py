@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from outboxkit.cli import _inbox_runs_by_default, app
-from outboxkit.cli.common import run_worker
+from outboxkit.cli.common import run_on_loop, run_worker
 from outboxkit.cli_options import PER_INVOCATION
 from outboxkit.core.kafka import missing_topics
 from tests.docs_snippets import REPO
@@ -113,6 +114,7 @@ def test_a_missing_topic_names_the_command_that_creates_it() -> None:
         ({"OUTBOXKIT_SESSION_TIMEOUT": "soon"}, "OUTBOXKIT_SESSION_TIMEOUT"),
         ({"OUTBOXKIT_TOPICS": ""}, "OUTBOXKIT_TOPICS"),
         ({"OUTBOXKIT_DATABASE_URL": "mysql://x/y"}, "OUTBOXKIT_DATABASE_URL"),
+        ({"OUTBOXKIT_EVENT_LOOP": "trio"}, "OUTBOXKIT_EVENT_LOOP"),
     ],
 )
 def test_a_bad_setting_is_exit_2_with_what_to_fix(
@@ -156,3 +158,31 @@ def test_worker_processes_freeze_startup_objects_and_collect_young_ones_less_oft
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+async def _running_loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_workers_run_on_uvloop_when_installed_unless_told_asyncio() -> None:
+    """uvloop saves a MongoDB inbox worker about a sixth of its CPU (docs/inbox.md)."""
+    assert run_on_loop(_running_loop_module(), "auto").startswith("uvloop")
+    assert run_on_loop(_running_loop_module(), "uvloop").startswith("uvloop")
+    assert run_on_loop(_running_loop_module(), "asyncio").startswith("asyncio")
+
+
+def test_without_uvloop_auto_is_asyncio_and_asking_for_it_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert run_on_loop(_running_loop_module(), "auto").startswith("asyncio")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    for name, value in {
+        "OUTBOXKIT_DATABASE_URL": "postgresql://localhost/db",
+        "OUTBOXKIT_TOPICS": "orders",
+        "OUTBOXKIT_EVENT_LOOP": "uvloop",
+    }.items():
+        monkeypatch.setenv(name, value)
+    result = runner.invoke(app, ["relay"])
+    assert result.exit_code == 2, result.output
+    assert "pip install 'outboxkit[uvloop]'" in result.output
