@@ -128,7 +128,7 @@ async def postgresql_case(pg_url: str) -> AsyncGenerator[BackendCase]:
             return [row[0] for row in await cur.fetchall()]
 
     yield BackendCase(
-        "postgresql", pg_url, write, read, supports={"outside_transaction", "restart"}
+        "postgresql", pg_url, write, read, supports={"outside_transaction", "restart", "presence"}
     )
 
 
@@ -150,7 +150,7 @@ async def mongodb_case(mongo_url: str) -> AsyncGenerator[BackendCase]:
             mongo_url,
             write,
             read,
-            supports={"outside_transaction", "restart", "same_key_commit_order"},
+            supports={"outside_transaction", "restart", "same_key_commit_order", "presence"},
         )
     finally:
         await client.close()

@@ -31,7 +31,11 @@ from outboxkit.relay import OutboxOperations, OutboxStorage, WakeupSource
 #: ``same_key_commit_order``  a second writer of a key waits for (or retries after) an open
 #:                          transaction that wrote it, and comes after it (G2 for concurrent
 #:                          writers of one key).
-Feature = Literal["outside_transaction", "same_key_commit_order"]
+#: ``presence``             its storage tells a relay that another relay's database session
+#:                          ended (``announce_member``, ``departed_members``,
+#:                          ``forget_members``); a storage whose ``departed_members`` always
+#:                          answers ``None`` ("cannot tell") declares nothing.
+Feature = Literal["outside_transaction", "same_key_commit_order", "presence"]
 
 
 class RelayBackend(Protocol):

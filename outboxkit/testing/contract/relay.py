@@ -30,6 +30,7 @@ from outboxkit.relay import (
     TopicPartition,
     UnknownTopicError,
     WakeupSource,
+    presence,
 )
 from outboxkit.relay.batches import first_per_key
 from outboxkit.relay.limits import record_bytes
@@ -86,6 +87,26 @@ async def _wait_for(condition: Callable[[], bool], *, within: float, what: str) 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {within} s")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def announced(backend: RelayBackend, group: str, member: str) -> AsyncIterator[OutboxStorage]:
+    """A relay's storage that announced ``member`` of ``group``; its database session ends
+    when the block does."""
+    async with backend.relay() as (storage, _):
+        await storage.announce_member(group, member)
+        yield storage
+
+
+async def departed_soon(
+    storage: OutboxStorage, group: str, own: str, expected: list[str], within: float = 10.0
+) -> None:
+    """Until ``storage.departed_members(group, own)`` answers ``expected``."""
+    deadline = time.monotonic() + within
+    while (found := await storage.departed_members(group, own)) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"departed members {found}, not {expected} within {within} s")
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.asyncio
@@ -387,3 +408,37 @@ class RelayStorageContract:
             [TP0], 10, published=claimed, depth=3, max_bytes=bound
         )
         assert sorted(seqs(rest)) == sorted([(C, 0), (B, 1)])
+
+    async def test_a_relay_whose_session_ended_is_departed_until_forgotten(
+        self, relay_backend: RelayBackend, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``presence``: a relay learns from the storage that another relay's database session
+        ended (it died, or lost the database), sooner than Kafka's session timeout, and every
+        relay keeps hearing it until one says Kafka was told (``forget_members``). A member
+        that announced itself again is alive, and forgetting it keeps its announcement; another
+        group's member is not this group's business. Catches a departure missed, one reported
+        once only (lost if Kafka was down then), a live relay reported dead, and a forget that
+        drops a live member's announcement (its next death would go unseen)."""
+        require(relay_backend, "presence")
+        monkeypatch.setattr(presence, "RECONNECT_GRACE", 0.0)  # outboxkit's: no wait at start
+        group = "contract.relays"
+        async with (
+            announced(relay_backend, group, "b") as b,
+            announced(relay_backend, group, "c") as c,
+        ):
+            async with (
+                announced(relay_backend, group, "a"),
+                announced(relay_backend, "contract.others", "x"),
+            ):
+                assert not await b.departed_members(group, "b"), "every session is alive"
+            await departed_soon(b, group, "b", ["a"])
+            assert await c.departed_members(group, "c") == ["a"], "told to every relay"
+            assert await b.departed_members(group, "b") == ["a"], "until forgotten"
+
+            async with announced(relay_backend, group, "a"):  # back: it had lost the database
+                await departed_soon(b, group, "b", [])
+                await c.forget_members(group, ["a"])  # Kafka was told of the old departure
+            await departed_soon(c, group, "c", ["a"])  # so its announcement was kept
+            await b.forget_members(group, ["a"])
+            assert await b.departed_members(group, "b") == []
+            assert await c.departed_members(group, "c") == []
