@@ -31,6 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import cast
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -38,8 +39,10 @@ from outboxkit.embedded import KafkaCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.inbox_app import Paid
-from bench.inbox_db import DATABASES, InboxDatabase, start_database
+from bench.inbox_db import DATABASES, PER_TRANSACTION, InboxDatabase, start_database
 from bench.kafka_io import consume_rate, produce_events
+from outboxkit.cli.common import run_on_loop
+from outboxkit.core.settings import EventLoop
 from outboxkit.testing.hostile import SHAPES, measure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,12 +59,14 @@ TARGET = 3000
 #: #27's target: MongoDB's handled events/s at least this share of PostgreSQL's, same run.
 MONGO_TO_PG = 0.5
 
-#: (database, dedupe rows, workers) → (events/s handled, workers' CPU µs/event) of each round.
 #: (database, handler, dedupe records, workers) → (events/s, workers' CPU µs/event) per round
 Figures = dict[tuple[str, str, int, int], list[tuple[float, float]]]
 #: The handlers: one row (document) inserted per event in the inbox's transaction, or nothing
 #: (what the inbox itself costs, beside what a handler's own write costs).
 HANDLERS = {"insert": "", "noop": "_noop"}
+#: database → event loop → the client's CPU µs per handler insert (InboxDatabase.insert_cost).
+Floors = dict[str, dict[EventLoop, float]]
+LOOPS: tuple[EventLoop, ...] = ("asyncio", "uvloop")
 
 
 async def _run_inbox(
@@ -134,10 +139,21 @@ async def run_database(
     bootstrap: str,
     ceiling: float,
     figures: Figures,
+    floors: Floors,
 ) -> None:
     """Every dedupe-table size, round and worker count on ``db`` (``database``), into
-    ``figures``."""
+    ``figures``; first the handler's insert alone on each event loop, into ``floors``."""
     await db.prepare()
+    floors[database] = {
+        # In a thread of its own: a second event loop, timed with that thread's CPU clock.
+        loop: await asyncio.to_thread(run_on_loop, db.insert_cost(4000), loop)
+        for loop in LOOPS
+    }
+    print(
+        f"{database}, the handler's insert alone, the client's CPU per insert in transactions of "
+        f"{PER_TRANSACTION}: "
+        + ", ".join(f"{cpu:.0f} us on {loop}" for loop, cpu in floors[database].items())
+    )
     for prefill in args.dedupe_rows:
         label = f"{database}, dedupe records: {prefill:,} of another consumer"
         await db.prefill(prefill)
@@ -155,10 +171,24 @@ async def run_database(
                 )
 
 
-def compare_databases(figures: Figures) -> None:
+def _workers_loop() -> EventLoop:
+    """The workers' OUTBOXKIT_EVENT_LOOP (they inherit this process's environment)."""
+    value = os.environ.get("OUTBOXKIT_EVENT_LOOP", "asyncio")
+    if value not in LOOPS:
+        raise SystemExit(f"OUTBOXKIT_EVENT_LOOP={value!r}: one of {', '.join(LOOPS)}")
+    return cast(EventLoop, value)
+
+
+def compare_databases(figures: Figures, floors: Floors) -> None:
     """MongoDB's handled events/s over PostgreSQL's per case (medians of the rounds), against
-    #27's target, with both workers' CPU per event."""
+    #27's target, with both workers' CPU per event; and the handler's insert alone."""
     print("MongoDB / PostgreSQL, handled events/s (medians of the rounds):")
+    loop = _workers_loop()
+    mongo_floor, pg_floor = floors["mongodb"][loop], floors["postgresql"][loop]
+    print(
+        f"  the handler's insert alone, the client's CPU on the workers' loop ({loop}): "
+        f"{mongo_floor:.0f} / {pg_floor:.0f} us = {mongo_floor / pg_floor:.1f}x (the drivers')"
+    )
     for (database, handler, prefill, workers), mongo in figures.items():
         pg = figures.get(("postgresql", handler, prefill, workers))
         if database != "mongodb" or pg is None:
@@ -182,12 +212,14 @@ async def main(args: argparse.Namespace) -> None:
         print_shape_costs(args.shape_size)
         return
     figures: Figures = {}
+    floors: Floors = {}
     with contextlib.ExitStack() as stack:
         kafka = stack.enter_context(KafkaCluster(1))
         bootstrap = kafka.bootstrap_servers
         print(
             f"inbox benchmark: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-            f"{', '.join(args.databases)}; Kafka 1 embedded node; {args.events:,} events"
+            f"{', '.join(args.databases)}; Kafka 1 embedded node; {args.events:,} events; "
+            f"workers' event loop: OUTBOXKIT_EVENT_LOOP={_workers_loop()}"
         )
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
@@ -207,10 +239,16 @@ async def main(args: argparse.Namespace) -> None:
                 db = start_database(database, db_stack)
                 print(db.description)
                 await run_database(
-                    database, db, args=args, bootstrap=bootstrap, ceiling=ceiling, figures=figures
+                    database,
+                    db,
+                    args=args,
+                    bootstrap=bootstrap,
+                    ceiling=ceiling,
+                    figures=figures,
+                    floors=floors,
                 )
     if {"mongodb", "postgresql"} <= set(args.databases):
-        compare_databases(figures)
+        compare_databases(figures, floors)
     if not args.no_shapes:
         print_shape_costs(args.shape_size)
 

@@ -8,13 +8,14 @@ consumer's records, and how many events a consumer has handled (its dedupe recor
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import psycopg
 
-from outboxkit.core.mongodb import collection, make_client
+from outboxkit.core.mongodb import MAJORITY_WRITE, collection, make_client
 from outboxkit.embedded import EmbeddedPostgres
 from outboxkit.embedded.mongodb import EmbeddedMongo
 from outboxkit.inbox import MongoInboxStore
@@ -22,6 +23,8 @@ from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.postgres import migrate
 
 DATABASES = ("postgresql", "mongodb")
+#: Inserts per transaction in :meth:`InboxDatabase.insert_cost` (an inbox batch's size).
+PER_TRANSACTION = 100
 MONGO_DB = "outboxkit_bench"
 
 
@@ -40,6 +43,12 @@ class InboxDatabase(Protocol):
 
     async def handled(self, consumer: str) -> int:
         """Events ``consumer`` has handled (its dedupe records)."""
+
+    async def insert_cost(self, inserts: int) -> float:
+        """The client's CPU microseconds per insert of the bench's handler (``bench.inbox_app``),
+        written as the inbox runs it: ``inserts`` of them, in transactions of
+        :data:`PER_TRANSACTION`, timed in this thread (its loop and the driver's tasks); the
+        table or collection is emptied afterwards. The floor of the handler's own cost."""
 
 
 class PostgresInboxDatabase:
@@ -64,6 +73,26 @@ class PostgresInboxDatabase:
                 (rows,),
             )
             await conn.execute("VACUUM ANALYZE outboxkit.inbox")
+
+    async def insert_cost(self, inserts: int) -> float:
+        async with await psycopg.AsyncConnection.connect(self.url) as conn:
+
+            async def transaction() -> None:
+                # Pipelined, as the inbox runs its handlers' statements.
+                async with conn.transaction(), conn.pipeline():
+                    for i in range(PER_TRANSACTION):
+                        await conn.execute(
+                            "INSERT INTO payments VALUES (%s, %s)", (uuid.uuid4(), i)
+                        )
+
+            await transaction()  # warm: the statement prepared, the connection's buffers
+            started = time.thread_time()
+            for _ in range(inserts // PER_TRANSACTION):
+                await transaction()
+            cpu = time.thread_time() - started
+            await conn.execute("TRUNCATE payments")
+            await conn.commit()
+        return cpu / inserts * 1e6
 
     async def handled(self, consumer: str) -> int:
         async with await psycopg.AsyncConnection.connect(self.url) as conn:
@@ -119,6 +148,30 @@ class MongoInboxDatabase:
                 )
         finally:
             await client.close()
+
+    async def insert_cost(self, inserts: int) -> float:
+        client = make_client(self.url, connect_timeout=10, app_name="bench")
+        try:
+            payments = client.get_database(MONGO_DB).get_collection("payments")
+
+            async def transaction() -> None:
+                async with client.start_session() as session:
+                    await session.start_transaction(write_concern=MAJORITY_WRITE)
+                    for i in range(PER_TRANSACTION):
+                        await payments.insert_one(
+                            {"event_id": uuid.uuid4(), "amount": i}, session=session
+                        )
+                    await session.commit_transaction()
+
+            await transaction()  # warm: the pool's connection, the server's description
+            started = time.thread_time()
+            for _ in range(inserts // PER_TRANSACTION):
+                await transaction()
+            cpu = time.thread_time() - started
+            await payments.delete_many({})
+        finally:
+            await client.close()
+        return cpu / inserts * 1e6
 
     async def handled(self, consumer: str) -> int:
         async with MongoInboxStore(self.url, app_name="bench") as store:

@@ -39,7 +39,7 @@ S = TypeVar("S", bound=BaseSettings)
 DatabaseKind = Literal["postgresql", "mongodb", "memory"]
 
 #: Which event loop a worker's command runs on (:attr:`WorkerSettings.event_loop`).
-EventLoop = Literal["auto", "uvloop", "asyncio"]
+EventLoop = Literal["asyncio", "uvloop"]
 _SCHEMES: dict[str, DatabaseKind] = {
     "postgresql": "postgresql",
     "postgres": "postgresql",
@@ -363,11 +363,11 @@ class WorkerSettings(ConnectionSettings):
     )
 
     event_loop: EventLoop = Field(
-        default="auto",
-        description="The event loop of `outboxkit relay` and `outboxkit inbox`: `auto` (uvloop "
-        "when it is installed, the `uvloop` extra; else asyncio's), `uvloop` or `asyncio`. "
-        "uvloop saves a MongoDB inbox worker about a sixth of its CPU (docs/inbox.md). A worker "
-        "embedded in an app runs on the app's loop (uvicorn chooses uvloop the same way)",
+        default="asyncio",
+        description="The event loop of `outboxkit relay` and `outboxkit inbox`: `asyncio`, or "
+        "`uvloop` (the `uvloop` extra). uvloop saves a MongoDB inbox worker whose handlers write "
+        "about a tenth of its CPU, and costs a PostgreSQL one about as much (docs/inbox.md, "
+        '"Throughput"). A worker embedded in an app runs on the app\'s loop',
     )
 
     @field_validator("event_loop")
@@ -375,7 +375,7 @@ class WorkerSettings(ConnectionSettings):
     def _event_loop_installed(cls, event_loop: EventLoop) -> EventLoop:
         if event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ValueError(
-                "uvloop is not installed: pip install 'outboxkit[uvloop]', or set auto"
+                "uvloop is not installed: pip install 'outboxkit[uvloop]', or set asyncio"
             )
         return event_loop
 

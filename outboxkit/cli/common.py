@@ -81,18 +81,12 @@ def run_on_loop(main: Coroutine[Any, Any, T], event_loop: EventLoop) -> T:
 
 
 def loop_factory(event_loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when asked for, or (``auto``) when it is installed; else ``None``: asyncio's
-    own. uvloop runs the drivers' socket work in C: a MongoDB inbox worker, whose handlers' each
-    command costs pymongo's asyncio code about 0.25 ms of CPU, spends about a sixth less
-    (docs/inbox.md); uvicorn chooses it the same way for an app."""
+    """uvloop's ``new_event_loop`` when asked for (the settings checked that it is installed),
+    else ``None``: asyncio's own."""
     if event_loop == "asyncio":
         return None
-    try:
-        import uvloop  # noqa: PLC0415 - optional (the uvloop extra)
-    except ImportError:
-        if event_loop == "uvloop":  # the settings checked that it is installed
-            raise
-        return None
+    import uvloop  # noqa: PLC0415 - optional (the uvloop extra)
+
     return uvloop.new_event_loop
 
 

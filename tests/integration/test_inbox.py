@@ -209,7 +209,8 @@ async def test_two_workers_rebalancing_take_each_effect_once(
         for b in range(4)
     ]
     one = InboxProcess(tmp_path, env).start()
-    two = InboxProcess(tmp_path, env)
+    # The second worker on uvloop (OUTBOXKIT_EVENT_LOOP): the same guarantees on either loop.
+    two = InboxProcess(tmp_path, {**env, "OUTBOXKIT_EVENT_LOOP": "uvloop"})
     try:
         await produce(kafka_bootstrap, batches[0])
         two.start()  # joins: a rebalance while records flow

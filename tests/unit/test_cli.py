@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 from typing import Any
 
 import pytest
@@ -164,18 +163,14 @@ async def _running_loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-def test_workers_run_on_uvloop_when_installed_unless_told_asyncio() -> None:
-    """uvloop saves a MongoDB inbox worker about a sixth of its CPU (docs/inbox.md)."""
-    assert run_on_loop(_running_loop_module(), "auto").startswith("uvloop")
-    assert run_on_loop(_running_loop_module(), "uvloop").startswith("uvloop")
+def test_workers_run_on_asyncio_unless_told_uvloop() -> None:
     assert run_on_loop(_running_loop_module(), "asyncio").startswith("asyncio")
+    assert run_on_loop(_running_loop_module(), "uvloop").startswith("uvloop")
 
 
-def test_without_uvloop_auto_is_asyncio_and_asking_for_it_is_exit_2(
+def test_asking_for_uvloop_without_it_is_exit_2_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
-    assert run_on_loop(_running_loop_module(), "auto").startswith("asyncio")
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     for name, value in {
         "OUTBOXKIT_DATABASE_URL": "postgresql://localhost/db",
