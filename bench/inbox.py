@@ -61,9 +61,10 @@ MONGO_TO_PG = 0.5
 
 #: (database, handler, dedupe records, workers) → (events/s, workers' CPU µs/event) per round
 Figures = dict[tuple[str, str, int, int], list[tuple[float, float]]]
-#: The handlers: one row (document) inserted per event in the inbox's transaction, or nothing
-#: (what the inbox itself costs, beside what a handler's own write costs).
-HANDLERS = {"insert": "", "noop": "_noop"}
+#: The handlers: one row (document) inserted per event in the inbox's transaction, nothing
+#: (what the inbox itself costs, beside what a handler's own write costs), or a batch handler
+#: inserting a run of events' rows (documents) in one command.
+HANDLERS = {"insert": "", "noop": "_noop", "batch": "_batch"}
 #: database → event loop → the client's CPU µs per handler insert (InboxDatabase.insert_cost).
 Floors = dict[str, dict[EventLoop, float]]
 LOOPS: tuple[EventLoop, ...] = ("asyncio", "uvloop")
@@ -263,7 +264,8 @@ if __name__ == "__main__":
         "--handlers",
         type=lambda s: s.split(","),
         default=["insert"],
-        help="insert (one row/document per event), noop (the inbox alone), or both",
+        help="comma-separated: insert (one row/document per event), batch (a batch handler: "
+        "one command for a run of events), noop (the inbox alone)",
     )
     parser.add_argument("--shape-size", type=int, default=1_000_000, help="bytes per shape")
     parser.add_argument("--shapes-only", action="store_true", help="only the decode costs")

@@ -18,7 +18,7 @@ nothing of it: no span can be current in a process that never imported the API.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,5 +69,31 @@ def consumer_span(
     tracer = trace.get_tracer(_INSTRUMENTATION)
     with tracer.start_as_current_span(
         name, context=parent, kind=trace.SpanKind.CONSUMER, attributes=dict(attributes)
+    ):
+        yield
+
+
+@contextmanager
+def consumer_batch_span(
+    name: str, headers: Sequence[Mapping[str, str]], attributes: Mapping[str, str | int]
+) -> Iterator[None]:
+    """A ``CONSUMER`` span around the block that processes several messages at once: a new
+    trace, linked to each ``traceparent`` in ``headers`` (OpenTelemetry's way for a batch).
+    Does nothing when the process does not use OpenTelemetry."""
+    if not in_use():
+        yield
+        return
+    from opentelemetry import trace  # noqa: PLC0415
+
+    propagator = _propagator()
+    links = []
+    for carrier in headers:
+        parent = propagator.extract({k: v for k, v in carrier.items() if k in TRACE_HEADERS})
+        context = trace.get_current_span(parent).get_span_context()
+        if context.is_valid:
+            links.append(trace.Link(context))
+    tracer = trace.get_tracer(_INSTRUMENTATION)
+    with tracer.start_as_current_span(
+        name, kind=trace.SpanKind.CONSUMER, links=links, attributes=dict(attributes)
     ):
         yield

@@ -94,6 +94,7 @@ class DeliveryPath(Generic[TX]):
         batch: list[Delivery[TX]] = []
         decode = self._inbox.registry.decode_record
         handler_for = self._inbox.handler_for
+        batch_handler_for = self._inbox.batch_handler_for
         max_bytes = self._settings.max_record_bytes
         size = self._settings.transaction_batch
         try:
@@ -118,7 +119,15 @@ class DeliveryPath(Generic[TX]):
                     progress.advance(record.offset + 1)
                     continue
                 batch.append(
-                    Delivery(event, handler, tp.topic, tp.partition, record.offset, record)
+                    Delivery(
+                        event,
+                        handler,
+                        tp.topic,
+                        tp.partition,
+                        record.offset,
+                        record,
+                        batch_handler_for(event),
+                    )
                 )
                 if len(batch) >= size:
                     await self._transactions.run(tp, batch, progress)

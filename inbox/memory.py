@@ -25,7 +25,7 @@ from uuid import UUID
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
-from outboxkit.inbox.store import BatchOutcome, Delivery
+from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_call
 
 
 class InMemoryInboxStore:
@@ -44,24 +44,43 @@ class InMemoryInboxStore:
         self, consumer: str, deliveries: Sequence[Delivery[MemoryTransaction]]
     ) -> BatchOutcome:
         self._check_available()
-        outcome = BatchOutcome()
         now = datetime.now(UTC)
+        ran: list[bool] = []
+        new: list[Indexed[MemoryTransaction]] = []
+        seen: set[UUID] = set()
         for index, delivery in enumerate(deliveries):
-            dedupe_key = (consumer, delivery.event.id)
-            recorded = self.records.get(dedupe_key)
-            if recorded is not None and recorded + self.retention > now:
-                outcome.ran.append(False)
-                continue
-            tx = MemoryTransaction()
-            try:
-                await delivery.handler(delivery.event, tx)
-            except Exception as exc:
-                outcome.failed = (index, exc)
-                break
-            self.records[dedupe_key] = now
-            self.effects.extend(tx.commit())
-            outcome.ran.append(True)
-        return outcome
+            recorded = self.records.get((consumer, delivery.event.id))
+            first = delivery.event.id not in seen and (
+                recorded is None or recorded + self.retention <= now
+            )
+            seen.add(delivery.event.id)  # a second copy in the batch is a duplicate
+            ran.append(first)
+            if first:
+                new.append((index, delivery))
+        for call in handler_calls(new):
+            failed = await self._commit(consumer, call, now)
+            if failed is not None and len(call) > 1:  # which one: one transaction each
+                for item in call:
+                    if (failed := await self._commit(consumer, [item], now)) is not None:
+                        break
+            if failed is not None:
+                return BatchOutcome(ran=ran[: failed[0]], failed=failed)
+        return BatchOutcome(ran=ran)
+
+    async def _commit(
+        self, consumer: str, call: Sequence[Indexed[MemoryTransaction]], now: datetime
+    ) -> tuple[int, Exception] | None:
+        """Run ``call`` in a transaction of its own and commit it with its dedupe records; a
+        raising handler commits nothing and is returned with its first delivery's index."""
+        tx = MemoryTransaction()
+        try:
+            await run_call(call, tx)
+        except Exception as exc:
+            return call[0][0], exc
+        for _, delivery in call:
+            self.records[consumer, delivery.event.id] = now
+        self.effects.extend(tx.commit())
+        return None
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         self._check_available()

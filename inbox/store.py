@@ -9,7 +9,7 @@ from typing import Generic, Protocol
 
 from aiokafka.structs import ConsumerRecord
 
-from outboxkit.inbox.handlers import TX, Handler
+from outboxkit.inbox.handlers import TX, BatchHandler, Handler
 from outboxkit.schemas import Event
 
 
@@ -25,6 +25,38 @@ class Delivery(Generic[TX]):
     partition: int
     offset: int
     record: ConsumerRecord[bytes, bytes] | None = None
+    #: Its type's batch handler, if it has one (``handler`` then calls it with this event
+    #: alone): a store may call it once for a run of such deliveries (:func:`handler_calls`).
+    batch: BatchHandler[TX] | None = None
+
+
+#: A delivery with its index in the batch.
+Indexed = tuple[int, Delivery[TX]]
+
+
+def handler_calls(deliveries: Sequence[Indexed[TX]]) -> list[list[Indexed[TX]]]:
+    """``deliveries`` (new ones, in order) as the handler calls that take them effect:
+    consecutive deliveries of one type that has a batch handler in one call, any other alone."""
+    calls: list[list[Indexed[TX]]] = []
+    for item in deliveries:
+        if (
+            calls
+            and item[1].batch is not None
+            and type(calls[-1][-1][1].event) is type(item[1].event)
+        ):
+            calls[-1].append(item)
+        else:
+            calls.append([item])
+    return calls
+
+
+async def run_call(call: Sequence[Indexed[TX]], tx: TX) -> None:
+    """Run one call of :func:`handler_calls` in ``tx``."""
+    first = call[0][1]
+    if len(call) == 1 or first.batch is None:
+        await first.handler(first.event, tx)
+    else:
+        await first.batch([delivery.event for _, delivery in call], tx)
 
 
 @dataclass(slots=True)
@@ -45,8 +77,11 @@ class InboxStore(Protocol[TX]):
         self, consumer: str, deliveries: Sequence[Delivery[TX]]
     ) -> BatchOutcome:
         """For each delivery in order: record (consumer, event id) unless recorded before (and
-        not yet expired); if that was new, run its handler in the same transaction. Normally one
-        transaction for the batch (one commit). A raising handler rolls back only its own
+        not yet expired); if that was new, run its handler in the same transaction — or, for a
+        run of new deliveries of a type with a batch handler (:attr:`Delivery.batch`), that
+        handler once with their events (:func:`handler_calls`; calling each delivery's
+        ``handler`` instead is correct too, only slower). Normally one transaction for the
+        batch (one commit). A raising handler rolls back only its own
         delivery's effects: the batch stops there, and exactly the deliveries before it commit
         (PostgreSQL uses a savepoint per delivery; MongoDB, which has none, redoes them one per
         transaction). A database failure raises the store's unavailable error and commits

@@ -46,7 +46,7 @@ from outboxkit.core.mongodb import (
 )
 from outboxkit.inbox.budget import CachedLimit, TransactionLimit
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
-from outboxkit.inbox.store import BatchOutcome, Delivery
+from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_call
 
 #: mongod's ``transactionLifetimeLimitSeconds`` unless it says otherwise.
 DEFAULT_LIFETIME = 60.0
@@ -138,37 +138,30 @@ class MongoInboxStore(MongoConnection):
             expired = [i for i in ids if i["event_id"] in recorded.keys() - seen]
             if expired:
                 await self._records.delete_many({"_id": {"$in": expired}}, session=session)
-            ran = []
-            new: list[Document] = []
+            ran: list[bool] = []
+            new: list[Indexed[AsyncClientSession]] = []
             for index, delivery in enumerate(deliveries):
-                event = delivery.event
-                first = event.id not in seen
+                first = delivery.event.id not in seen
                 ran.append(first)
-                if not first:
-                    continue
-                seen.add(event.id)  # a second copy in the batch is a duplicate
-                new.append(
-                    {
-                        "_id": {"consumer": consumer, "event_id": event.id},
-                        "event_type": event.event_type,
-                        "topic": delivery.topic,
-                        "partition": delivery.partition,
-                        "offset": delivery.offset,
-                        "received_at": now,
-                        "expires_at": now + self.retention,
-                    }
-                )
+                if first:
+                    seen.add(delivery.event.id)  # a second copy in the batch is a duplicate
+                    new.append((index, delivery))
+            calls = handler_calls(new)
+            done = len(deliveries)
+            for number, call in enumerate(calls):
                 try:
-                    await delivery.handler(event, session)
+                    await run_call(call, session)
                 except Exception as exc:
                     if is_transient(exc) or is_unavailable(exc):
                         raise  # not the handler's fault: retried, or the database is away
-                    raise _HandlerFailedError(index, exc) from exc
-                if time.monotonic() >= deadline:
-                    break  # commit what ran; the rest goes in the next transaction
-            if new:
-                await self._records.insert_many(new, session=session)
-            return ran
+                    raise _HandlerFailedError(call[0][0], exc) from exc
+                if time.monotonic() >= deadline and number + 1 < len(calls):
+                    done = calls[number + 1][0][0]  # commit what ran; the rest goes next
+                    break
+            records = [self._record(consumer, d, now) for index, d in new if index < done]
+            if records:
+                await self._records.insert_many(records, session=session)
+            return ran[:done]
 
         return await in_transaction(
             self._client,
@@ -177,6 +170,20 @@ class MongoInboxStore(MongoConnection):
             too_long=lambda elapsed: InboxTransactionTooLongError(limit.message(elapsed)),
             lifetime=limit.lifetime,
         )
+
+    def _record(
+        self, consumer: str, delivery: Delivery[AsyncClientSession], now: datetime
+    ) -> Document:
+        """The dedupe record of ``delivery``'s event."""
+        return {
+            "_id": {"consumer": consumer, "event_id": delivery.event.id},
+            "event_type": delivery.event.event_type,
+            "topic": delivery.topic,
+            "partition": delivery.partition,
+            "offset": delivery.offset,
+            "received_at": now,
+            "expires_at": now + self.retention,
+        }
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         # Each record carries its expiry (received + this store's retention, older_than);

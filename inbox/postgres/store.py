@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
@@ -12,7 +13,7 @@ from outboxkit.core.postgres import PooledStore
 from outboxkit.core.sql import load_queries
 from outboxkit.inbox.budget import CachedLimit, TransactionLimit
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
-from outboxkit.inbox.store import BatchOutcome, Delivery
+from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_call
 
 _QUERIES = load_queries("outboxkit.inbox.postgres", "queries.sql")
 
@@ -114,20 +115,27 @@ class PostgresInboxStore(PooledStore):
             began.append(time.monotonic())
             deadline = limit.deadline(began[-1])
             cur = await conn.execute(*_claim_batch(consumer, deliveries, ids))
-            new = {row[0] for row in await cur.fetchall()}
+            claimed = {row[0] for row in await cur.fetchall()}
             ran = []
-            for d, event_id in zip(deliveries, ids, strict=True):
-                first = event_id in new
+            new: list[Indexed[psycopg.AsyncConnection[Any]]] = []
+            for index, (d, event_id) in enumerate(zip(deliveries, ids, strict=True)):
+                first = event_id in claimed
                 if first:
-                    new.discard(event_id)  # a second copy in the batch is a duplicate
-                    await d.handler(d.event, conn)
+                    claimed.discard(event_id)  # a second copy in the batch is a duplicate
+                    new.append((index, d))
                 ran.append(first)
-                if time.monotonic() >= deadline and len(ran) < len(deliveries):
-                    break  # commit what ran; the rest goes in the next transaction
-            if new:  # claimed, not run: take the claims back
-                params = {"consumer": consumer, "event_ids": "{" + ",".join(new) + "}"}
+            calls = handler_calls(new)
+            done = len(deliveries)
+            for number, call in enumerate(calls):
+                await run_call(call, conn)
+                if time.monotonic() >= deadline and number + 1 < len(calls):
+                    done = calls[number + 1][0][0]  # commit what ran; the rest goes next
+                    break
+            unrun = [ids[index] for index, _ in new if index >= done]
+            if unrun:  # claimed, not run: take the claims back
+                params = {"consumer": consumer, "event_ids": "{" + ",".join(unrun) + "}"}
                 await conn.execute(_QUERIES["unclaim_events"], params)
-        return BatchOutcome(ran=ran)
+        return BatchOutcome(ran=ran[:done])
 
     async def _process_with_savepoints(
         self,

@@ -53,21 +53,34 @@ class Payment(Event, type="test.payment", key_field="entity"):
     amount: int = Field(default=1, ge=0)
 
 
-@inbox.handler(Payment)
 async def take_effect(event: Payment, tx: Any) -> None:
-    if event.entity == FAILING_ENTITY:
-        raise RuntimeError(f"handler cannot process {event.entity}")
-    if event.entity == HANGING_ENTITY:
-        await asyncio.Event().wait()
+    await take_effects([event], tx)
+
+
+async def take_effects(events: Sequence[Payment], tx: Any) -> None:
+    """One command for all of ``events``: the way a batch handler writes."""
+    for event in events:
+        if event.entity == FAILING_ENTITY:
+            raise RuntimeError(f"handler cannot process {event.entity}")
+        if event.entity == HANGING_ENTITY:
+            await asyncio.Event().wait()
     if ON_MONGODB:
         effects = tx.client.get_database(database_name(DATABASE_URL)).effects
-        row = {"event_id": event.id, "entity": event.entity, "seq": event.seq, "at": _now()}
-        await effects.insert_one(row, session=tx)
+        rows = [{"event_id": e.id, "entity": e.entity, "seq": e.seq, "at": _now()} for e in events]
+        await effects.insert_many(rows, session=tx)
         return
-    await tx.execute(
-        "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
-        (event.id, event.entity, event.seq),
-    )
+    async with tx.cursor() as cursor:
+        await cursor.executemany(
+            "INSERT INTO effects (event_id, entity, seq) VALUES (%s, %s, %s)",
+            [(e.id, e.entity, e.seq) for e in events],
+        )
+
+
+#: TEST_BATCH_HANDLER=1: Payment's handler is a batch handler (Inbox.batch_handler).
+if os.environ.get("TEST_BATCH_HANDLER") == "1":
+    inbox.batch_handler(Payment)(take_effects)
+else:
+    inbox.handler(Payment)(take_effect)
 
 
 def _now() -> datetime:

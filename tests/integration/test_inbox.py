@@ -68,8 +68,13 @@ async def test_duplicates_from_any_source_take_effect_once(
         worker.kill()
 
 
+#: The test app's Payment handler: per event, or a batch handler (TEST_BATCH_HANDLER).
+HANDLER_KINDS = pytest.mark.parametrize("batch", ["0", "1"], ids=["handler", "batch handler"])
+
+
+@HANDLER_KINDS
 async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
-    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, batch: str
 ) -> None:
     topic = await make_topic("payments")
     dlq = await make_topic(name=f"{topic}.dlq")
@@ -90,7 +95,8 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
         ],
     )
     await produce(kafka_bootstrap, [failing, *good])
-    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
+    env = inbox_env(db_url, kafka_bootstrap, topic, TEST_BATCH_HANDLER=batch)
+    worker = InboxProcess(tmp_path, env).start()
     try:
         await wait_for(
             lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
@@ -197,13 +203,14 @@ async def test_database_restart_loses_nothing_and_dead_letters_nothing(
     assert await read_all(kafka_bootstrap, f"{topic}.dlq") == []
 
 
+@HANDLER_KINDS
 async def test_two_workers_rebalancing_take_each_effect_once(
-    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, batch: str
 ) -> None:
     topic = await make_topic("payments", partitions=4)
     await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
-    env = inbox_env(db_url, kafka_bootstrap, topic)
+    env = inbox_env(db_url, kafka_bootstrap, topic, TEST_BATCH_HANDLER=batch)
     batches = [
         [Payment(topic=topic, entity=f"e{i % 9}", seq=b * 100 + i) for i in range(100)]
         for b in range(4)

@@ -49,17 +49,31 @@ def metrics() -> InboxMetrics:
     return InboxMetrics(CollectorRegistry())
 
 
-def charging_inbox() -> Inbox[MemoryTransaction]:
-    """An inbox whose handler records ("charge", order), and raises for orders named "bad"."""
+def charging_inbox(*, batch: bool = False) -> Inbox[MemoryTransaction]:
+    """An inbox whose handler records ("charge", order), and raises for orders named "bad";
+    ``batch``: a batch handler that does so for each of its events (and keeps its calls' orders
+    in ``inbox.calls``)."""
     inbox = Inbox[MemoryTransaction]("payments")
+    calls: list[list[str]] = []
 
-    @inbox.handler(Charged)
-    async def charge(event: Charged, tx: MemoryTransaction) -> None:
-        if event.order == "bad":
-            raise ValueError("card declined")
-        tx.record(("charge", event.order))
+    if batch:
 
+        @inbox.batch_handler(Charged)
+        async def charge_all(events: Sequence[Charged], tx: MemoryTransaction) -> None:
+            calls.append([event.order for event in events])
+            for event in events:
+                await charge(event, tx)
+
+    else:
+        inbox.handler(Charged)(charge)
+    inbox.calls = calls  # type: ignore[attr-defined]
     return inbox
+
+
+async def charge(event: Charged, tx: MemoryTransaction) -> None:
+    if event.order == "bad":
+        raise ValueError("card declined")
+    tx.record(("charge", event.order))
 
 
 def record(offset: int, event: Event | None = None, *, value: bytes | None = None) -> Any:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.inbox import InMemoryInboxStore
+from outboxkit.inbox import HandlerRegistrationError, Inbox, InMemoryInboxStore
 from outboxkit.inbox.delivery import DeliveryPath
 from outboxkit.inbox.kafka import UnreadableRecord
 from outboxkit.inbox.progress import PartitionProgress
@@ -29,12 +30,15 @@ from tests.unit.inbox_fakes import (
 
 
 def _path(
-    store: InMemoryInboxStore, producer: DeadLetterProducer, **overrides: object
+    store: InMemoryInboxStore,
+    producer: DeadLetterProducer,
+    inbox: Inbox[MemoryTransaction] | None = None,
+    **overrides: object,
 ) -> tuple[DeliveryPath[MemoryTransaction], asyncio.Event]:
     stopping = asyncio.Event()
     inbox_metrics = metrics()
     path = DeliveryPath(
-        charging_inbox(),
+        inbox or charging_inbox(),
         settings(**overrides),
         store,
         dead_letters=producer.writer(inbox_metrics),
@@ -59,11 +63,15 @@ async def test_a_redelivered_event_takes_effect_once_and_the_offset_passes_both(
     assert producer.sent == []
 
 
-async def test_bad_input_is_dead_lettered_and_the_records_around_it_take_effect_in_order() -> None:
+@pytest.mark.parametrize("batch", [False, True], ids=["handler", "batch handler"])
+async def test_bad_input_is_dead_lettered_and_the_records_around_it_take_effect_in_order(
+    batch: bool,
+) -> None:
     """Would catch bad input crashing the path or stopping the partition (G8), a dead letter
-    without its reason, or the records after it skipped or reordered."""
+    without its reason, or the records after it skipped or reordered; with a batch handler, a
+    raising batch that takes the good events down with it, or a bad event not singled out."""
     store, producer = InMemoryInboxStore(), DeadLetterProducer()
-    path, _ = _path(store, producer)
+    path, _ = _path(store, producer, charging_inbox(batch=batch))
     unreadable = UnreadableRecord(TOPIC, 0, 3, 5, "CorruptRecordException: bad CRC")
     records = [
         record(0, Charged(order="a")),
@@ -156,3 +164,28 @@ async def test_stopping_during_an_outage_ends_the_delivery_without_moving_the_of
     assert progress.offset == 4
     assert progress.parked is None
     assert store.effects == []
+
+
+async def test_a_batch_handler_takes_a_run_of_new_events_in_one_call_each_once() -> None:
+    """Would catch a batch handler called event by event (no gain), handed a duplicate (G6), or
+    a run that crosses a batch of the transaction size."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    inbox = charging_inbox(batch=True)
+    path, _ = _path(store, producer, inbox, transaction_batch=4)
+    events = [Charged(order=str(i)) for i in range(6)]
+    records = [record(i, e) for i, e in enumerate([*events[:3], events[1], *events[3:]])]
+
+    assert await path.deliver(TP, records, PartitionProgress())
+
+    assert store.effects == [("charge", str(i)) for i in range(6)]
+    assert inbox.calls == [["0", "1", "2"], ["3", "4", "5"]]  # type: ignore[attr-defined]
+
+
+def test_an_event_type_has_one_handler_of_either_kind() -> None:
+    inbox = charging_inbox(batch=True)
+    with pytest.raises(HandlerRegistrationError, match="Charged already has a handler"):
+        inbox.handler(Charged)
+    with pytest.raises(HandlerRegistrationError, match="not an Event subclass"):
+        inbox.batch_handler(str)  # type: ignore[type-var]
+    assert Charged in inbox.registry
+    assert inbox.event_types == [Charged]

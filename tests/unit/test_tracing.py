@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -111,6 +112,38 @@ async def test_a_raising_handler_marks_its_span_as_failed(spans: InMemorySpanExp
         await handler(OrderPlaced(order_id="o-1"), None)
     (span,) = spans.get_finished_spans()
     assert span.status.status_code is trace.StatusCode.ERROR
+
+
+async def test_a_batch_handler_runs_in_one_consumer_span_linked_to_each_events_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    inbox = Inbox("payments")
+
+    @inbox.batch_handler(OrderPlaced)
+    async def handle(events: Sequence[OrderPlaced], tx: Any) -> None:
+        pass
+
+    requests, events = [], []
+    for order in ("o-1", "o-2"):
+        with _TRACER.start_as_current_span(f"POST /orders/{order}") as request:
+            record = encode(OrderPlaced(order_id=order), source="urn:test")
+        requests.append(request.get_span_context())
+        events.append(
+            inbox.registry.decode(
+                topic=record.topic, key=record.key, value=record.value, headers=record.headers
+            )
+        )
+    batch = inbox.batch_handler_for(events[0])
+    assert batch is not None
+    await batch(events, None)
+
+    consumer = next(s for s in spans.get_finished_spans() if s.name == "orders process")
+    assert consumer.kind is trace.SpanKind.CONSUMER
+    linked = [(link.context.trace_id, link.context.span_id) for link in consumer.links]
+    assert linked == [(r.trace_id, r.span_id) for r in requests]
+    assert consumer.parent is None, "a batch is a trace of its own"
+    assert consumer.attributes is not None
+    assert consumer.attributes["messaging.batch.message_count"] == 2
 
 
 # The other way: a process without OpenTelemetry (blocked from importing it, as if the [otel]

@@ -10,7 +10,7 @@ committed. Subclass :class:`InboxStoreContract` in a test module and give it an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,12 +34,30 @@ class HandlerError(Exception):
 
 
 def deliveries(
-    backend: InboxBackend, events: list[Paid], *, failing: frozenset[str] = frozenset()
+    backend: InboxBackend,
+    events: list[Paid],
+    *,
+    failing: frozenset[str] = frozenset(),
+    calls: list[list[str]] | None = None,
 ) -> list[Delivery[Any]]:
     """``events`` as deliveries at offsets 0, 1, …; each handler writes its event's order, then
-    raises if that order is in ``failing``."""
+    raises if that order is in ``failing``. With ``calls``, their type has a batch handler
+    (:attr:`~outboxkit.inbox.Delivery.batch`) that writes each event's order, raises if one is
+    in ``failing``, and appends the orders of each call that returned to ``calls``; each
+    delivery's ``handler`` calls it with its event alone, as the inbox's registration does."""
+
+    async def batch(events: Sequence[Paid], tx: Any) -> None:
+        for event in events:
+            await backend.write_effect(tx, event.order)
+        if failing & {event.order for event in events}:
+            raise HandlerError(",".join(event.order for event in events))
+        if calls is not None:
+            calls.append([event.order for event in events])
 
     def handler(event: Paid, tx: Any) -> Awaitable[None]:
+        if calls is not None:
+            return batch([event], tx)
+
         async def run() -> None:
             await backend.write_effect(tx, event.order)
             if event.order in failing:
@@ -47,7 +65,10 @@ def deliveries(
 
         return run()
 
-    return [Delivery(e, handler, "contract", 0, offset) for offset, e in enumerate(events)]
+    return [
+        Delivery(e, handler, "contract", 0, offset, batch=batch if calls is not None else None)
+        for offset, e in enumerate(events)
+    ]
 
 
 @pytest.mark.asyncio
@@ -86,6 +107,44 @@ class InboxStoreContract:
         assert isinstance(error, HandlerError)
         assert await inbox_backend.read_effects() == ["0", "1"]
         fixed = await store.process_batch(CONSUMER, deliveries(inbox_backend, events))
+        assert fixed.ran == [False, False, True, True]
+        assert await inbox_backend.read_effects() == ["0", "1", "2", "3"]
+
+    async def test_a_batch_handler_takes_each_new_event_once_in_order(
+        self, store: InboxStore[Any], inbox_backend: InboxBackend
+    ) -> None:
+        """Deliveries whose type has a batch handler: the store may call it once for a run of
+        them (outboxkit's stores do) or event by event; either way each new event takes effect
+        once, in order, and it never sees a duplicate — recorded before, or twice in the
+        batch."""
+        one, two, three = Paid(order="1"), Paid(order="2"), Paid(order="3")
+        calls: list[list[str]] = []
+        first = await store.process_batch(CONSUMER, deliveries(inbox_backend, [two], calls=calls))
+        assert first.ran == [True]
+        outcome = await store.process_batch(
+            CONSUMER, deliveries(inbox_backend, [one, two, three, one], calls=calls)
+        )
+        assert (outcome.ran, outcome.failed) == ([True, False, True, False], None)
+        assert await inbox_backend.read_effects() == ["2", "1", "3"]
+        assert [order for call in calls for order in call] == ["2", "1", "3"]
+
+    async def test_a_raising_batch_handler_commits_exactly_the_events_before_the_failing_one(
+        self, store: InboxStore[Any], inbox_backend: InboxBackend
+    ) -> None:
+        """A batch handler that raises for one of its events: the store reports that event's
+        delivery (a store that called it with several redoes them to find which) and commits
+        exactly the events before it, once each."""
+        events = [Paid(order=str(i)) for i in range(4)]
+        outcome = await store.process_batch(
+            CONSUMER, deliveries(inbox_backend, events, failing=frozenset({"2"}), calls=[])
+        )
+        assert outcome.ran == [True, True]
+        assert outcome.failed is not None
+        index, error = outcome.failed
+        assert index == 2
+        assert isinstance(error, HandlerError)
+        assert await inbox_backend.read_effects() == ["0", "1"]
+        fixed = await store.process_batch(CONSUMER, deliveries(inbox_backend, events, calls=[]))
         assert fixed.ran == [False, False, True, True]
         assert await inbox_backend.read_effects() == ["0", "1", "2", "3"]
 
