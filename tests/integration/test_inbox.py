@@ -41,6 +41,10 @@ def _once_each(found: list[tuple[object, str, int]], expected: list[Payment]) ->
     assert max(counts.values()) == 1, f"an event took effect twice: {counts.most_common(3)}"
 
 
+#: The test app's Payment handler: per event, or a batch handler (TEST_BATCH_HANDLER).
+HANDLER_KINDS = pytest.mark.parametrize("batch", ["0", "1"], ids=["handler", "batch handler"])
+
+
 async def test_duplicates_from_any_source_take_effect_once(
     db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
@@ -66,10 +70,6 @@ async def test_duplicates_from_any_source_take_effect_once(
         assert "inbox stopped" in worker.log()
     finally:
         worker.kill()
-
-
-#: The test app's Payment handler: per event, or a batch handler (TEST_BATCH_HANDLER).
-HANDLER_KINDS = pytest.mark.parametrize("batch", ["0", "1"], ids=["handler", "batch handler"])
 
 
 @HANDLER_KINDS
@@ -119,11 +119,13 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
     assert h["outboxkit-source-offset"] == b"3"
 
 
+@HANDLER_KINDS
 async def test_crash_between_database_commit_and_offset_commit(
-    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, batch: str
 ) -> None:
     """G6: SIGKILL right after a record's transaction commits and before its offset commit, at
-    random records, again and again; each restart redelivers; every event takes effect once."""
+    random records, again and again; each restart redelivers; every event takes effect once
+    (with a batch handler too: its run of events commits, or none of it)."""
     topic = await make_topic("payments", partitions=2)
     await make_topic(name=f"{topic}.dlq")  # the inbox refuses to start without it
     await create_effects_table(db_url)
@@ -138,6 +140,7 @@ async def test_crash_between_database_commit_and_offset_commit(
         OUTBOXKIT_TRANSACTION_BATCH="7",
         # Each restart's join waits for the killed member's session to end: 3 s, not 10.
         OUTBOXKIT_SESSION_TIMEOUT="3",
+        TEST_BATCH_HANDLER=batch,
     )
     events: list[Payment] = []
     crashes = 0
