@@ -269,28 +269,32 @@ class OutboxkitHarness:
 
     async def deliver(self, inbox: Inbox[Any], *events: Event) -> list[bool]:
         """Take ``events`` into effect through ``inbox``'s handlers as the inbox worker does:
-        through the wire format (encoded, then decoded by the inbox's registry), each in a
-        transaction of the backend's inbox store that records its id. Returns, per event,
-        whether its handler ran (``False``: a duplicate, absorbed); a handler's exception is
-        raised (its effects rolled back)."""
+        through the wire format (encoded, then decoded by the inbox's registry), as one batch of
+        the backend's inbox store, which records each id in the transaction of its handler (a
+        batch handler gets a run of its type's events in one call). Returns, per event, whether
+        its handler ran (``False``: a duplicate, absorbed); a handler's exception is raised: the
+        events before it took effect, its own effects were rolled back, the rest did not run."""
         settings = InboxSettings(
             **self.settings(inbox.topics or ["-"]), **_inbox_broker(self.broker)
         )
-        ran = []
+        deliveries = []
+        for offset, event in enumerate(events):
+            wire = encode(event, source=self.source)
+            decoded = inbox.registry.decode(
+                topic=wire.topic, key=wire.key, value=wire.value, headers=wire.headers
+            )
+            handler = inbox.handler_for(decoded)
+            if handler is None:
+                raise LookupError(f"inbox {inbox.name} has no handler for {type(event)}")
+            batch = inbox.batch_handler_for(decoded)
+            deliveries.append(Delivery(decoded, handler, wire.topic, 0, offset, batch=batch))
+        ran: list[bool] = []
         async with self.backend.inbox_store(settings) as store:
-            for offset, event in enumerate(events):
-                wire = encode(event, source=self.source)
-                decoded = inbox.registry.decode(
-                    topic=wire.topic, key=wire.key, value=wire.value, headers=wire.headers
-                )
-                handler = inbox.handler_for(decoded)
-                if handler is None:
-                    raise LookupError(f"inbox {inbox.name} has no handler for {type(event)}")
-                delivery = Delivery(decoded, handler, wire.topic, 0, offset)
-                outcome = await store.process_batch(inbox.name, [delivery])
+            while len(ran) < len(deliveries):  # a store may commit a batch in parts
+                outcome = await store.process_batch(inbox.name, deliveries[len(ran) :])
+                ran.extend(outcome.ran)
                 if outcome.failed is not None:
                     raise outcome.failed[1]
-                ran.extend(outcome.ran)
         return ran
 
     async def run_inbox_until_idle(self, inbox: Inbox[Any], *, within: float = 60.0) -> None:

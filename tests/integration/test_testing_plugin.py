@@ -3,7 +3,8 @@
 pytest-asyncio's default strict mode.
 
 - in memory: a writer and a handler with no server (effects once, a duplicate absorbed, a
-  failing handler rolled back), published events read back;
+  failing handler rolled back), a batch handler given the run in one call, published events
+  read back;
 - embedded servers started by the plugin itself (PostgreSQL and, without Java, Tansu), with the
   project's own tables from ``outboxkit_schema``; an embedded MongoDB replica set;
 - the Docker fixtures skip, with a reason naming Docker, where no daemon runs (here).
@@ -88,6 +89,24 @@ async def test_a_handler_in_memory(outboxkit_memory):
         await outboxkit_memory.deliver(
             inbox, OrderPlaced(order_id="o-2", customer_id="c-2", total=5000)
         )
+
+
+batches = Inbox[MemoryTransaction]("ledger")
+calls = []
+
+
+@batches.batch_handler(OrderPlaced)
+async def book(events, tx: MemoryTransaction) -> None:
+    calls.append([event.order_id for event in events])
+    for event in events:
+        tx.record(("book", event.order_id))
+
+
+@pytest.mark.asyncio
+async def test_a_batch_handler_in_memory(outboxkit_memory):
+    orders = [OrderPlaced(order_id=f"o-{i}", customer_id="c-1", total=1) for i in range(3)]
+    assert await outboxkit_memory.deliver(batches, *orders, orders[0]) == [True] * 3 + [False]
+    assert calls == [["o-0", "o-1", "o-2"]]
 """
 
 SERVER_TESTS = """
@@ -207,7 +226,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 def test_in_memory_without_servers(project: pytest.Pytester) -> None:
     project.makepyfile(test_memory=MEMORY_TESTS)
     result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
 
 
 def test_embedded_servers_started_by_the_plugin(project: pytest.Pytester) -> None:
