@@ -25,7 +25,12 @@ def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        # Plain tracebacks, without the values of local variables (rich's default shows them):
+        # they may hold secrets, and rendering them calls repr() on anything — a py4j object's
+        # repr() calls into Spark's JVM, which may be shutting down, inside the handler's lock.
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

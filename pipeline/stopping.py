@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from contextlib import suppress
 
 import structlog
@@ -37,16 +38,36 @@ def stop_on_signals(grace_seconds: float) -> threading.Event:
 def _exit_after_grace(stop: threading.Event, grace_seconds: float) -> None:
     stop.wait()
     threading.Event().wait(grace_seconds)
-    logger.warning(
-        "stop did not finish in time; exiting (a batch not committed re-runs at the next "
-        "start). Python's threads follow, and Spark's JVM prints its own",
-        grace_seconds=grace_seconds,
+    # Nothing on the way out may wait for a lock another thread holds: a thread stuck inside
+    # the logging handler (rendering an exception whose str() calls a JVM that is shutting
+    # down) once kept a driver past its grace, its warning waiting for the handler's lock.
+    logged = _within(
+        1.0,
+        lambda: logger.warning(
+            "stop did not finish in time; exiting (a batch not committed re-runs at the next "
+            "start). Python's threads follow, and Spark's JVM prints its own",
+            grace_seconds=grace_seconds,
+        ),
     )
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    if not logged:
+        os.write(2, f"{_WARNING} (grace_seconds={grace_seconds:g})\n".encode())
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # writes to the fd, no lock
     _jvm_thread_dump()
-    sys.stderr.flush()
-    sys.stdout.flush()
+    _within(1.0, sys.stderr.flush)
+    _within(1.0, sys.stdout.flush)
     os._exit(0)
+
+
+#: The warning as written when the logging handler does not take it within a second.
+_WARNING = "stop did not finish in time; exiting, the logging handler stuck"
+
+
+def _within(seconds: float, action: Callable[[], object]) -> bool:
+    """Run ``action`` in a daemon thread; whether it finished within ``seconds``."""
+    worker = threading.Thread(target=action, name="stop-grace-step", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return not worker.is_alive()
 
 
 def _jvm_thread_dump() -> None:

@@ -43,6 +43,47 @@ def test_a_stop_that_hangs_exits_after_the_grace_with_what_was_running() -> None
     assert 'File "<string>", line 10' in output  # where the main thread hung
 
 
+STUCK_LOGGING_DRIVER = """
+import logging, threading, time
+from outboxkit.core.logs import configure_logging
+from outboxkit.pipeline.stopping import stop_on_signals
+
+configure_logging()
+stop = stop_on_signals(grace_seconds=0.5)
+[handler] = logging.getLogger().handlers
+
+def hold():  # the lock taken by a thread that stays inside the handler
+    handler.acquire()
+    time.sleep(3600)
+
+threading.Thread(target=hold, daemon=True).start()
+print("ready", flush=True)
+stop.wait()
+time.sleep(3600)
+"""
+
+
+def test_a_stop_exits_after_the_grace_even_when_the_logging_handler_is_stuck() -> None:
+    """Would catch: a driver kept past its grace by its own warning, waiting for the lock of
+    a logging handler that another thread holds (seen in test_spark_cluster.py: a thread
+    rendering an exception that called into a JVM shutting down)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", STUCK_LOGGING_DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert time.monotonic() - started < 10, output
+    assert "stop did not finish in time; exiting, the logging handler stuck" in output
+    assert 'File "<string>", line 17' in output  # where the main thread hung
+
+
 class _StoppedQuery:
     """A query whose JVM went away during the stop (SIGTERM to the whole process group)."""
 
