@@ -14,6 +14,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -25,14 +26,38 @@ logger = structlog.get_logger("outboxkit.pipeline")
 
 
 def stop_on_signals(grace_seconds: float) -> threading.Event:
-    """An event set by SIGTERM or SIGINT; from then on, the process has ``grace_seconds``."""
+    """An event set by SIGTERM or SIGINT; from then on, the process has ``grace_seconds``.
+    Call it from the main thread.
+
+    Python runs a signal's handler in the main thread, between two of its bytecodes: never
+    while the main thread waits in C for an answer from Spark's JVM (a py4j call) that does not
+    come, the signal having gone to another thread. So the signal's number is also written to a
+    socket (:func:`signal.set_wakeup_fd`, by the interpreter's C handler, in whichever thread
+    takes the signal), which a thread of ours reads: the stop is noticed, and the grace runs,
+    whatever the main thread is doing."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    threading.Thread(
+        target=_watch_signals, args=(reader, writer, stop), name="stop-signals", daemon=True
+    ).start()
     threading.Thread(
         target=_exit_after_grace, args=(stop, grace_seconds), name="stop-grace", daemon=True
     ).start()
     return stop
+
+
+def _watch_signals(reader: socket.socket, writer: socket.socket, stop: threading.Event) -> None:
+    """Set ``stop`` when SIGTERM or SIGINT is written to the wake-up socket. (``writer`` is
+    kept open here for as long as the interpreter may write to it.)"""
+    with reader, writer:
+        while not stop.is_set():
+            received = reader.recv(64)
+            if not received or {signal.SIGTERM, signal.SIGINT} & set(received):
+                stop.set()
 
 
 def _exit_after_grace(stop: threading.Event, grace_seconds: float) -> None:

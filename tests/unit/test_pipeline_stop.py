@@ -84,6 +84,43 @@ def test_a_stop_exits_after_the_grace_even_when_the_logging_handler_is_stuck() -
     assert 'File "<string>", line 17' in output  # where the main thread hung
 
 
+BLOCKED_MAIN_DRIVER = """
+import os, signal, threading, time
+from outboxkit.core.logs import configure_logging
+from outboxkit.pipeline.stopping import stop_on_signals
+
+configure_logging()
+stop = stop_on_signals(grace_seconds=0.5)
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+# From here the signal goes to another thread, and the main thread waits in C, as in a py4j
+# call whose answer does not come: Python never gets to run its handler.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+reader, _ = os.pipe()
+print("ready", flush=True)
+os.read(reader, 1)
+"""
+
+
+def test_a_stop_is_noticed_while_the_main_thread_waits_in_c() -> None:
+    """Would catch: a stop signal whose Python handler waits for the main thread, stuck in a
+    py4j call to a JVM that does not answer: no stop, no grace, the driver up until SIGKILL."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_MAIN_DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert time.monotonic() - started < 10, output
+    assert "stop did not finish in time" in output
+    assert 'File "<string>", line 14' in output  # where the main thread waits
+
+
 class _StoppedQuery:
     """A query whose JVM went away during the stop (SIGTERM to the whole process group)."""
 
