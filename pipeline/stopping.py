@@ -77,7 +77,7 @@ def _exit_after_grace(stop: threading.Event, grace_seconds: float) -> None:
     if not logged:
         os.write(2, f"{_WARNING} (grace_seconds={grace_seconds:g})\n".encode())
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # writes to the fd, no lock
-    _jvm_thread_dump()
+    _within(2.0, _jvm_thread_dump)
     _within(1.0, sys.stderr.flush)
     _within(1.0, sys.stdout.flush)
     os._exit(0)
