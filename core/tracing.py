@@ -65,7 +65,7 @@ def consumer_span(
         return
     from opentelemetry import trace  # noqa: PLC0415
 
-    parent = _propagator().extract({k: v for k, v in headers.items() if k in TRACE_HEADERS})
+    parent = _context_of(headers)
     tracer = trace.get_tracer(_INSTRUMENTATION)
     with tracer.start_as_current_span(
         name, context=parent, kind=trace.SpanKind.CONSUMER, attributes=dict(attributes)
@@ -85,15 +85,15 @@ def consumer_batch_span(
         return
     from opentelemetry import trace  # noqa: PLC0415
 
-    propagator = _propagator()
-    links = []
-    for carrier in headers:
-        parent = propagator.extract({k: v for k, v in carrier.items() if k in TRACE_HEADERS})
-        context = trace.get_current_span(parent).get_span_context()
-        if context.is_valid:
-            links.append(trace.Link(context))
+    contexts = (trace.get_current_span(_context_of(h)).get_span_context() for h in headers)
+    links = [trace.Link(context) for context in contexts if context.is_valid]
     tracer = trace.get_tracer(_INSTRUMENTATION)
     with tracer.start_as_current_span(
         name, kind=trace.SpanKind.CONSUMER, links=links, attributes=dict(attributes)
     ):
         yield
+
+
+def _context_of(headers: Mapping[str, str]) -> Any:
+    """The trace context that ``headers``' ``traceparent`` (and ``tracestate``) carry."""
+    return _propagator().extract({k: v for k, v in headers.items() if k in TRACE_HEADERS})

@@ -143,18 +143,8 @@ class Inbox(Generic[TX]):
 
 def _traced(handler: Handler[TX], consumer: str, event: Event) -> Handler[TX]:
     async def traced(event: Any, tx: TX) -> None:
-        with tracing.consumer_span(
-            f"{event.topic} process",
-            event.headers,
-            {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": event.topic,
-                "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
-                "messaging.message.id": str(event.id),
-                "outboxkit.event_type": event.event_type,
-            },
-        ):
+        attributes = {**_attributes(consumer, event), "messaging.message.id": str(event.id)}
+        with tracing.consumer_span(f"{event.topic} process", event.headers, attributes):
             await handler(event, tx)
 
     return traced
@@ -169,18 +159,21 @@ def _one_at_a_time(batch: BatchHandler[TX]) -> Handler[TX]:
 
 def _traced_batch(batch: BatchHandler[TX], consumer: str, event: Event) -> BatchHandler[TX]:
     async def traced(events: Sequence[Any], tx: TX) -> None:
+        attributes = {**_attributes(consumer, event), "messaging.batch.message_count": len(events)}
         with tracing.consumer_batch_span(
-            f"{event.topic} process",
-            [e.headers for e in events],
-            {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": event.topic,
-                "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
-                "messaging.batch.message_count": len(events),
-                "outboxkit.event_type": event.event_type,
-            },
+            f"{event.topic} process", [e.headers for e in events], attributes
         ):
             await batch(events, tx)
 
     return traced
+
+
+def _attributes(consumer: str, event: Event) -> dict[str, str | int]:
+    """The consumer span's attributes that every event of ``event``'s type shares."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": event.topic,
+        "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
+        "outboxkit.event_type": event.event_type,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -57,6 +58,20 @@ async def run_call(call: Sequence[Indexed[TX]], tx: TX) -> None:
         await first.handler(first.event, tx)
     else:
         await first.batch([delivery.event for _, delivery in call], tx)
+
+
+async def run_calls(
+    calls: Sequence[Sequence[Indexed[TX]]], tx: TX, *, deadline: float, size: int
+) -> int:
+    """Run ``calls`` (:func:`handler_calls` of a batch of ``size`` deliveries) in ``tx``, in
+    order, until all ran or, with some left, ``deadline`` (:func:`time.monotonic`) passed:
+    the index of the first delivery that did not run (``size`` when all did). What is left
+    goes in the next transaction."""
+    for number, call in enumerate(calls):
+        await run_call(call, tx)
+        if time.monotonic() >= deadline and number + 1 < len(calls):
+            return calls[number + 1][0][0]
+    return size
 
 
 @dataclass(slots=True)

@@ -46,16 +46,18 @@ from outboxkit.core.mongodb import (
 )
 from outboxkit.inbox.budget import CachedLimit, TransactionLimit
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
-from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_call
+from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_calls
 
 #: mongod's ``transactionLifetimeLimitSeconds`` unless it says otherwise.
 DEFAULT_LIFETIME = 60.0
 
 
 class _HandlerFailedError(Exception):
-    def __init__(self, index: int, error: Exception) -> None:
-        super().__init__(f"delivery {index} failed: {error!r}")
-        self.index = index
+    """A handler of the batch raised ``error`` (which one, the batch redone one delivery per
+    transaction tells)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"a handler failed: {error!r}")
         self.error = error
 
 
@@ -146,18 +148,14 @@ class MongoInboxStore(MongoConnection):
                 if first:
                     seen.add(delivery.event.id)  # a second copy in the batch is a duplicate
                     new.append((index, delivery))
-            calls = handler_calls(new)
-            done = len(deliveries)
-            for number, call in enumerate(calls):
-                try:
-                    await run_call(call, session)
-                except Exception as exc:
-                    if is_transient(exc) or is_unavailable(exc):
-                        raise  # not the handler's fault: retried, or the database is away
-                    raise _HandlerFailedError(call[0][0], exc) from exc
-                if time.monotonic() >= deadline and number + 1 < len(calls):
-                    done = calls[number + 1][0][0]  # commit what ran; the rest goes next
-                    break
+            try:
+                done = await run_calls(
+                    handler_calls(new), session, deadline=deadline, size=len(deliveries)
+                )
+            except Exception as exc:
+                if is_transient(exc) or is_unavailable(exc):
+                    raise  # not the handler's fault: retried, or the database is away
+                raise _HandlerFailedError(exc) from exc
             records = [self._record(consumer, d, now) for index, d in new if index < done]
             if records:
                 await self._records.insert_many(records, session=session)

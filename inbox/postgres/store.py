@@ -13,7 +13,7 @@ from outboxkit.core.postgres import PooledStore
 from outboxkit.core.sql import load_queries
 from outboxkit.inbox.budget import CachedLimit, TransactionLimit
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
-from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_call
+from outboxkit.inbox.store import BatchOutcome, Delivery, Indexed, handler_calls, run_calls
 
 _QUERIES = load_queries("outboxkit.inbox.postgres", "queries.sql")
 
@@ -124,13 +124,9 @@ class PostgresInboxStore(PooledStore):
                     claimed.discard(event_id)  # a second copy in the batch is a duplicate
                     new.append((index, d))
                 ran.append(first)
-            calls = handler_calls(new)
-            done = len(deliveries)
-            for number, call in enumerate(calls):
-                await run_call(call, conn)
-                if time.monotonic() >= deadline and number + 1 < len(calls):
-                    done = calls[number + 1][0][0]  # commit what ran; the rest goes next
-                    break
+            done = await run_calls(
+                handler_calls(new), conn, deadline=deadline, size=len(deliveries)
+            )
             unrun = [ids[index] for index, _ in new if index >= done]
             if unrun:  # claimed, not run: take the claims back
                 params = {"consumer": consumer, "event_ids": "{" + ",".join(unrun) + "}"}

@@ -11,23 +11,27 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-HUNG_DRIVER = """
-import sys, time
+#: What each driver below starts with: a stop on SIGTERM with a 0.5 s grace (lines 1-7).
+PRELUDE = """
+import logging, os, signal, threading
 from outboxkit.core.logs import configure_logging
 from outboxkit.pipeline.stopping import stop_on_signals
 
 configure_logging()
 stop = stop_on_signals(grace_seconds=0.5)
-print("ready", flush=True)
+"""
+
+HUNG_DRIVER = f"""{PRELUDE}print("ready", flush=True)
 stop.wait()
-time.sleep(3600)  # a query.stop() that never returns
+threading.Event().wait()  # a query.stop() that never returns
 """
 
 
-def test_a_stop_that_hangs_exits_after_the_grace_with_what_was_running() -> None:
-    """Would catch: a driver that outstays its stop until the supervisor's SIGKILL, silently."""
+def _stopped(driver: str) -> str:
+    """The output of ``driver`` (a script that prints "ready" once it may be stopped) given
+    SIGTERM then: it exited 0, within 10 s."""
     process = subprocess.Popen(
-        [sys.executable, "-c", HUNG_DRIVER],
+        [sys.executable, "-c", driver],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -39,27 +43,26 @@ def test_a_stop_that_hangs_exits_after_the_grace_with_what_was_running() -> None
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert time.monotonic() - started < 10, output
+    return output
+
+
+def test_a_stop_that_hangs_exits_after_the_grace_with_what_was_running() -> None:
+    """Would catch: a driver that outstays its stop until the supervisor's SIGKILL, silently."""
+    output = _stopped(HUNG_DRIVER)
     assert "stop did not finish in time" in output
     assert 'File "<string>", line 10' in output  # where the main thread hung
 
 
-STUCK_LOGGING_DRIVER = """
-import logging, threading, time
-from outboxkit.core.logs import configure_logging
-from outboxkit.pipeline.stopping import stop_on_signals
-
-configure_logging()
-stop = stop_on_signals(grace_seconds=0.5)
-[handler] = logging.getLogger().handlers
+STUCK_LOGGING_DRIVER = f"""{PRELUDE}[handler] = logging.getLogger().handlers
 
 def hold():  # the lock taken by a thread that stays inside the handler
     handler.acquire()
-    time.sleep(3600)
+    threading.Event().wait()
 
 threading.Thread(target=hold, daemon=True).start()
 print("ready", flush=True)
 stop.wait()
-time.sleep(3600)
+threading.Event().wait()
 """
 
 
@@ -67,34 +70,15 @@ def test_a_stop_exits_after_the_grace_even_when_the_logging_handler_is_stuck() -
     """Would catch: a driver kept past its grace by its own warning, waiting for the lock of
     a logging handler that another thread holds (seen in test_spark_cluster.py: a thread
     rendering an exception that called into a JVM shutting down)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", STUCK_LOGGING_DRIVER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline().strip() == "ready"
-    started = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=30)
-    assert process.returncode == 0, output
-    assert time.monotonic() - started < 10, output
+    output = _stopped(STUCK_LOGGING_DRIVER)
     assert "stop did not finish in time; exiting, the logging handler stuck" in output
     assert 'File "<string>", line 17' in output  # where the main thread hung
 
 
-BLOCKED_MAIN_DRIVER = """
-import os, signal, threading, time
-from outboxkit.core.logs import configure_logging
-from outboxkit.pipeline.stopping import stop_on_signals
-
-configure_logging()
-stop = stop_on_signals(grace_seconds=0.5)
-threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+BLOCKED_MAIN_DRIVER = f"""{PRELUDE}threading.Thread(target=threading.Event().wait).start()
 # From here the signal goes to another thread, and the main thread waits in C, as in a py4j
 # call whose answer does not come: Python never gets to run its handler.
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
 reader, _ = os.pipe()
 print("ready", flush=True)
 os.read(reader, 1)
@@ -104,19 +88,7 @@ os.read(reader, 1)
 def test_a_stop_is_noticed_while_the_main_thread_waits_in_c() -> None:
     """Would catch: a stop signal whose Python handler waits for the main thread, stuck in a
     py4j call to a JVM that does not answer: no stop, no grace, the driver up until SIGKILL."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED_MAIN_DRIVER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline().strip() == "ready"
-    started = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=30)
-    assert process.returncode == 0, output
-    assert time.monotonic() - started < 10, output
+    output = _stopped(BLOCKED_MAIN_DRIVER)
     assert "stop did not finish in time" in output
     assert 'File "<string>", line 14' in output  # where the main thread waits
 
