@@ -93,8 +93,16 @@ class OrderBarrier:
                 continue
             chain.append((record, link))
         to_check: dict[TopicPartition, dict[bytes, int]] = {}
+        stale: set[ChainKey] = set()
         for (topic, key), chain in chains.items():
             head, link = chain[0]
+            settled = self._settled.get((topic, key))
+            if settled is not None and link.position <= settled:
+                # A record this relay settled, read again: the read's snapshot is older than the
+                # settle (a new primary's majority snapshot lags behind the writes acknowledged
+                # before its election). Publishing it would put it after its key's later ones.
+                stale.add((topic, key))
+                continue
             if link.previous is None and (topic, key) not in self._settled:
                 continue  # the key's first record ever: no predecessor
             if self._settled.get((topic, key)) == link.previous:
@@ -103,8 +111,8 @@ class OrderBarrier:
         held = await older_pending(to_check) if to_check else set()
         admitted: set[object] = set()
         for chain_key, chain in chains.items():
-            if chain_key in held:
-                self._hold(chain[0][0])
+            if chain_key in held or chain_key in stale:
+                self._hold(chain[0][0], stale=chain_key in stale)
                 continue
             for record, link in chain:
                 self._read[record.id] = (chain_key, link.position)
@@ -113,10 +121,12 @@ class OrderBarrier:
             self._read.clear()
         return [record for record, _ in records if record.id in admitted]
 
-    def _hold(self, record: OutboxRecord) -> None:
+    def _hold(self, record: OutboxRecord, *, stale: bool = False) -> None:
         ORDER_HOLDS.labels(record.topic).inc()
         logger.warning(
-            "record held back: an older record of its key is not visible yet",
+            "record held back: this relay settled it already, the read is older than that"
+            if stale
+            else "record held back: an older record of its key is not visible yet",
             event_id=str(record.event_id),
             partition=f"{record.topic}/{record.partition}",
         )

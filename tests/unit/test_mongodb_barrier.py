@@ -97,3 +97,18 @@ async def test_read_order_is_kept_across_keys() -> None:
     barrier, db = OrderBarrier(), Database()
     read = [rec("b", 5, None), rec("a", 10, None), rec("b", 6, 5), rec("a", 11, 10)]
     assert ids(await barrier.admit(read, db.older_pending)) == ["b@5", "a@10", "b@6", "a@11"]
+
+
+async def test_a_record_this_relay_settled_is_held_when_a_stale_read_returns_it() -> None:
+    """Seen in test_failover_mongodb.py (G2: seq 81 published again after 82): right after an
+    election, the new primary's majority snapshot can be older than a delete acknowledged before
+    it. A record the relay settled then reads as pending again, with the key's later records;
+    it passes the older-pending check (nothing older is pending) unless the barrier knows it
+    was settled."""
+    barrier, db = OrderBarrier(), Database()
+    first, second = await barrier.admit([rec("a", 81, 80), rec("a", 82, 81)], db.older_pending)
+    barrier.settle([first])
+    barrier.settle([second])
+    stale = [rec("a", 81, 80), rec("a", 82, 81), rec("b", 5, None)]
+    assert ids(await barrier.admit(stale, db.older_pending)) == ["b@5"]
+    assert ids(await barrier.admit([rec("a", 83, 82)], db.older_pending)) == ["a@83"]
