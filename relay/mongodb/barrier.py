@@ -21,6 +21,7 @@ barrier starts over, which costs forgotten keys one check each.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ from outboxkit.relay.records import OutboxRecord, TopicPartition
 
 #: Keys (and records in flight) remembered at most; beyond, the memory starts over.
 REMEMBERED = 100_000
+#: Seconds after a key's settle during which a read that returns a record at or before it is
+#: taken for a stale snapshot (:meth:`OrderBarrier._stale`).
+STALE_WINDOW = 60.0
 
 #: (topic, key): a key's chain; its partition is fixed at write time.
 ChainKey = tuple[str, bytes]
@@ -62,6 +66,8 @@ def link_of(doc: Document) -> Link:
 class OrderBarrier:
     def __init__(self) -> None:
         self._settled: dict[ChainKey, int] = {}
+        #: When each key's last settle was acknowledged (:func:`time.monotonic`).
+        self._settled_at: dict[ChainKey, float] = {}
         self._read: dict[object, tuple[ChainKey, int]] = {}
 
     def settle(self, records: Iterable[OutboxRecord]) -> None:
@@ -71,8 +77,10 @@ class OrderBarrier:
             if found is not None:
                 chain, position = found
                 self._settled[chain] = position
+                self._settled_at[chain] = time.monotonic()
         if len(self._settled) > REMEMBERED:
             self._settled.clear()
+            self._settled_at.clear()
 
     async def admit(
         self, records: Sequence[tuple[OutboxRecord, Link]], older_pending: OlderPending
@@ -96,11 +104,7 @@ class OrderBarrier:
         stale: set[ChainKey] = set()
         for (topic, key), chain in chains.items():
             head, link = chain[0]
-            settled = self._settled.get((topic, key))
-            if settled is not None and link.position <= settled:
-                # A record this relay settled, read again: the read's snapshot is older than the
-                # settle (a new primary's majority snapshot lags behind the writes acknowledged
-                # before its election). Publishing it would put it after its key's later ones.
+            if self._stale(topic, key, link):
                 stale.add((topic, key))
                 continue
             if link.previous is None and (topic, key) not in self._settled:
@@ -120,6 +124,19 @@ class OrderBarrier:
         if len(self._read) > REMEMBERED:
             self._read.clear()
         return [record for record, _ in records if record.id in admitted]
+
+    def _stale(self, topic: str, key: bytes, link: Link) -> bool:
+        """Whether the read returned a record this relay settled: the read's snapshot is older
+        than the settle (a new primary's majority snapshot lags behind the writes acknowledged
+        before its election, for seconds). Publishing it would put it after its key's later
+        records. Only for :data:`STALE_WINDOW` after the settle: a key whose position document
+        expired (a week idle) starts its chain again at a lower position."""
+        settled = self._settled.get((topic, key))
+        return (
+            settled is not None
+            and link.position <= settled
+            and time.monotonic() - self._settled_at[topic, key] < STALE_WINDOW
+        )
 
     def _hold(self, record: OutboxRecord, *, stale: bool = False) -> None:
         ORDER_HOLDS.labels(record.topic).inc()
