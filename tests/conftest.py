@@ -10,8 +10,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-# pytester runs outboxkit.testing the way a user's project does (tests/integration).
-pytest_plugins = ["pytester"]
+# pytester runs outboxkit.testing the way a user's project does (tests/integration);
+# tests.scheduling spreads the suite over the xdist workers (its docstring says how).
+pytest_plugins = ["pytester", "tests.scheduling"]
 
 settings.register_profile("default", deadline=None, max_examples=200)
 settings.register_profile(
@@ -22,17 +23,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 _MONGO_FIXTURES = {"mongo_server_url", "mongo_factory", "mongo_replica_set_factory"}
 
 
-def unit_tests_first(items: list[pytest.Item]) -> None:
-    """README promises it: the fast tier runs first (a stable sort: each tier keeps its order)."""
-    items.sort(key=lambda item: 0 if _in(item, "unit") else 1)
-
-
-def _in(item: pytest.Item, tier: str) -> bool:
-    return f"tests/{tier}/" in item.nodeid or f"tests.{tier}" in item.nodeid
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unit_tests_first(items)
     for item in items:
         if "tests/integration/" in item.nodeid or "tests.integration" in item.nodeid:
             item.add_marker(pytest.mark.integration)

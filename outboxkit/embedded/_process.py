@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import fcntl
 import functools
 import os
 import pwd
@@ -12,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,11 +38,13 @@ def free_port() -> int:
 
     Chosen below the kernel's ephemeral range, which every outgoing connection draws from: a
     port from that range could be taken by a client (of this test run's many) between this
-    check and the server's bind, or while a server restarts on it."""
+    check and the server's bind, or while a server restarts on it. A port is also reserved for
+    this process's lifetime against every other process that asks here (parallel test workers,
+    two ``outboxkit dev up``): a stopped server's port stays its own until it starts again."""
     low = _ephemeral_range_start()
     for _ in range(200):
         port = random.randrange(max(low - 12000, 1024), low)
-        if port not in _handed_out and _bind(port):
+        if port not in _handed_out and _bind(port) and _reserve(port):
             break
     else:
         port = _bind(0)  # all taken: any port the kernel gives
@@ -54,6 +58,34 @@ def _ephemeral_range_start() -> int:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
+
+
+@functools.cache
+def _reservations() -> int | None:
+    """One file whose byte *n* is locked by the process that reserved port *n*. POSIX record
+    locks are per process, released by the kernel when it exits (even by SIGKILL) and never
+    inherited by a child, so one descriptor holds any number of reservations; None if the
+    file cannot be opened (then ports are distinct within this process only)."""
+    path = Path(tempfile.gettempdir()) / "outboxkit-ports.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666)  # another user's run may reserve ports too
+    return fd
+
+
+def _reserve(port: int) -> bool:
+    """Reserve ``port`` for this process; False if another process holds it."""
+    fd = _reservations()
+    if fd is None:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+    except OSError:
+        return False
+    return True
 
 
 def _bind(port: int) -> int:

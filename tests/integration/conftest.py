@@ -476,6 +476,7 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
     for key, value in {**DELTA_CONF, **local_delta_conf(2)}.items():
         builder = builder.config(key, value)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from outboxkit.config_reference import render
-from tests.conftest import unit_tests_first
 from tests.docs_snippets import REPO, Snippets, all_snippets
 
 
@@ -40,21 +38,3 @@ def _relative_links(text: str) -> list[Path]:
     text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)  # code, not links
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     return [Path(link) for link in links if "://" not in link]
-
-
-def test_unit_tests_run_before_integration_tests() -> None:
-    """README: "unit tests, then integration tests" — pytest alone would collect tests/integration
-    first (alphabetical)."""
-
-    class Item:
-        def __init__(self, nodeid: str) -> None:
-            self.nodeid = nodeid
-
-    items: list[Any] = [
-        Item("tests/integration/test_a.py::t1"),
-        Item("tests/unit/test_b.py::t2"),
-        Item("tests/integration/test_c.py::t3"),
-        Item("tests/unit/test_d.py::t4"),
-    ]
-    unit_tests_first(items)
-    assert [i.nodeid.split("::")[1] for i in items] == ["t2", "t4", "t1", "t3"]

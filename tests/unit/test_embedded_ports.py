@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,29 @@ def test_a_port_something_listens_on_is_passed_over(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(_process.random, "randrange", lambda *_: next(candidates))
         monkeypatch.setattr(_process, "_handed_out", set())
         assert free_port() == 23456
+
+
+def test_a_port_another_process_reserved_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel test workers each start servers: a port one of them holds (its server stopped
+    for a restart, say) is never handed to another."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _RESERVE_AND_WAIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        reserved = int(child.stdout.readline())
+        candidates = iter([reserved, 23457])
+        monkeypatch.setattr(_process.random, "randrange", lambda *_: next(candidates))
+        monkeypatch.setattr(_process, "_handed_out", set())
+        assert free_port() == 23457
+    finally:
+        child.communicate(b"")
+
+
+#: Reserves a port, prints it and holds it until its standard input closes.
+_RESERVE_AND_WAIT = """
+import sys
+from outboxkit.embedded import free_port
+print(free_port(), flush=True)
+sys.stdin.read()
+"""
