@@ -27,15 +27,14 @@ from pymongo.asynchronous.database import AsyncDatabase
 from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
+from tests import timeouts
 from tests.integration.inbox_app import EFFECTS_DDL
 from tests.raw_batches import RawRecord, raw_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
 INBOX_ENV = {
-    "OUTBOXKIT_SESSION_TIMEOUT": "3",
-    "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
-    "OUTBOXKIT_RETRY_BACKOFF_MAX": "0.5",
+    **timeouts.INBOX_ENV,
     "OUTBOXKIT_HANDLER_ATTEMPTS": "3",
     "PYTHONPATH": str(REPO),
 }

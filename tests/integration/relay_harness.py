@@ -26,6 +26,7 @@ from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, EventRegistry
 from tests.integration.step_writers import DatabaseAwayError, StepWriter, step_writer
+from tests.timeouts import RELAY_ENV
 
 registry = EventRegistry()
 
@@ -44,18 +45,6 @@ class Big(Event, type="test.big", key_field="entity"):
 
     entity: str
     blob: str
-
-
-#: Fast failover for tests: a dead or frozen relay is replaced within ~3 s.
-RELAY_ENV = {
-    "OUTBOXKIT_SESSION_TIMEOUT": "3",
-    "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
-    "OUTBOXKIT_SWEEP_INTERVAL": "1",
-    "OUTBOXKIT_REVOKE_TIMEOUT": "5",
-    "OUTBOXKIT_TRANSACTION_TIMEOUT": "5",
-    "OUTBOXKIT_RETRY_BACKOFF_MAX": "0.5",
-    "OUTBOXKIT_METRICS_INTERVAL": "1",
-}
 
 
 class RelayProcess:

@@ -13,6 +13,7 @@ import pytest
 from tests.docs_snippets import REPO, Snippets, all_snippets
 from tests.helpers import run_cli
 from tests.integration.conftest import MakeTopic
+from tests.timeouts import GROUP_ENV
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -28,8 +29,7 @@ async def test_the_snippets_of_a_document_run(
     env = {
         "OUTBOXKIT_DATABASE_URL": pg_url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "OUTBOXKIT_SESSION_TIMEOUT": "3",
-        "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
+        **GROUP_ENV,
     }
     if snippets.topics:
         for topic in snippets.topics:

@@ -24,6 +24,7 @@ from examples.orders_payments_mongodb import payments as mongodb_payments
 from tests.docs_snippets import REPO
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
+from tests.timeouts import GROUP_ENV, RELAY_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -69,9 +70,8 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
     for name, value in {
         "OUTBOXKIT_DATABASE_URL": database_url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "OUTBOXKIT_SESSION_TIMEOUT": "3",
-        "OUTBOXKIT_HEARTBEAT_INTERVAL": "0.5",
-        "OUTBOXKIT_SWEEP_INTERVAL": "1",
+        **GROUP_ENV,
+        "OUTBOXKIT_SWEEP_INTERVAL": RELAY_ENV["OUTBOXKIT_SWEEP_INTERVAL"],
     }.items():
         monkeypatch.setenv(name, value)
     registries = {"orders": CollectorRegistry(), "payments": CollectorRegistry()}

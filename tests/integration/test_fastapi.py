@@ -28,10 +28,11 @@ from outboxkit.relay import PostgresOutboxOperations, RelaySettings
 from outboxkit.service import Outboxkit
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
+from tests.timeouts import SERVICE_SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-FAST = {"session_timeout": 3.0, "heartbeat_interval": 0.5, "retry_backoff_max": 0.5}
+FAST = SERVICE_SETTINGS
 
 
 def orders_app(kit: Outboxkit, topic: str) -> FastAPI:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,20 +26,15 @@ class Item:
     nodeid: str
     fixturenames: list[str] = field(default_factory=list)
     scopes: dict[str, str] = field(default_factory=dict)
-    marks: list[Any] = field(default_factory=list)
+    group: str | None = None  # an explicit xdist_group mark
 
     @property
     def _fixtureinfo(self) -> FixtureInfo:
         names = {name: [Definition(scope)] for name, scope in self.scopes.items()}
         return FixtureInfo(names)
 
-    def add_marker(self, mark: Any) -> None:
-        self.marks.append(mark)
-
-    @property
-    def group(self) -> str | None:
-        groups = [m.mark.args[0] for m in self.marks if m.mark.name == "xdist_group"]
-        return groups[0] if groups else None
+    def get_closest_marker(self, name: str) -> Any:
+        return pytest.mark.xdist_group(self.group).mark if self.group else None
 
 
 def order(items: list[Item], durations: dict[str, float]) -> list[str]:
@@ -83,6 +79,7 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         Item("tests/integration/test_s.py::s2", ["spark"]),
         Item("tests/integration/test_m.py::m2", scopes={"cluster": "module", "pg": "session"}),
         Item("tests/integration/test_y.py::plain", scopes={"pg_url": "function"}),
+        Item("tests/integration/test_z.py::marked", group="by-hand"),
     ]
     durations = {
         "tests/integration/test_s.py::s1": 10.0,
@@ -91,16 +88,25 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "tests/integration/test_m.py::m1": 3.0,
         "tests/integration/test_m.py::m2": 3.0,
         "tests/integration/test_y.py::plain": 4.0,
+        "tests/integration/test_z.py::marked": 1.0,
     }
-    assert order(items, durations) == ["s1", "s2", "alone", "m1", "m2", "plain"]
-    groups = {item.nodeid.split("::")[1]: item.group for item in items}
-    assert groups == {
+    seen: list[Any] = list(items)
+    groups = order_and_group(seen, durations)
+    assert [item.nodeid.split("::")[1] for item in seen] == [
+        "s1",
+        "s2",
+        "alone",
+        "m1",
+        "m2",
+        "plain",
+        "marked",
+    ]
+    assert {nodeid.split("::")[1]: group for nodeid, group in groups.items()} == {
         "s1": "spark-session",
         "s2": "spark-session",
-        "alone": None,
         "m1": "tests/integration/test_m.py",
         "m2": "tests/integration/test_m.py",
-        "plain": None,
+        "marked": "by-hand",
     }
 
 
@@ -115,3 +121,39 @@ def test_the_recorded_durations_name_tests_that_exist(pytestconfig: pytest.Confi
     assert all((root / module).is_file() for module in modules), sorted(
         m for m in modules if not (root / m).is_file()
     )
+
+
+def test_the_tests_of_a_group_run_on_one_xdist_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Would catch xdist's own grouping, silently off under pytest 9.2 (every worker would
+    start its own SparkSession)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    pytester.makeconftest(
+        """
+        import os
+        import pytest
+        pytest_plugins = ["tests.scheduling"]
+
+        @pytest.fixture(scope="session")
+        def spark():
+            return os.environ["PYTEST_XDIST_WORKER"]
+        """
+    )
+    pytester.makepyfile(
+        **{
+            f"test_{name}": f"""
+            def test_spark(spark, tmp_path_factory):
+                (tmp_path_factory.getbasetemp().parent / "{name}").write_text(spark)
+
+            def test_other():
+                pass
+            """
+            for name in ("a", "b", "c", "d")
+        }
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "xdist")
+    result.assert_outcomes(passed=8)
+    basetemp = next(pytester.path.glob("**/popen-gw0")).parent
+    workers = {(basetemp / name).read_text() for name in ("a", "b", "c", "d")}
+    assert len(workers) == 1, workers

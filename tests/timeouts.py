@@ -1,0 +1,53 @@
+"""Every protocol timeout, interval and backoff the tests shorten, in one place.
+
+The product's defaults suit production (a 10 s Kafka session, 30 s sweeps); a test that waited
+on them would spend the suite's time waiting. Each value here is the shortest that keeps the
+tests meaningful on a loaded 2-core machine (three pytest-xdist workers share it):
+
+- a dead or frozen relay or inbox worker leaves its group after :data:`SESSION_TIMEOUT`,
+  heartbeating every :data:`HEARTBEAT_INTERVAL` (a third of it at most, as Kafka requires);
+- a relay sweeps for missed notifications every :data:`SWEEP_INTERVAL`, gives a revoked
+  partition :data:`REVOKE_TIMEOUT` to drain and a Kafka transaction :data:`TRANSACTION_TIMEOUT`;
+- retries back off to :data:`RETRY_BACKOFF_MAX` at most.
+
+The servers' own are set where they start: Kafka test brokers (``group.initial.rebalance.delay.ms
+=0``, a 3 s broker session: :mod:`outboxkit.embedded.kafka`), three-member replica sets (a 2 s
+election timeout: ``FAST_FAILOVER`` in tests/integration/conftest.py), test mongods (a 2 s
+transaction lifetime where a test kills a client mid-transaction).
+"""
+
+from __future__ import annotations
+
+SESSION_TIMEOUT = 3.0
+HEARTBEAT_INTERVAL = 0.5
+SWEEP_INTERVAL = 1.0
+REVOKE_TIMEOUT = 5.0
+TRANSACTION_TIMEOUT = 5.0
+RETRY_BACKOFF_MAX = 0.5
+METRICS_INTERVAL = 1.0
+
+#: Group membership, as ``OUTBOXKIT_*`` variables: what every relay and inbox process takes.
+GROUP_ENV = {
+    "OUTBOXKIT_SESSION_TIMEOUT": f"{SESSION_TIMEOUT:g}",
+    "OUTBOXKIT_HEARTBEAT_INTERVAL": f"{HEARTBEAT_INTERVAL:g}",
+}
+
+#: A relay process's environment: a dead or frozen relay is replaced within ~3 s.
+RELAY_ENV = {
+    **GROUP_ENV,
+    "OUTBOXKIT_SWEEP_INTERVAL": f"{SWEEP_INTERVAL:g}",
+    "OUTBOXKIT_REVOKE_TIMEOUT": f"{REVOKE_TIMEOUT:g}",
+    "OUTBOXKIT_TRANSACTION_TIMEOUT": f"{TRANSACTION_TIMEOUT:g}",
+    "OUTBOXKIT_RETRY_BACKOFF_MAX": f"{RETRY_BACKOFF_MAX:g}",
+    "OUTBOXKIT_METRICS_INTERVAL": f"{METRICS_INTERVAL:g}",
+}
+
+#: An inbox process's environment.
+INBOX_ENV = {**GROUP_ENV, "OUTBOXKIT_RETRY_BACKOFF_MAX": f"{RETRY_BACKOFF_MAX:g}"}
+
+#: The same for ``Outboxkit(...)`` and the settings objects, by field name.
+SERVICE_SETTINGS = {
+    "session_timeout": SESSION_TIMEOUT,
+    "heartbeat_interval": HEARTBEAT_INTERVAL,
+    "retry_backoff_max": RETRY_BACKOFF_MAX,
+}
