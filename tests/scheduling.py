@@ -4,10 +4,11 @@ and the order each tier runs in.
 - **Costly shared fixtures stay on one worker.** Every worker starts its own PostgreSQL, Kafka
   broker and mongod (session fixtures, a second or so each), but a local SparkSession, the
   secured broker and a module's own servers cost far more, so every test that uses one runs on
-  the same worker, which starts it once. The workers name each test's group (:func:`group_of`)
-  in a file the controller's :class:`GroupScheduling` reads: xdist's own ``--dist loadgroup``
-  passes groups by rewriting node ids, which pytest 9.2 no longer honours
-  (pytest-dev/pytest-xdist#1386: every group is silently spread over every worker).
+  the same worker, which starts it once; every Spark test runs on that worker too. The workers
+  name each test's group (:func:`group_of`) in a file the controller's
+  :class:`GroupScheduling` reads: xdist's own ``--dist loadgroup`` passes groups by rewriting
+  node ids, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386: every group is
+  silently spread over every worker).
 - **Longest first.** Unit tests still run first (README says so); then the integration tests,
   the longest first, as their last recorded durations (``tests/durations.json``) say — a
   3-minute test started last would end the run 3 minutes after every other worker. A group
@@ -34,8 +35,13 @@ DURATIONS = Path(__file__).with_name("durations.json")
 #: Seconds a test without a recorded duration counts for: a typical integration test.
 UNKNOWN = 2.0
 
+#: Every test marked ``spark``: they share one local SparkSession (some ask for it only at the
+#: end), and their JVMs are the suite's heaviest CPU users, so two of them at once on two cores
+#: slow each other past their deadlines.
+SPARK_GROUP = "spark"
+
 #: Session fixtures too costly to start on every worker: fixture name → group.
-ONE_WORKER_FIXTURES = {"spark": "spark-session", "secured_kafka": "secured-kafka"}
+ONE_WORKER_FIXTURES = {"spark": SPARK_GROUP, "secured_kafka": "secured-kafka"}
 
 #: Fixture scopes narrower than the session but wider than a test: a module's own servers.
 _SHARED_SCOPES = {"package", "module", "class"}
@@ -58,6 +64,8 @@ def group_of(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    if item.get_closest_marker("spark") is not None:
+        return SPARK_GROUP
     names = set(getattr(item, "fixturenames", ()))
     for fixture, group in ONE_WORKER_FIXTURES.items():
         if fixture in names:

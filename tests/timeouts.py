@@ -2,7 +2,7 @@
 
 The product's defaults suit production (a 10 s Kafka session, 30 s sweeps); a test that waited
 on them would spend the suite's time waiting. Each value here is the shortest that keeps the
-tests meaningful on a loaded 2-core machine (three pytest-xdist workers share it):
+tests meaningful on a loaded 2-core machine (two pytest-xdist workers share it):
 
 - a dead or frozen relay or inbox worker leaves its group after :data:`SESSION_TIMEOUT`,
   heartbeating every :data:`HEARTBEAT_INTERVAL` (a third of it at most, as Kafka requires);

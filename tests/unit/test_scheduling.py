@@ -27,6 +27,7 @@ class Item:
     fixturenames: list[str] = field(default_factory=list)
     scopes: dict[str, str] = field(default_factory=dict)
     group: str | None = None  # an explicit xdist_group mark
+    marks: tuple[str, ...] = ()
 
     @property
     def _fixtureinfo(self) -> FixtureInfo:
@@ -34,7 +35,9 @@ class Item:
         return FixtureInfo(names)
 
     def get_closest_marker(self, name: str) -> Any:
-        return pytest.mark.xdist_group(self.group).mark if self.group else None
+        if name == "xdist_group":
+            return pytest.mark.xdist_group(self.group).mark if self.group else None
+        return getattr(pytest.mark, name).mark if name in self.marks else None
 
 
 def order(items: list[Item], durations: dict[str, float]) -> list[str]:
@@ -80,6 +83,7 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         Item("tests/integration/test_m.py::m2", scopes={"cluster": "module", "pg": "session"}),
         Item("tests/integration/test_y.py::plain", scopes={"pg_url": "function"}),
         Item("tests/integration/test_z.py::marked", group="by-hand"),
+        Item("tests/integration/test_c.py::cluster", marks=("spark",)),
     ]
     durations = {
         "tests/integration/test_s.py::s1": 10.0,
@@ -89,12 +93,14 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "tests/integration/test_m.py::m2": 3.0,
         "tests/integration/test_y.py::plain": 4.0,
         "tests/integration/test_z.py::marked": 1.0,
+        "tests/integration/test_c.py::cluster": 1.0,
     }
     seen: list[Any] = list(items)
     groups = order_and_group(seen, durations)
     assert [item.nodeid.split("::")[1] for item in seen] == [
         "s1",
         "s2",
+        "cluster",
         "alone",
         "m1",
         "m2",
@@ -102,8 +108,9 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "marked",
     ]
     assert {nodeid.split("::")[1]: group for nodeid, group in groups.items()} == {
-        "s1": "spark-session",
-        "s2": "spark-session",
+        "s1": "spark",
+        "s2": "spark",
+        "cluster": "spark",
         "m1": "tests/integration/test_m.py",
         "m2": "tests/integration/test_m.py",
         "marked": "by-hand",
