@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import for_code
 from pymongo import AsyncMongoClient, MongoClient
 
 from outboxkit.core.exceptions import ConfigurationError
@@ -53,6 +54,7 @@ from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.embedded.spark_cluster import SparkCluster
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.postgres import migrate
+from tests.helpers import wait_for
 from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,8 +184,20 @@ async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
         name: str | None = None,
         config: dict[str, str] | None = None,
     ) -> str:
-        name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
-        await admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config)])
+        if name is None:
+            name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        elif name in await admin.list_topics():
+            # A fixed name (the example services') an earlier test on this broker left behind,
+            # with its records: start from an empty topic.
+            await admin.delete_topics([name])
+            await wait_for(lambda: _gone(admin, [name]), within=30, what=f"{name} deleted")
+        response = await admin.create_topics(
+            [NewTopic(name, partitions, replication, topic_configs=config)]
+        )
+        # aiokafka returns a refusal instead of raising it: a topic of that name that still
+        # exists would hand this test another one's records.
+        (_, code, *_) = response.topic_errors[0]
+        assert code == 0, f"Kafka refused to create {name}: {for_code(code).__name__}"
         created.append(name)
         return name
 
@@ -192,7 +206,16 @@ async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
     finally:
         if created:
             await admin.delete_topics(created)
+            # Deleting is asynchronous: a test that makes a topic of the same name next (the
+            # example services' fixed names) must not find this one's records in it.
+            await wait_for(
+                lambda: _gone(admin, created), within=30, what=f"topics {created} deleted"
+            )
         await admin.close()
+
+
+async def _gone(admin: AIOKafkaAdminClient, topics: list[str]) -> bool:
+    return not set(topics) & set(await admin.list_topics())
 
 
 @pytest.fixture

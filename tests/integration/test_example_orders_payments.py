@@ -121,7 +121,9 @@ async def test_the_example_services_own_tests_pass_with_the_testing_plugin(
     run as their own pytest session, on this session's servers (OUTBOXKIT_TEST_PG_URL/KAFKA)."""
     result = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", EXAMPLE_TESTS],
+        # One process, as a service's own suite runs: this repository's pyproject.toml would
+        # spread the example's tests, which share fixed topic names, over parallel workers.
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", EXAMPLE_TESTS],
         cwd=REPO,
         env={
             **os.environ,

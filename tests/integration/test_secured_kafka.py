@@ -315,7 +315,10 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
     env = {
         **relay_environment(secured_kafka, url, topic, name, user),
         "OUTBOXKIT_HTTP_PORT": str(port),
-        "OUTBOXKIT_STALL_AFTER": "2",
+        # A partition without progress for this long turns /healthz 503: short, so the revoked
+        # ACL shows soon, but not so short that a relay starved of CPU (two test workers on two
+        # cores) reads as stalled before it ever is.
+        "OUTBOXKIT_STALL_AFTER": "5",
     }
     writers = Writers(url, topic, entities=4)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
@@ -327,13 +330,19 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
                 return 0, ""
             return response.status_code, response.text
 
+        last_seen = [""]
+
         async def status_is(code: int, text: str = "") -> bool:
             status, body = await health()
+            last_seen[0] = f"{status} {body}"
             return status == code and text in body
 
         with relays(tmp_path, env) as [relay]:
             writers.start()
-            await wait_for(lambda: status_is(200), within=60, what="a healthy relay")
+            try:
+                await wait_for(lambda: status_is(200), within=60, what="a healthy relay")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; /healthz said {last_seen[0][:1000]}") from None
             await wait_for(lambda: writers.total >= 50, within=30, what="50 events written")
             await secured_kafka.revoke(f"User:{user}", "TOPIC", topic, ["WRITE"])
             await wait_for(

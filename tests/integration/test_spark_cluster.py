@@ -42,6 +42,7 @@ from outboxkit.schemas import EventDecodeError
 from tests.integration.conftest import REPO, MakeTopic
 from tests.integration.test_spark_pipeline import (
     T0,
+    fast_jvm_conf,
     garbage,
     lake,
     order,
@@ -68,25 +69,15 @@ JOB = "outboxkit.demo.pipeline:order_totals"
 STEP = timedelta(seconds=3)
 
 
-#: JVM options of the drivers and their executors: these runs last seconds, and on two cores
-#: HotSpot's C2 compiling Spark's code took about 40% of a spark-submit run's CPU (93-96 s of
-#: CPU with Spark's defaults, 48-58 s with these). The cluster's daemons use the same.
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
 def driver_env(settings_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The driver's environment: this one's, minus any ``PYSPARK_PYTHON`` (the session fixture
     sets it in this process; the product must choose the executors' Python itself), and a
     ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` gives the driver and its executors
-    :data:`FAST_JVM` (spark-submit and the JVM pyspark starts both read it)."""
+    ``FAST_JVM`` (:func:`~tests.integration.test_spark_pipeline.fast_jvm_conf`)."""
     env = {
         k: v for k, v in os.environ.items() if k not in {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
     }
-    conf_dir = tmp_path / "spark-conf"
-    conf_dir.mkdir(exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.driver.extraJavaOptions {FAST_JVM}\nspark.executor.extraJavaOptions {FAST_JVM}\n"
-    )
+    conf_dir = fast_jvm_conf(tmp_path)
     # Executors on the workers connect back to the driver: on loopback, whatever the host name.
     return {
         **env,
