@@ -24,7 +24,7 @@ from examples.orders_payments_mongodb import payments as mongodb_payments
 from tests.docs_snippets import REPO
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
-from tests.timeouts import GROUP_ENV, RELAY_ENV
+from tests.timeouts import GROUP_ENV, SWEEP_INTERVAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -71,7 +71,7 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
         "OUTBOXKIT_DATABASE_URL": database_url,
         "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         **GROUP_ENV,
-        "OUTBOXKIT_SWEEP_INTERVAL": RELAY_ENV["OUTBOXKIT_SWEEP_INTERVAL"],
+        "OUTBOXKIT_SWEEP_INTERVAL": f"{SWEEP_INTERVAL:g}",
     }.items():
         monkeypatch.setenv(name, value)
     registries = {"orders": CollectorRegistry(), "payments": CollectorRegistry()}

@@ -32,8 +32,6 @@ from tests.timeouts import SERVICE_SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-FAST = SERVICE_SETTINGS
-
 
 def orders_app(kit: Outboxkit, topic: str) -> FastAPI:
     app = FastAPI(lifespan=kit.lifespan)
@@ -105,7 +103,7 @@ def relay_settings(pg_url: str, kafka: str, topic: str) -> RelaySettings:
         relay_name=f"orders-{uuid.uuid4().hex[:6]}",
         sweep_interval=1.0,
         retention=timedelta(hours=1),  # keep published records, so that they can be replayed
-        **FAST,
+        **SERVICE_SETTINGS,
     )
 
 
@@ -133,7 +131,10 @@ async def test_an_order_takes_effect_in_payments_exactly_once(
         settings=ConnectionSettings(database_url=pg_url),
         inbox=payments_inbox(f"payments-{uuid.uuid4().hex[:6]}"),
         inbox_settings=InboxSettings(
-            database_url=pg_url, kafka_bootstrap_servers=[kafka_bootstrap], topics=[topic], **FAST
+            database_url=pg_url,
+            kafka_bootstrap_servers=[kafka_bootstrap],
+            topics=[topic],
+            **SERVICE_SETTINGS,
         ),
         registry=CollectorRegistry(),
     )

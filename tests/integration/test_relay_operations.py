@@ -22,7 +22,6 @@ from outboxkit.inbox import PostgresInboxStore
 from tests.helpers import run_cli, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.relay_harness import (
-    RELAY_ENV,
     RelayProcess,
     Writers,
     check_guarantees,
@@ -31,6 +30,7 @@ from tests.integration.relay_harness import (
     register_topic,
     relay_env,
 )
+from tests.timeouts import SESSION_TIMEOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -96,7 +96,7 @@ async def test_a_killed_relays_partitions_publish_again_within_the_session_timeo
     topic = await make_topic("takeover", partitions=6)
     await register_topic(db_url, topic, 6)
     writers = Writers(db_url, topic, entities=30)
-    session = float(env.get("OUTBOXKIT_SESSION_TIMEOUT", RELAY_ENV["OUTBOXKIT_SESSION_TIMEOUT"]))
+    session = float(env.get("OUTBOXKIT_SESSION_TIMEOUT", SESSION_TIMEOUT))
     bound = 8.0 if restart else session + 5
     ports = [free_port() for _ in range(3)]
     group = {**relay_env(db_url, kafka_bootstrap, topic), **env}
