@@ -4,7 +4,8 @@ and the order each tier runs in.
 - **Costly shared fixtures stay on one worker.** Every worker starts its own PostgreSQL, Kafka
   broker and mongod (session fixtures, a second or so each), but a local SparkSession, the
   secured broker and a module's own servers cost far more, so every test that uses one runs on
-  the same worker, which starts it once; every Spark test runs on that worker too. The workers
+  the same worker, which starts it once; every Spark test and every ``heavy`` one (the failover
+  tests) runs on one worker too, one at a time. The workers
   name each test's group (:func:`group_of`) in a file the controller's
   :class:`GroupScheduling` reads: xdist's own ``--dist loadgroup`` passes groups by rewriting
   node ids, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386: every group is
@@ -35,13 +36,17 @@ DURATIONS = Path(__file__).with_name("durations.json")
 #: Seconds a test without a recorded duration counts for: a typical integration test.
 UNKNOWN = 2.0
 
-#: Every test marked ``spark``: they share one local SparkSession (some ask for it only at the
-#: end), and their JVMs are the suite's heaviest CPU users, so two of them at once on two cores
-#: slow each other past their deadlines.
-SPARK_GROUP = "spark"
+#: Every test marked ``spark`` or ``heavy``, run one after the other on one worker. The Spark
+#: tests share one local SparkSession (some ask for it only at the end); the ``heavy`` ones
+#: (brokers and replica set members killed under a steady load, each fault's delay measured
+#: against a bound) start three-node clusters. Their JVMs and servers are the suite's heaviest
+#: CPU users: two of them at once on two cores slow each other past their bounds (a group
+#: coordinator's failover measured 34 s beside the Spark cluster's tests, 6 s alone or beside
+#: two busy cores).
+HEAVY_GROUP = "heavy"
 
 #: Session fixtures too costly to start on every worker: fixture name → group.
-ONE_WORKER_FIXTURES = {"spark": SPARK_GROUP, "secured_kafka": "secured-kafka"}
+ONE_WORKER_FIXTURES = {"spark": HEAVY_GROUP, "secured_kafka": "secured-kafka"}
 
 #: Fixture scopes narrower than the session but wider than a test: a module's own servers.
 _SHARED_SCOPES = {"package", "module", "class"}
@@ -64,8 +69,8 @@ def group_of(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    if item.get_closest_marker("spark") is not None:
-        return SPARK_GROUP
+    if item.get_closest_marker("spark") or item.get_closest_marker("heavy"):
+        return HEAVY_GROUP
     names = set(getattr(item, "fixturenames", ()))
     for fixture, group in ONE_WORKER_FIXTURES.items():
         if fixture in names:

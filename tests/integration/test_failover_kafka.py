@@ -22,7 +22,7 @@ from tests.failover.harness import FailoverRun
 from tests.failover.kafka_faults import KAFKA_FAULTS, in_sync
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(420)]
 
 #: Longest commit→Kafka or Kafka→effect delay any fault may cause, on this noisy 2-core box
 #: (the target is the election, ~3 s with the test brokers' 3 s session, plus 5 s).

@@ -37,6 +37,7 @@ MAX_GAP = 30.0
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 async def test_step_down_kill_and_rolling_restart_of_the_primary(
     mongo_replica_set_factory: Callable[..., EmbeddedMongoReplicaSet],

@@ -83,7 +83,8 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         Item("tests/integration/test_m.py::m2", scopes={"cluster": "module", "pg": "session"}),
         Item("tests/integration/test_y.py::plain", scopes={"pg_url": "function"}),
         Item("tests/integration/test_z.py::marked", group="by-hand"),
-        Item("tests/integration/test_c.py::cluster", marks=("spark",)),
+        Item("tests/integration/test_c.py::cluster", marks=("heavy",)),
+        Item("tests/integration/test_c.py::job", marks=("spark",)),
     ]
     durations = {
         "tests/integration/test_s.py::s1": 10.0,
@@ -94,6 +95,7 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "tests/integration/test_y.py::plain": 4.0,
         "tests/integration/test_z.py::marked": 1.0,
         "tests/integration/test_c.py::cluster": 1.0,
+        "tests/integration/test_c.py::job": 1.0,
     }
     seen: list[Any] = list(items)
     groups = order_and_group(seen, durations)
@@ -101,6 +103,7 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "s1",
         "s2",
         "cluster",
+        "job",
         "alone",
         "m1",
         "m2",
@@ -108,9 +111,10 @@ def test_tests_sharing_a_costly_fixture_are_one_group_weighed_as_their_sum() -> 
         "marked",
     ]
     assert {nodeid.split("::")[1]: group for nodeid, group in groups.items()} == {
-        "s1": "spark",
-        "s2": "spark",
-        "cluster": "spark",
+        "s1": "heavy",
+        "s2": "heavy",
+        "cluster": "heavy",
+        "job": "heavy",
         "m1": "tests/integration/test_m.py",
         "m2": "tests/integration/test_m.py",
         "marked": "by-hand",
