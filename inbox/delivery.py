@@ -97,6 +97,7 @@ class DeliveryPath(Generic[TX]):
         batch_handler_for = self._inbox.batch_handler_for
         max_bytes = self._settings.max_record_bytes
         size = self._settings.transaction_batch
+        unknown: list[str] = []
         try:
             for record in records:
                 if self._stopping.is_set():
@@ -106,13 +107,18 @@ class DeliveryPath(Generic[TX]):
                     await self._unreadable(record, progress)
                     continue
                 assert isinstance(record, ConsumerRecord)
+                unknown.clear()
                 try:
-                    event = decode(record, max_bytes=max_bytes)
+                    event = decode(record, max_bytes=max_bytes, unknown_fields=unknown)
                 except EventDecodeError as exc:
                     await self._transactions.run(tp, batch, progress)
                     await self._dead_letter(record, str(exc.reason), exc, progress)
                     progress.advance(record.offset + 1)
                     continue
+                if unknown:
+                    self._metrics.unknown_fields.labels(
+                        self._name, event.event_type, str(event.event_version)
+                    ).inc()
                 handler = handler_for(event)
                 if handler is None:  # registered for decoding only: nothing to do
                     await self._transactions.run(tp, batch, progress)

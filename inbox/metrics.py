@@ -26,6 +26,13 @@ class InboxMetrics:
             ["inbox", "reason"],
             registry=reg,
         )
+        self.unknown_fields = Counter(
+            "outboxkit_inbox_unknown_fields",
+            "Events decoded with payload fields their model does not declare (ignored: a "
+            "producer ahead of this consumer's model)",
+            ["inbox", "type", "version"],
+            registry=reg,
+        )
         self.handler_seconds = Histogram(
             "outboxkit_inbox_handler_seconds",
             "Time of the dedupe + handler transaction",

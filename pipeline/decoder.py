@@ -11,8 +11,10 @@
    decoder's reasons, since it checks them in the same order once the envelope is read.
 3. **Payload** (:mod:`~outboxkit.pipeline.payload`): ``from_json`` with the schema derived
    from the model; accepted when the text is canonical and the values pass the constraints.
-4. **Everything else** — a malformed envelope, a payload that is invalid or not canonical,
-   a model the JVM path does not support — goes through the registry itself in one Arrow
+4. **Everything else** — a malformed envelope, a payload that is invalid or not canonical
+   (one with fields its model does not declare, which the registry ignores), a version read
+   through upcasters, a model the JVM path does not support — goes through the registry itself
+   in one Arrow
    pass (:mod:`~outboxkit.pipeline.fallback`), so every record gets the Python decoder's
    verdict: a valid event becomes a struct in its model's column, anything else a quarantine
    row with ``error_reason`` (the ``DecodeErrorReason`` values, or ``unrepresentable``).
@@ -65,6 +67,8 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
     )
     route = F.lit(None).cast("string")
     for name, model in reversed(models.items()):
+        if model.event_version in registry.upcast_versions(model.event_type):
+            continue  # its records are upcast (in the Python pass), not read as this model
         match = (F.col("_type") == model.event_type) & (F.col("_version") == model.event_version)
         route = F.when(F.col("_ok") & match, F.lit(name)).otherwise(route)
     routed = routed.withColumn("_model", route)
@@ -144,9 +148,12 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
     types = sorted({model.event_type for model in registry})
     quoted = F.concat(F.lit("event type '"), F.col("_type"), F.lit("'"))
     known = F.lit("")
+    upcast = F.lit(False)
     for event_type in types:
-        versions = ", ".join(map(str, registry.versions(event_type)))
+        versions = ", ".join(map(str, registry.readable_versions(event_type)))
         known = F.when(F.col("_type") == event_type, F.lit(versions)).otherwise(known)
+        if upcasts := registry.upcast_versions(event_type):
+            upcast = upcast | ((F.col("_type") == event_type) & F.col("_version").isin(*upcasts))
     key, value = F.col("key"), F.col("value")
     cases: list[tuple[Column, str, Column]] = [
         (
@@ -155,7 +162,7 @@ def _rejections(registry: EventRegistry) -> tuple[Column, Column]:
             F.concat(quoted, F.lit(" is not registered")),
         ),
         (
-            F.col("_model").isNull(),
+            F.col("_model").isNull() & ~upcast,  # an upcast version goes to the Python pass
             DecodeErrorReason.UNSUPPORTED_VERSION,
             F.concat(
                 quoted,

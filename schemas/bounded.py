@@ -12,6 +12,10 @@ only *how many* errors are reported, never whether the input is valid:
 - a model that forbids unknown keys collects them (``extra_behavior="allow"``) and reports the
   first three and how many more there were as one error, instead of one error per key.
 
+A *tolerant* validator (``tolerant=True``, the default reader of docs/schemas.md) drops those
+unknown keys instead of rejecting them, at every level, and names them to the caller that asked
+(:func:`collecting_unknown_fields`): a field a newer producer added is ignored, not an error.
+
 The result is an instance of the class itself (the same validator code, the same model
 validators), so a valid record decodes exactly as ``model_validate_json`` would.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
@@ -40,15 +45,32 @@ MORE_UNKNOWN_KEYS = "extra_forbidden_more"
 
 _build_lock = threading.Lock()
 
+#: Where a tolerant validation names the unknown keys it dropped (see
+#: :func:`collecting_unknown_fields`); ``None``: nobody asked.
+_unknown_fields: ContextVar[list[str] | None] = ContextVar("unknown_fields", default=None)
 
-def bounded_validator(model: type[BaseModel]) -> SchemaValidator:
-    """A validator for ``model`` that reports a bounded number of errors (see the module).
 
-    Falls back to the model's own validator (unbounded error lists, still correct) if its core
-    schema has a shape this rewrite does not know, and logs that once."""
+@contextmanager
+def collecting_unknown_fields() -> Iterator[list[str]]:
+    """A list that the tolerant validations run inside the block fill with the unknown keys
+    they ignored (nested models' keys by their own name)."""
+    names: list[str] = []
+    token = _unknown_fields.set(names)
+    try:
+        yield names
+    finally:
+        _unknown_fields.reset(token)
+
+
+def bounded_validator(model: type[BaseModel], *, tolerant: bool = False) -> SchemaValidator:
+    """A validator for ``model`` that reports a bounded number of errors (see the module) and,
+    when ``tolerant``, ignores the unknown keys of models that forbid them.
+
+    Falls back to the model's own validator (unbounded error lists, strict, still correct) if
+    its core schema has a shape this rewrite does not know, and logs that once."""
     classes: set[type[Any]] = set()
     try:
-        schema = _rewrite(model.__pydantic_core_schema__, None, classes)
+        schema = _rewrite(model.__pydantic_core_schema__, None, classes, tolerant)
         with _built_from_schema(classes):
             return SchemaValidator(schema)
     except Exception as exc:  # a schema shape pydantic allows but this rewrite does not know
@@ -60,11 +82,14 @@ def bounded_validator(model: type[BaseModel]) -> SchemaValidator:
         return model.__pydantic_validator__  # type: ignore[return-value]
 
 
-def _rewrite(node: Any, config: dict[str, Any] | None, classes: set[type[Any]]) -> Any:
+def _rewrite(
+    node: Any, config: dict[str, Any] | None, classes: set[type[Any]], tolerant: bool
+) -> Any:
     """A copy of the core schema ``node`` with collections failing fast and unknown keys
-    counted. ``config`` is the enclosing model's (where pydantic reads ``extra`` from)."""
+    counted (or ignored, when ``tolerant``). ``config`` is the enclosing model's (where
+    pydantic reads ``extra`` from)."""
     if isinstance(node, list):
-        return [_rewrite(item, config, classes) for item in node]
+        return [_rewrite(item, config, classes, tolerant) for item in node]
     if not isinstance(node, dict):
         return node
     kind = node.get("type")
@@ -73,7 +98,9 @@ def _rewrite(node: Any, config: dict[str, Any] | None, classes: set[type[Any]]) 
         config = node.get("config", config)
     # ("metadata" only serves JSON schema generation.)
     copy = {
-        key: _rewrite(value, config, classes) for key, value in node.items() if key != "metadata"
+        key: _rewrite(value, config, classes, tolerant)
+        for key, value in node.items()
+        if key != "metadata"
     }
     if kind in _COLLECTIONS:
         copy["fail_fast"] = True
@@ -84,10 +111,24 @@ def _rewrite(node: Any, config: dict[str, Any] | None, classes: set[type[Any]]) 
         if extra == "forbid":
             return {
                 "type": "function-after",
-                "function": {"type": "no-info", "function": _reject_unknown_keys},
+                "function": {
+                    "type": "no-info",
+                    "function": _ignore_unknown_keys if tolerant else _reject_unknown_keys,
+                },
                 "schema": {**copy, "extra_behavior": "allow"},
             }
     return copy
+
+
+def _ignore_unknown_keys(value: tuple[dict[str, Any], dict[str, Any] | None, set[str]]) -> Any:
+    """After a model's fields were validated with unknown keys allowed: drop them, naming them
+    to whoever collects them."""
+    fields, extra, fields_set = value
+    if extra:
+        names = _unknown_fields.get()
+        if names is not None:
+            names.extend(extra)
+    return fields, None, fields_set
 
 
 def _reject_unknown_keys(value: tuple[dict[str, Any], dict[str, Any] | None, set[str]]) -> Any:

@@ -83,7 +83,8 @@ def _utcnow() -> datetime:
 
 
 class Event(BaseModel):
-    """Base of every event. Immutable; unknown fields are rejected.
+    """Base of every event. Immutable; unknown fields are rejected when constructing one (and,
+    when decoding, ignored unless the class says ``strict_reader=True``).
 
     Class keywords (each optional):
 
@@ -97,10 +98,15 @@ class Event(BaseModel):
     ``key_field``
         Payload field whose value becomes ``key`` when ``key=`` is not passed: its JSON form,
         which must be a string (str, UUID, Decimal, str enum…) or a number. Inherited.
+    ``strict_reader``
+        ``True`` to reject, when decoding, payload fields this model does not declare. By
+        default a reader is tolerant: it ignores them (and counts them), so a producer may add a
+        field before its consumers know it (docs/schemas.md). Writing is always strict: a
+        model rejects unknown fields when constructed. Inherited.
 
     They are readable from the class and from instances as ``event_type``, ``event_version``,
-    ``event_topic`` and ``event_key_field`` (assigning those class attributes in the class body
-    works too); ``event_payload_fields`` names the payload fields.
+    ``event_topic``, ``event_key_field`` and ``event_strict_reader`` (assigning those class
+    attributes in the class body works too); ``event_payload_fields`` names the payload fields.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,6 +115,7 @@ class Event(BaseModel):
     event_version: ClassVar[int] = 1
     event_topic: ClassVar[str | None] = None
     event_key_field: ClassVar[str | None] = None
+    event_strict_reader: ClassVar[bool] = False
     event_payload_fields: ClassVar[tuple[str, ...]] = ()
 
     id: UUID = Field(default_factory=uuid4, description="Idempotency key of the event.")
@@ -135,6 +142,7 @@ class Event(BaseModel):
         version: int | None = None,
         topic: str | None = None,
         key_field: str | None = None,
+        strict_reader: bool | None = None,
         **kwargs: Unpack[ConfigDict],
     ) -> None:
         try:
@@ -144,7 +152,8 @@ class Event(BaseModel):
                 raise
             raise EventDefinitionError(
                 f"{cls.__name__}: unknown class keyword(s) {', '.join(map(repr, kwargs))}; "
-                "Event takes type, version, topic, key_field and pydantic config keys"
+                "Event takes type, version, topic, key_field, strict_reader and pydantic config "
+                "keys"
             ) from exc
         for name in inspect.get_annotations(cls):
             if name in ENVELOPE_FIELDS or name in _RESERVED_NAMES:
@@ -168,6 +177,10 @@ class Event(BaseModel):
             cls.event_topic = topic
         if key_field is not None:
             cls.event_key_field = key_field
+        if strict_reader is not None:
+            if not isinstance(strict_reader, bool):
+                raise EventDefinitionError(f"{cls.__name__}: strict_reader must be a bool")
+            cls.event_strict_reader = strict_reader
         default_topic = cls.event_topic
         if default_topic is not None and not (
             isinstance(default_topic, str) and is_valid_topic(default_topic)

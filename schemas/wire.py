@@ -24,7 +24,7 @@ The topic is the record's topic. Decoding lives in
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
@@ -324,9 +324,11 @@ def build_event(
     key: bytes | None,
     value: bytes | None,
     validator: SchemaValidator | None = None,
+    upcast: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Event:
     """Validate the record's key and value into ``event_cls`` (with ``validator``, by default
-    the class's own). Raises ``EventDecodeError``.
+    the class's own). Raises ``EventDecodeError``. ``upcast`` turns the payload, as read from
+    JSON, into one of ``event_cls``' version first (it raises ``EventDecodeError`` itself).
 
     The envelope attributes are validated together with the payload, as one JSON document
     (not as Python objects), exactly like ``model_validate_json`` of a ``model_dump_json``:
@@ -336,7 +338,7 @@ def build_event(
     key_text = _record_key(key)
     check = validator if validator is not None else event_cls.__pydantic_validator__
     label = f"{envelope.event_type} v{envelope.version}"
-    document = _spliced_document(envelope, key_text, topic, value)
+    document = None if upcast else _spliced_document(envelope, key_text, topic, value)
     if document is not None:
         try:
             return check.validate_json(document)  # type: ignore[no-any-return]
@@ -349,12 +351,11 @@ def build_event(
         except Exception as exc:  # a model's own validator may raise anything; keep the contract
             raise _validator_raised(label, exc) from exc
     payload = _record_value(value)
-    clashes = sorted(ENVELOPE_FIELDS.intersection(payload))
-    if clashes:
-        raise EventDecodeError(
-            DecodeErrorReason.INVALID_PAYLOAD,
-            f"{label}: the value must hold payload fields only, found {', '.join(clashes)}",
-        )
+    _check_payload_only(label, payload, "the value")
+    if upcast is not None:
+        payload = upcast(payload)
+        label = f"{label} as v{event_cls.event_version}"
+        _check_payload_only(label, payload, "the upcast payload")
     careful = {
         **payload,
         "id": envelope.id_text,
@@ -371,6 +372,15 @@ def build_event(
         ) from exc
     except Exception as exc:  # a model's own validator may raise anything; keep the contract
         raise _validator_raised(label, exc) from exc
+
+
+def _check_payload_only(label: str, payload: dict[str, Any], what: str) -> None:
+    clashes = sorted(ENVELOPE_FIELDS.intersection(payload))
+    if clashes:
+        raise EventDecodeError(
+            DecodeErrorReason.INVALID_PAYLOAD,
+            f"{label}: {what} must hold payload fields only, found {', '.join(clashes)}",
+        )
 
 
 def _validator_raised(label: str, exc: Exception) -> EventDecodeError:

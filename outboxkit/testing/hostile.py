@@ -2,11 +2,13 @@
 (issue #16), kept as regression cases, and a way to measure what one costs.
 
 Each shape is a function of a target size that returns a record value for :class:`Hostile`
-(headers from a valid encoding, so that only the value is hostile). outboxkit's unit tests
-assert a generous ceiling per shape (tests/unit/test_decode_bounded.py) and fuzz the inbox with
-them; ``bench/inbox.py --shapes`` prints the measured cost. In ``outboxkit.testing`` so that
-the benchmarks and the tests share them (bench/ imports nothing from tests/); the shapes target
-this module's own :class:`Hostile` event, a model with the field types that used to be costly.
+(headers from a valid encoding, so that only the value is hostile); the shapes named
+``*_ignored`` go to :class:`Tolerant`, which ignores unknown fields instead of rejecting them.
+outboxkit's unit tests assert a generous ceiling per shape (tests/unit/test_decode_bounded.py)
+and fuzz the inbox with them; ``bench/inbox.py --shapes`` prints the measured cost. In
+``outboxkit.testing`` so that the benchmarks and the tests share them (bench/ imports nothing
+from tests/); the shapes target this module's own events, models with the field types that used
+to be costly.
 
     python -m outboxkit.testing.hostile SHAPE SIZE   # one measurement, in a fresh process (JSON)
 """
@@ -33,7 +35,9 @@ class Address(BaseModel):
     number: int | None = None
 
 
-class Hostile(Event, type="test.hostile", topic="hostile", key_field="name"):
+class Hostile(Event, type="test.hostile", topic="hostile", key_field="name", strict_reader=True):
+    """Rejects unknown fields when decoding: the shapes measure the cost of the errors."""
+
     name: str
     count: int = 0
     ratio: float = 0.0
@@ -43,11 +47,17 @@ class Hostile(Event, type="test.hostile", topic="hostile", key_field="name"):
     history: list[Address] = Field(default_factory=list)
 
 
+class Tolerant(Hostile, type="test.tolerant", strict_reader=False):
+    """The same fields, read as every event is by default: unknown fields ignored."""
+
+
 REGISTRY = EventRegistry()
 REGISTRY.register(Hostile)
+REGISTRY.register(Tolerant)
 _WIRE = encode(Hostile(name="n"), source="urn:test")
 HEADERS = _WIRE.headers
 KEY = _WIRE.key
+TOLERANT_HEADERS = encode(Tolerant(name="n"), source="urn:test").headers
 
 
 def _list_of_wrong_items(size: int) -> bytes:
@@ -108,6 +118,8 @@ SHAPES: dict[str, Callable[[int], bytes]] = {
     "list_of_wrong_items": _list_of_wrong_items,
     "unknown_keys": _unknown_keys,
     "unknown_keys_nested": _unknown_keys_nested,
+    "unknown_keys_ignored": _unknown_keys,
+    "unknown_keys_nested_ignored": _unknown_keys_nested,
     "list_of_bad_models": _list_of_bad_models,
     "dict_of_wrong_values": _dict_of_wrong_values,
     "deep_nesting": _deep_nesting,
@@ -135,11 +147,12 @@ def decode_cost(shape: str, size: int) -> Cost:
     """Decode one record of ``shape`` (about ``size`` bytes) in this process and measure it.
     Meaningful in a fresh process only: the peak memory of a process never goes down."""
     value = SHAPES[shape](size)
-    REGISTRY.decode(topic="hostile", key=KEY, value=_valid_large(100), headers=HEADERS)  # warm up
+    headers = TOLERANT_HEADERS if shape.endswith("_ignored") else HEADERS
+    REGISTRY.decode(topic="hostile", key=KEY, value=_valid_large(100), headers=headers)  # warm up
     before = _peak_mb()
     started = time.process_time()
     try:
-        REGISTRY.decode(topic="hostile", key=KEY, value=value, headers=HEADERS)
+        REGISTRY.decode(topic="hostile", key=KEY, value=value, headers=headers)
         outcome, message = "ok", ""
     except EventDecodeError as exc:
         outcome, message = str(exc.reason), str(exc)
@@ -156,7 +169,7 @@ def measure(shape: str, size: int) -> Cost:
         check=True,
         timeout=300,
     )
-    return Cost(**json.loads(result.stdout))
+    return Cost(**json.loads(result.stdout.splitlines()[-1]))  # after any log line
 
 
 def _peak_mb() -> float:

@@ -1,4 +1,7 @@
-"""Ports for the embedded servers: outside the range outgoing connections take theirs from."""
+"""Ports for the embedded servers: outside the range outgoing connections take theirs from.
+
+No fixed port numbers: a port a test reserves stays reserved for its worker's lifetime, and
+another test run on the machine (a second checkout's, CI's) must not find it taken."""
 
 from __future__ import annotations
 
@@ -27,10 +30,11 @@ def test_a_port_something_listens_on_is_passed_over(monkeypatch: pytest.MonkeyPa
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        candidates = iter([taken, taken, 23456])
+        spare = free_port()  # free, and reserved by this process (it may reserve it again)
+        candidates = iter([taken, taken, spare])
         monkeypatch.setattr(_process.random, "randrange", lambda *_: next(candidates))
         monkeypatch.setattr(_process, "_handed_out", set())
-        assert free_port() == 23456
+        assert free_port() == spare
 
 
 def test_a_port_another_process_reserved_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,10 +46,11 @@ def test_a_port_another_process_reserved_is_passed_over(monkeypatch: pytest.Monk
     try:
         assert child.stdout is not None
         reserved = int(child.stdout.readline())
-        candidates = iter([reserved, 23457])
+        spare = free_port()
+        candidates = iter([reserved, spare])
         monkeypatch.setattr(_process.random, "randrange", lambda *_: next(candidates))
         monkeypatch.setattr(_process, "_handed_out", set())
-        assert free_port() == 23457
+        assert free_port() == spare
     finally:
         child.communicate(b"")
 

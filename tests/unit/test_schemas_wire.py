@@ -334,7 +334,6 @@ def test_garbage_values(value: bytes | None, message: str) -> None:
     [
         (b'{"order_id":"o-1"}', "orders.order_placed v1: amount: Field required"),
         (b'{"order_id":"o-1","amount":"lots"}', "amount: Input should be a valid decimal"),
-        (b'{"order_id":"o-1","amount":"1","x":1}', "x: Extra inputs are not permitted"),
         (b'{"order_id":"o-1","amount":"1","id":"x"}', "must hold payload fields only, found id"),
     ],
 )
