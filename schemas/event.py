@@ -35,6 +35,9 @@ from outboxkit.schemas.exceptions import EventDefinitionError
 ENVELOPE_FIELDS = frozenset({"id", "key", "topic", "occurred_at", "headers"})
 """The fields every event has; all other fields of a subclass are its payload."""
 
+# An absolute URI: a scheme, then anything printable (RFC 3986 section 3.1).
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+\Z")
+
 # Kafka's own rule for topic names (``org.apache.kafka.common.internals.Topic``).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
@@ -98,6 +101,11 @@ class Event(BaseModel):
     ``key_field``
         Payload field whose value becomes ``key`` when ``key=`` is not passed: its JSON form,
         which must be a string (str, UUID, Decimal, str enum…) or a number. Inherited.
+    ``dataschema``
+        URI of this type and version's schema, sent as ``ce_dataschema`` (the CloudEvents
+        attribute). Defaults to ``urn:outboxkit:schema:<type>:<version>``, which names the file
+        ``outboxkit schemas export`` writes; set it when a registry serves your schemas. Not
+        inherited.
     ``strict_reader``
         ``True`` to reject, when decoding, payload fields this model does not declare. By
         default a reader is tolerant: it ignores them (and counts them), so a producer may add a
@@ -105,8 +113,8 @@ class Event(BaseModel):
         model rejects unknown fields when constructed. Inherited.
 
     They are readable from the class and from instances as ``event_type``, ``event_version``,
-    ``event_topic``, ``event_key_field`` and ``event_strict_reader`` (assigning those class
-    attributes in the class body works too); ``event_payload_fields`` names the payload fields.
+    ``event_topic``, ``event_key_field``, ``event_dataschema`` and ``event_strict_reader``
+    (assigning those class attributes in the class body works too); ``event_payload_fields`` names the payload fields.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -115,6 +123,7 @@ class Event(BaseModel):
     event_version: ClassVar[int] = 1
     event_topic: ClassVar[str | None] = None
     event_key_field: ClassVar[str | None] = None
+    event_dataschema: ClassVar[str] = "urn:outboxkit:schema:Event:1"
     event_strict_reader: ClassVar[bool] = False
     event_payload_fields: ClassVar[tuple[str, ...]] = ()
 
@@ -142,6 +151,7 @@ class Event(BaseModel):
         version: int | None = None,
         topic: str | None = None,
         key_field: str | None = None,
+        dataschema: str | None = None,
         strict_reader: bool | None = None,
         **kwargs: Unpack[ConfigDict],
     ) -> None:
@@ -152,8 +162,8 @@ class Event(BaseModel):
                 raise
             raise EventDefinitionError(
                 f"{cls.__name__}: unknown class keyword(s) {', '.join(map(repr, kwargs))}; "
-                "Event takes type, version, topic, key_field, strict_reader and pydantic config "
-                "keys"
+                "Event takes type, version, topic, key_field, dataschema, strict_reader and "
+                "pydantic config keys"
             ) from exc
         for name in inspect.get_annotations(cls):
             if name in ENVELOPE_FIELDS or name in _RESERVED_NAMES:
@@ -172,6 +182,17 @@ class Event(BaseModel):
         if event_version < 1:
             raise EventDefinitionError(f"{cls.__name__}: version must be >= 1, got {event_version}")
         cls.event_version = event_version
+
+        if dataschema is None:
+            dataschema = cls.__dict__.get("event_dataschema")
+        if dataschema is None:
+            dataschema = f"urn:outboxkit:schema:{event_type}:{event_version}"
+        if not isinstance(dataschema, str) or not _URI.match(dataschema):
+            raise EventDefinitionError(
+                f"{cls.__name__}: dataschema must be an absolute URI (scheme:...), got "
+                f"{dataschema!r}"
+            )
+        cls.event_dataschema = dataschema
 
         if topic is not None:
             cls.event_topic = topic

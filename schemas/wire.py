@@ -11,6 +11,8 @@ record value              the payload fields only, as compact UTF-8 JSON
 ``ce_type``               ``event_type`` of the class
 ``ce_time``               ``event.occurred_at``, RFC 3339 in UTC with microseconds
 ``ce_schemaversion``      ``event_version`` of the class (a CloudEvents extension attribute)
+``ce_dataschema``         ``event_dataschema`` of the class: the URI of its schema (optional
+                          when decoding: records written before it existed have none)
 ``content-type``          ``application/json``
 other headers             ``event.headers``, one Kafka header each (UTF-8 values)
 ``traceparent``           the writer's current span (W3C Trace Context) when the process uses
@@ -38,6 +40,9 @@ from outboxkit.core.tracing import trace_headers
 from outboxkit.schemas.bounded import MORE_UNKNOWN_KEYS
 from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, SchemaError
+
+#: The CloudEvents ``dataschema`` attribute's header: sent, never required.
+DATA_SCHEMA_HEADER = "ce_dataschema"
 
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/json"
@@ -119,6 +124,7 @@ def encode(event: Event, *, source: str) -> EncodedEvent:
         (WireHeader.TYPE.value, event.event_type.encode()),
         (WireHeader.TIME.value, format_time(event.occurred_at).encode()),
         (WireHeader.SCHEMA_VERSION.value, str(event.event_version).encode()),
+        (DATA_SCHEMA_HEADER, event.event_dataschema.encode()),
         (WireHeader.CONTENT_TYPE.value, CONTENT_TYPE.encode()),
     ]
     headers.extend((name, value.encode()) for name, value in event.headers.items())

@@ -285,3 +285,44 @@ def test_one_upcaster_per_version() -> None:
 def test_a_registry_with_upcasters_pickles_for_spark_executors() -> None:
     copy = pickle.loads(pickle.dumps(upcasting_registry()))
     assert isinstance(decode(copy, PriceV1(sku="s", cents=5)), PriceV3)
+
+
+class Described(Event, type="shop.described", version=4, topic="t", key_field="k"):
+    k: str
+
+
+class ElsewhereDescribed(
+    Event, type="shop.elsewhere", topic="t", key_field="k", dataschema="https://schemas.example/e/1"
+):
+    k: str
+
+
+class DescribedChild(ElsewhereDescribed, type="shop.child"):
+    pass
+
+
+def test_each_record_names_its_schema_in_ce_dataschema() -> None:
+    assert dict(encode(Described(k="a"), source="s").headers)["ce_dataschema"] == (
+        b"urn:outboxkit:schema:shop.described:4"
+    )
+    assert dict(encode(ElsewhereDescribed(k="a"), source="s").headers)["ce_dataschema"] == (
+        b"https://schemas.example/e/1"
+    )
+    assert DescribedChild.event_dataschema == "urn:outboxkit:schema:shop.child:1"  # not inherited
+
+
+def test_a_record_without_ce_dataschema_decodes_as_before() -> None:
+    registry = EventRegistry()
+    registry.register(Described)
+    sent = Described(k="a")
+    wire = encode(sent, source="s")
+    headers = [(name, value) for name, value in wire.headers if name != "ce_dataschema"]
+    assert registry.decode(topic="t", key=wire.key, value=wire.value, headers=headers) == sent
+
+
+@pytest.mark.parametrize("uri", ["", "no-scheme", "urn:with space", 5])
+def test_dataschema_must_be_an_absolute_uri(uri: Any) -> None:
+    with pytest.raises(EventDefinitionError, match="dataschema must be an absolute URI"):
+
+        class _Bad(Event, topic="t", key_field="k", dataschema=uri):
+            k: str
