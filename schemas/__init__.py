@@ -4,8 +4,15 @@
 - :class:`EventRegistry`: ``(type, version)`` → model; decodes Kafka records.
 - :func:`encode` / :class:`EncodedEvent`: the CloudEvents Kafka binding, binary content mode.
 - :func:`partition_for_key`: where Kafka's default partitioner puts a key.
+- :func:`check_compatibility`, :class:`CompatibilityMode`, :class:`Snapshot`: which changes of
+  an event stay readable by whom, against the JSON Schemas exported earlier (docs/schemas.md).
 """
 
+from outboxkit.schemas.compatibility import (
+    CompatibilityMode,
+    CompatibilityReport,
+    check_compatibility,
+)
 from outboxkit.schemas.event import Event
 from outboxkit.schemas.exceptions import (
     DecodeErrorReason,
@@ -16,9 +23,12 @@ from outboxkit.schemas.exceptions import (
 )
 from outboxkit.schemas.partitioner import murmur2, partition_for_key, to_positive
 from outboxkit.schemas.registry import EventRegistry
+from outboxkit.schemas.snapshot import Snapshot
 from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader, encode
 
 __all__ = [
+    "CompatibilityMode",
+    "CompatibilityReport",
     "DecodeErrorReason",
     "EncodedEvent",
     "Event",
@@ -28,7 +38,9 @@ __all__ = [
     "KafkaRecord",
     "RegistryError",
     "SchemaError",
+    "Snapshot",
     "WireHeader",
+    "check_compatibility",
     "encode",
     "murmur2",
     "partition_for_key",

@@ -9,7 +9,8 @@ traceback too.
 
 One module per command group: :mod:`~outboxkit.cli.migrate` (``check``, ``migrate``),
 :mod:`~outboxkit.cli.relay`, :mod:`~outboxkit.cli.inbox` (with :mod:`~outboxkit.cli.dlq`),
-:mod:`~outboxkit.cli.outbox`, :mod:`~outboxkit.cli.topics`, :mod:`~outboxkit.cli.dev`;
+:mod:`~outboxkit.cli.outbox`, :mod:`~outboxkit.cli.topics`, :mod:`~outboxkit.cli.schemas`
+(``schemas export``, ``schemas check``: the CI gate on event changes), :mod:`~outboxkit.cli.dev`;
 ``demo`` and ``pipeline`` live with their packages (:mod:`outboxkit.demo.cli`,
 :mod:`outboxkit.pipeline.cli`). What they share is in :mod:`~outboxkit.cli.common`.
 """
@@ -34,6 +35,7 @@ from outboxkit.cli.inbox import inbox_app
 from outboxkit.cli.migrate import check, migrate_command
 from outboxkit.cli.outbox import outbox_app
 from outboxkit.cli.relay import relay_app
+from outboxkit.cli.schemas import schemas_app
 from outboxkit.cli.topics import topics_app
 from outboxkit.config_reference import unknown_variable_warnings
 from outboxkit.demo.cli import demo
@@ -89,6 +91,7 @@ app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(outbox_app, name="outbox")
 app.add_typer(topics_app, name="topics")
 app.add_typer(acls_app, name="acls")
+app.add_typer(schemas_app, name="schemas")
 app.add_typer(dev_app, name="dev")
 
 

@@ -59,6 +59,7 @@ from outboxkit.backends import backend_for, forget_memory_database
 from outboxkit.embedded import KafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongoReplicaSet
 from outboxkit.testing.harness import Broker, OutboxkitHarness
+from outboxkit.testing.schemas import assert_compatible
 from outboxkit.testing.servers import (
     docker_unavailable,
     embedded_broker,
@@ -72,6 +73,7 @@ from outboxkit.testing.servers import (
 __all__ = [
     "Broker",
     "OutboxkitHarness",
+    "assert_compatible",
     "outboxkit",
     "outboxkit_database_url",
     "outboxkit_kafka",

@@ -1,0 +1,188 @@
+"""``outboxkit schemas export`` and ``outboxkit schemas check``: a CI gate on event changes.
+
+``export`` writes the JSON Schema of each ``(type, version)`` of an :class:`EventRegistry` to a
+directory, to commit; ``check`` compares the registry with that directory and fails (exit code
+1) on a change that breaks the compatibility mode (:mod:`outboxkit.schemas.compatibility` has
+the rules, docs/schemas.md the table).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from outboxkit.cli.common import EXIT_FAILED, fail_config
+from outboxkit.cli_options import JsonOutput
+from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.schemas import EventRegistry
+from outboxkit.schemas.compatibility import DEFAULT_MODE, CompatibilityMode, check_compatibility
+from outboxkit.schemas.snapshot import Snapshot, is_snapshot_document
+
+schemas_app = typer.Typer(
+    help="Export the JSON Schemas of your events, and check a change against them in CI.",
+    no_args_is_help=True,
+)
+
+Target = Annotated[
+    str,
+    typer.Argument(
+        metavar="MODULE[:REGISTRY]",
+        help="Your EventRegistry as module:attribute (e.g. shop.events:registry); the module's "
+        "only EventRegistry when the attribute is left out.",
+    ),
+]
+SchemasDir = Annotated[
+    Path,
+    typer.Option(
+        envvar="OUTBOXKIT_SCHEMAS_DIR",
+        metavar="DIR",
+        help="The directory of the exported schemas (one <type>.v<version>.json each).",
+    ),
+]
+
+
+@schemas_app.command("export")
+def export_command(target: Target, *, to: SchemasDir) -> None:
+    """Write one JSON Schema per event type and version to DIR (stable text: an unchanged
+    registry changes no file), and delete the schemas of versions no longer registered. Commit
+    the directory: `outboxkit schemas check` compares later changes with it."""
+    snapshot = _snapshot_of(target)
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+        written = _write(snapshot, to)
+        removed = _remove_stale(snapshot, to)
+    except OSError as exc:
+        raise fail_config(ConfigurationError(f"cannot write to {to}: {exc}")) from None
+    summary = f"exported {len(snapshot)} schema(s) to {to}: {len(written)} changed"
+    typer.echo(summary + (f", {len(removed)} removed" if removed else ""))
+    for name in written:
+        typer.echo(f"  wrote {name}")
+    for name in removed:
+        typer.echo(f"  removed {name}")
+
+
+@schemas_app.command("check")
+def check_command(
+    target: Target,
+    *,
+    against: SchemasDir,
+    mode: Annotated[
+        CompatibilityMode,
+        typer.Option(
+            envvar="OUTBOXKIT_SCHEMAS_MODE",
+            case_sensitive=False,
+            metavar="MODE",
+            help="Who must read what: backward (new readers read old records: consumers "
+            "deploy first), forward (old readers read new records: producers deploy first), "
+            "full (both: either order, and rolling deploys); backward_transitive, "
+            "forward_transitive, full_transitive: the same against every version the "
+            "directory keeps, not only each type's latest.",
+        ),
+    ] = DEFAULT_MODE,
+    json_output: JsonOutput = False,
+) -> None:
+    """Compare the registry with the schemas exported to DIR. Exit code 1, with each change
+    that breaks MODE, what it breaks and what to do instead; 0 otherwise. The default, full:
+    producers and consumers are released in either order, and a rolling deploy runs old and
+    new instances side by side, so old records meet new readers and new records old ones."""
+    snapshot = _snapshot_of(target)
+    baseline = _read(against)
+    report = check_compatibility(snapshot, baseline, mode)
+    if json_output:
+        typer.echo(json.dumps({**report.as_dict(), "against": str(against)}, indent=2))
+    else:
+        for line in report.lines():
+            typer.echo(line)
+    if not report.compatible:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _snapshot_of(target: str) -> Snapshot:
+    try:
+        return Snapshot.of_registry(import_registry(target))
+    except ConfigurationError as exc:
+        raise fail_config(exc) from None
+
+
+def import_registry(target: str) -> EventRegistry:
+    """The registry ``module:attribute`` names, or the module's only one without the attribute.
+    Raises :class:`ConfigurationError` saying what to give instead."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name:
+        raise ConfigurationError(f"{target!r}: give the EventRegistry as module[:attribute]")
+    # Like uvicorn (and `outboxkit inbox`): the current directory's modules import as they are.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    if attribute:
+        registry = getattr(module, attribute, None)
+        if not isinstance(registry, EventRegistry):
+            raise ConfigurationError(
+                f"{target!r} is not an outboxkit.schemas.EventRegistry (got {registry!r})"
+            )
+        return registry
+    found: dict[int, list[str]] = {}
+    for name, value in sorted(vars(module).items()):
+        if isinstance(value, EventRegistry):
+            found.setdefault(id(value), []).append(name)
+    if len(found) == 1:
+        return next(v for v in vars(module).values() if isinstance(v, EventRegistry))
+    if not found:
+        raise ConfigurationError(
+            f"module {module_name!r} has no EventRegistry: give it as {module_name}:attribute"
+        )
+    names = ", ".join(names[0] for names in found.values())
+    raise ConfigurationError(
+        f"module {module_name!r} has several EventRegistry objects ({names}): give one as "
+        f"{module_name}:attribute"
+    )
+
+
+def _read(directory: Path) -> Snapshot:
+    """The snapshot exported to ``directory``; a missing or empty one is a usage error."""
+    try:
+        files = {path.name: path.read_text() for path in sorted(directory.glob("*.json"))}
+        snapshot = Snapshot.from_files(files)
+    except ConfigurationError as exc:
+        raise fail_config(ConfigurationError(f"{directory}/{exc}")) from None
+    except OSError as exc:
+        raise fail_config(ConfigurationError(f"cannot read {directory}: {exc}")) from None
+    if not len(snapshot):
+        raise fail_config(
+            ConfigurationError(
+                f"no exported schemas in {directory}: run `outboxkit schemas export "
+                f"MODULE[:REGISTRY] --to {directory}` once, and commit the directory"
+            )
+        )
+    return snapshot
+
+
+def _write(snapshot: Snapshot, directory: Path) -> list[str]:
+    """Write each file whose text changed; their names."""
+    written = []
+    for name, text in snapshot.files().items():
+        path = directory / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            written.append(name)
+    return written
+
+
+def _remove_stale(snapshot: Snapshot, directory: Path) -> list[str]:
+    """Delete the exported schemas of versions no longer registered (other files stay)."""
+    current = set(snapshot.files())
+    removed = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name not in current and is_snapshot_document(path.read_text()):
+            path.unlink()
+            removed.append(path.name)
+    return removed

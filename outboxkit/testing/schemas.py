@@ -1,0 +1,39 @@
+"""``assert_compatible``: the schema gate of ``outboxkit schemas check`` as one line of a test.
+
+::
+
+    from outboxkit.testing.schemas import assert_compatible
+
+    def test_events_stay_compatible() -> None:
+        assert_compatible(registry, against="schemas/", mode="full")
+
+Light on purpose: it needs only :mod:`outboxkit.schemas`, no server and no fixture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from outboxkit.schemas import EventRegistry
+from outboxkit.schemas.compatibility import DEFAULT_MODE, CompatibilityMode, check_compatibility
+from outboxkit.schemas.snapshot import Snapshot
+
+
+def assert_compatible(
+    registry: EventRegistry,
+    against: str | Path,
+    mode: CompatibilityMode | str = DEFAULT_MODE,
+) -> None:
+    """Fail (``AssertionError``, each breaking change listed with what to do instead) when
+    ``registry`` is not compatible in ``mode`` with the schemas exported to ``against``."""
+    directory = Path(against)
+    files = {path.name: path.read_text() for path in sorted(directory.glob("*.json"))}
+    baseline = Snapshot.from_files(files)
+    if not len(baseline):
+        raise AssertionError(
+            f"no exported schemas in {directory}: run `outboxkit schemas export "
+            f"MODULE[:REGISTRY] --to {directory}` once, and commit the directory"
+        )
+    report = check_compatibility(registry, baseline, mode)
+    if not report.compatible:
+        raise AssertionError("\n".join(report.lines()))
