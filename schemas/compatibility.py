@@ -76,18 +76,6 @@ class CompatibilityMode(StrEnum):
     FORWARD_TRANSITIVE = "forward_transitive"
     FULL_TRANSITIVE = "full_transitive"
 
-    @property
-    def checks_backward(self) -> bool:
-        return self in _BACKWARD_MODES
-
-    @property
-    def checks_forward(self) -> bool:
-        return self in _FORWARD_MODES
-
-    @property
-    def transitive(self) -> bool:
-        return self.value.endswith("_transitive")
-
 
 DEFAULT_MODE = CompatibilityMode.FULL
 
@@ -375,10 +363,7 @@ def compare_event_schemas(old: SchemaDocument, new: SchemaDocument) -> list[Find
         *Walk(reader=old, writer=new, direction="forward").gaps(),
     ]
     event_type, version = _slot(new)
-    findings = [
-        Finding(event_type, version, path, rule, change, why, breaks)
-        for path, rule, change, why, breaks in _merge(gaps)
-    ]
+    findings = list(_merge(gaps, event_type, version))
     findings += _routing(old, new)
     if bool(old.get(STRICT_READER_KEY)) != bool(new.get(STRICT_READER_KEY)):
         now = bool(new.get(STRICT_READER_KEY))
@@ -448,9 +433,7 @@ def _version_removed(event_type: str, version: int, *, latest: bool) -> Finding:
     )
 
 
-def _merge(
-    gaps: Sequence[Gap],
-) -> Iterator[tuple[str, Rule, str, str, frozenset[CompatibilityMode]]]:
+def _merge(gaps: Sequence[Gap], event_type: str, version: int) -> Iterator[Finding]:
     """One finding per path and family, breaking the modes of each direction it was seen in."""
     grouped: dict[tuple[str, str], list[Gap]] = {}
     for gap in gaps:
@@ -468,14 +451,19 @@ def _merge(
         elif family == "became_required":
             rule = Rule.FIELD_BECAME_REQUIRED
         else:
-            yield path, Rule.DEFAULT_CHANGED, group[0].change, group[0].why, _NO_MODE
+            first = group[0]
+            yield Finding(
+                event_type, version, path, Rule.DEFAULT_CHANGED, first.change, first.why, _NO_MODE
+            )
             continue
         breaks: set[CompatibilityMode] = set()
         if "backward" in directions:
             breaks |= _BACKWARD_MODES
         if "forward" in directions:
             breaks |= _FORWARD_MODES
-        yield (
+        yield Finding(
+            event_type,
+            version,
             path,
             rule,
             "; ".join(_unique(gap.change for gap in group)),

@@ -55,6 +55,8 @@ _LENGTHS = (
     ("minItems", "maxItems"),
     ("minProperties", "maxProperties"),
 )
+#: Where a resolved node came from (the ``$ref`` followed): recursive models end the walk.
+_RESOLVED_FROM = "x-resolved-from"
 #: Keys of a node that say nothing about which values it accepts (kept off the branches).
 _ANNOTATIONS = frozenset(
     {
@@ -66,6 +68,7 @@ _ANNOTATIONS = frozenset(
         "readOnly",
         "writeOnly",
         "$comment",
+        _RESOLVED_FROM,
     }
 )
 
@@ -105,18 +108,7 @@ class Walk:
     # -- the walk ------------------------------------------------------------------------------
 
     def covers(self, reader: Any, writer: Any, path: str) -> list[Gap]:
-        reader_ref, writer_ref = _ref(reader), _ref(writer)
-        if reader_ref and writer_ref:
-            if (reader_ref, writer_ref) in self._visiting:  # a recursive model: seen above
-                return []
-            self._visiting.add((reader_ref, writer_ref))
-        try:
-            return self._covers(reader, writer, path)
-        finally:
-            if reader_ref and writer_ref:
-                self._visiting.discard((reader_ref, writer_ref))
-
-    def _covers(self, reader: Any, writer: Any, path: str) -> list[Gap]:
+        """The gaps between two nodes at ``path`` (each maybe a union, or a ``$ref``)."""
         gaps = self._default_changed(reader, writer, path)
         readers = _branches(reader, self.reader_root)
         if any(_kind(branch) == "any" for branch in readers):
@@ -158,6 +150,19 @@ class Walk:
 
     def _fits(self, reader: dict[str, Any], writer: dict[str, Any], path: str) -> list[Gap]:
         """The gaps between one branch of each side, of kinds that meet."""
+        reader_ref, writer_ref = reader.get(_RESOLVED_FROM), writer.get(_RESOLVED_FROM)
+        if not isinstance(reader_ref, str) or not isinstance(writer_ref, str):
+            return self._fits_branch(reader, writer, path)
+        pair = (reader_ref, writer_ref)
+        if pair in self._visiting:  # a recursive model, compared further up already
+            return []
+        self._visiting.add(pair)
+        try:
+            return self._fits_branch(reader, writer, path)
+        finally:
+            self._visiting.discard(pair)
+
+    def _fits_branch(self, reader: dict[str, Any], writer: dict[str, Any], path: str) -> list[Gap]:
         reader_values, writer_values = _values(reader), _values(writer)
         if reader_values is not None:
             if writer_values is None:
@@ -448,7 +453,7 @@ def _resolve(node: Any, root: SchemaDocument) -> dict[str, Any]:
         for part in ref.removeprefix("#/").split("/"):
             target = target.get(part) if isinstance(target, dict) else None
         rest = {k: v for k, v in resolved.items() if k != "$ref"}
-        resolved = {**(target if isinstance(target, dict) else {}), **rest}
+        resolved = {**(target if isinstance(target, dict) else {}), **rest, _RESOLVED_FROM: ref}
     return resolved
 
 

@@ -90,6 +90,16 @@ class IntTree(BaseModel):
     children: list[IntTree] = []
 
 
+class Node(BaseModel):
+    name: str
+    parent: Node | None = None
+
+
+class IntNode(BaseModel):
+    name: int
+    parent: IntNode | None = None
+
+
 Money = Annotated[Decimal, Field(max_digits=10, decimal_places=2)]
 MoneyPrecise = Annotated[Decimal, Field(max_digits=11, decimal_places=3)]
 MoneyCoarse = Annotated[Decimal, Field(max_digits=9, decimal_places=1)]
@@ -270,6 +280,12 @@ RULES: list[tuple[str, dict[str, Any], dict[str, Any], list[tuple[str, Rule, str
         {"tree": Tree},
         {"tree": IntTree},
         [("tree.name", Rule.TYPE_CHANGED, B + F)],
+    ),
+    (
+        "nested: an optional recursive model",
+        {"node": Node},
+        {"node": IntNode},
+        [("node.name", Rule.TYPE_CHANGED, B + F)],
     ),
     ("list → tuple", {"a": list[int]}, {"a": tuple[int, int]}, [("a", Rule.TYPE_NARROWED, B)]),
     (
