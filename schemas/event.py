@@ -114,7 +114,8 @@ class Event(BaseModel):
 
     They are readable from the class and from instances as ``event_type``, ``event_version``,
     ``event_topic``, ``event_key_field``, ``event_dataschema`` and ``event_strict_reader``
-    (assigning those class attributes in the class body works too); ``event_payload_fields`` names the payload fields.
+    (assigning those class attributes in the class body works too); ``event_payload_fields``
+    names the payload fields.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
