@@ -16,6 +16,7 @@ A service declares one subclass per event and version; the metadata goes in the 
 import functools
 import inspect
 import re
+import urllib.parse
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, Self, Unpack
 from uuid import UUID, uuid4
@@ -187,7 +188,9 @@ class Event(BaseModel):
         if dataschema is None:
             dataschema = cls.__dict__.get("event_dataschema")
         if dataschema is None:
-            dataschema = f"urn:outboxkit:schema:{event_type}:{event_version}"
+            # Any type name is allowed; the URI carries it percent-encoded.
+            name = urllib.parse.quote(event_type, safe="._-~")
+            dataschema = f"urn:outboxkit:schema:{name}:{event_version}"
         if not isinstance(dataschema, str) or not _URI.match(dataschema):
             raise EventDefinitionError(
                 f"{cls.__name__}: dataschema must be an absolute URI (scheme:...), got "

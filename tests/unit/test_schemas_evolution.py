@@ -310,6 +310,11 @@ def test_each_record_names_its_schema_in_ce_dataschema() -> None:
     )
     assert DescribedChild.event_dataschema == "urn:outboxkit:schema:shop.child:1"  # not inherited
 
+    class Odd(Event, type='odd "type" {x}', topic="t", key_field="k"):
+        k: str
+
+    assert Odd.event_dataschema == "urn:outboxkit:schema:odd%20%22type%22%20%7Bx%7D:1"
+
 
 def test_a_record_without_ce_dataschema_decodes_as_before() -> None:
     registry = EventRegistry()
