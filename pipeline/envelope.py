@@ -2,7 +2,8 @@
 
 Mirrors :func:`outboxkit.schemas.wire.read_envelope`, but only *recognises*: ``ok`` is true
 when the headers are exactly in the form :func:`outboxkit.schemas.encode` writes — the seven
-protocol headers first, in :data:`REQUIRED` order, each valid UTF-8; then user headers, distinct,
+protocol headers first, in :data:`REQUIRED` order, each valid UTF-8; then ``ce_dataschema`` or
+not (records written before it have none; its value is not read); then user headers, distinct,
 valid UTF-8 and not named like protocol headers; ``ce_specversion`` ``1.0``, ``content-type``
 ``application/json``, ``ce_id`` a canonical lower-case UUID, ``ce_time``
 ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, ``ce_schemaversion`` a positive integer, ``ce_type`` and
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from outboxkit.schemas.wire import CONTENT_TYPE, SPEC_VERSION, WireHeader
+from outboxkit.schemas.wire import CONTENT_TYPE, DATA_SCHEMA_HEADER, SPEC_VERSION, WireHeader
 
 REQUIRED = [
     WireHeader.SPEC_VERSION.value,
@@ -87,11 +88,15 @@ def read_envelope(headers: Column) -> Envelope:
             & value.isNotNull()
             & F.is_valid_utf8(value)
         )
+    # ce_dataschema, where encode puts it, or no such header (an older writer's record).
+    described = F.coalesce(F.get(headers, len(REQUIRED))["key"] == DATA_SCHEMA_HEADER, F.lit(False))
+    first_user = F.when(described, F.lit(len(REQUIRED) + 1)).otherwise(F.lit(len(REQUIRED)))
+    no_users = count == first_user
     # User headers (rare): distinct, valid UTF-8 and none that looks like a protocol header.
-    user = F.slice(headers, len(REQUIRED) + 1, F.greatest(count - len(REQUIRED), F.lit(1)))
+    user = F.slice(headers, first_user + 1, F.greatest(count - first_user, F.lit(1)))
     keys, values = user["key"], user["value"]
     texts = values.cast("array<string>")
-    users_ok = F.when(count == len(REQUIRED), F.lit(True)).otherwise(
+    users_ok = F.when(no_users, F.lit(True)).otherwise(
         # No null name ("ce_" is reserved anyway), none reserved, all distinct…
         F.coalesce(~F.array_contains(keys, F.lit("ce_")), F.lit(False))
         & ~F.lower(F.array_join(keys, "\n")).rlike(_RESERVED)
@@ -120,9 +125,9 @@ def read_envelope(headers: Column) -> Envelope:
         & (text(position[WireHeader.SOURCE]) != "")
         & users_ok
     )
-    user_headers = F.when(
-        count == len(REQUIRED), F.create_map().cast("map<string,string>")
-    ).otherwise(F.map_from_arrays(keys, texts))
+    user_headers = F.when(no_users, F.create_map().cast("map<string,string>")).otherwise(
+        F.map_from_arrays(keys, texts)
+    )
     return Envelope(
         ok=F.coalesce(ok, F.lit(False)),
         event_id=event_id,

@@ -11,9 +11,9 @@ record value              the payload fields only, as compact UTF-8 JSON
 ``ce_type``               ``event_type`` of the class
 ``ce_time``               ``event.occurred_at``, RFC 3339 in UTC with microseconds
 ``ce_schemaversion``      ``event_version`` of the class (a CloudEvents extension attribute)
+``content-type``          ``application/json``
 ``ce_dataschema``         ``event_dataschema`` of the class: the URI of its schema (optional
                           when decoding: records written before it existed have none)
-``content-type``          ``application/json``
 other headers             ``event.headers``, one Kafka header each (UTF-8 values)
 ``traceparent``           the writer's current span (W3C Trace Context) when the process uses
                           OpenTelemetry and ``event.headers`` has none (``core/tracing.py``)
@@ -124,8 +124,9 @@ def encode(event: Event, *, source: str) -> EncodedEvent:
         (WireHeader.TYPE.value, event.event_type.encode()),
         (WireHeader.TIME.value, format_time(event.occurred_at).encode()),
         (WireHeader.SCHEMA_VERSION.value, str(event.event_version).encode()),
-        (DATA_SCHEMA_HEADER, event.event_dataschema.encode()),
         (WireHeader.CONTENT_TYPE.value, CONTENT_TYPE.encode()),
+        # After the required seven: the Spark pipeline reads them by position.
+        (DATA_SCHEMA_HEADER, event.event_dataschema.encode()),
     ]
     headers.extend((name, value.encode()) for name, value in event.headers.items())
     # The writer's trace context (OpenTelemetry, when the process uses it): every writer calls

@@ -63,10 +63,33 @@ class Validated(Event, type="test.validated", topic="t", key_field="name"):
         return value
 
 
+class Strict(Event, type="test.strict", topic="t", key_field="name", strict_reader=True):
+    """Rejects fields it does not declare when decoding (every other model ignores them)."""
+
+    name: str
+
+
+class ParcelV1(Event, type="test.parcel", version=1, topic="t", key_field="parcel_id"):
+    parcel_id: str
+    grams: int
+
+
+class ParcelV2(Event, type="test.parcel", version=2, topic="t", key_field="parcel_id"):
+    parcel_id: str
+    kilograms: Decimal
+
+
+def parcel_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    grams = payload.pop("grams")
+    return {**payload, "kilograms": str(Decimal(grams) / 1000)}
+
+
 def registry() -> EventRegistry:
     local = EventRegistry()
-    for model in (*shop, Shipped, Validated):
+    for model in (*shop, Shipped, Validated, Strict, ParcelV1, ParcelV2):
         local.register(model)
+    # Registered with ParcelV1 too: the upcaster wins, v1 records are read as ParcelV2.
+    local.upcaster(ParcelV2, from_version=1)(parcel_v1_to_v2)
     return local
 
 
@@ -154,6 +177,21 @@ def corpus() -> list[tuple[str, Record]]:
         ),
         ("good, nested model and user headers", shipped),
         ("good, validated model", wire(Validated(name="abc", occurred_at=WHEN))),
+        ("good, strict model", wire(Strict(name="n", occurred_at=WHEN))),
+        ("good, parcel v2", wire(ParcelV2(parcel_id="p", kilograms=Decimal("1.5")))),
+        # Read through an upcaster (the Python pass).
+        ("parcel v1, upcast to v2", wire(ParcelV1(parcel_id="p", grams=1500))),
+        (
+            "parcel v1, upcaster fails",
+            replace(wire(ParcelV1(parcel_id="p", grams=1)), b'"grams":1', b'"gram":1'),
+        ),
+        (
+            "parcel v1, upcast value invalid",
+            replace(wire(ParcelV1(parcel_id="p", grams=1)), b'"grams":1', b'"grams":"x"'),
+        ),
+        # Fields the reader's model does not declare (a newer producer's): ignored.
+        ("extra top-level field", replace(good, b'"note":null', b'"note":null,"x":1')),
+        ("extra field in a nested model", replace(shipped, b'"weight":1.5', b'"weight":1.5,"x":1')),
         # Valid, but not canonical: the Python pass decides (and accepts).
         ("amount as a number", replace(good, b'"amount":"9.00"', b'"amount":9.00')),
         ("amount 9.000 (normalises to 2 places)", replace(good, b'"9.00"', b'"9.000"')),
@@ -172,6 +210,20 @@ def corpus() -> list[tuple[str, Record]]:
         ),
         ("headers in another order", (key, value, list(reversed(headers)))),
         ("an unknown ce_ extension", (key, value, [*headers, ("ce_traceparent", b"00-x")])),
+        (
+            "no ce_dataschema (an older writer)",
+            (key, value, [h for h in headers if h[0] != "ce_dataschema"]),
+        ),
+        (
+            "ce_dataschema first",
+            (
+                key,
+                value,
+                [h for h in headers if h[0] == "ce_dataschema"]
+                + [h for h in headers if h[0] != "ce_dataschema"],
+            ),
+        ),
+        ("ce_dataschema not UTF-8", swap(good, "ce_dataschema", b"\xff")),
         (
             "validated model rejects",
             replace(wire(Validated(name="abc", occurred_at=WHEN)), b'"abc"', b'"axc"'),
@@ -213,7 +265,11 @@ def corpus() -> list[tuple[str, Record]]:
         ("quantity 0", replace(good, b'"quantity":2', b'"quantity":0')),
         ("quantity not a number", replace(good, b'"quantity":2', b'"quantity":"x"')),
         ("unknown currency", replace(good, b'"EUR"', b'"GBP"')),
-        ("extra top-level field", replace(good, b'"note":null', b'"note":null,"x":1')),
+        ("strict model, unknown field", replace(wire(Strict(name="n")), b'"n"', b'"n","x":1')),
+        (
+            "unsupported parcel version",
+            swap(wire(ParcelV2(parcel_id="p", kilograms=1)), "ce_schemaversion", b"3"),
+        ),
         ("envelope field in the payload", replace(good, b'"note":null', b'"note":null,"id":"x"')),
         ("order_id missing", replace(good, b'"order_id":"o-1",', b"")),
         (
@@ -334,6 +390,20 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
         "key not UTF-8 (surrogate)",
     } <= jvm
     assert by["good, validated model"] == "python"
+    assert by["parcel v1, upcast to v2"] == "python"
+    assert by["no ce_dataschema (an older writer)"] == "jvm"
+    assert by["unsupported parcel version"] == "jvm"
+    messages = {
+        label: row["error_message"] for (label, _), row in zip(labelled, decoded, strict=True)
+    }
+    assert messages["unsupported parcel version"].endswith("known versions: 1, 2")
+    upcast = next(
+        row
+        for (label, _), row in zip(labelled, decoded, strict=True)
+        if label == "parcel v1, upcast to v2"
+    )
+    assert (upcast["event_version"], upcast["test_parcel_v2"]["kilograms"]) == (2, Decimal("1.5"))
+    assert upcast["test_parcel_v1"] is None
     outcomes = [row["error_reason"] for row in expected]
     assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
     assert "unrepresentable" in outcomes

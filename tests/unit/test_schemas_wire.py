@@ -109,8 +109,8 @@ def test_binary_mode_layout() -> None:
             ("ce_type", b"orders.order_placed"),
             ("ce_time", b"2024-05-01T12:00:00.123456Z"),
             ("ce_schemaversion", b"1"),
-            ("ce_dataschema", b"urn:outboxkit:schema:orders.order_placed:1"),
             ("content-type", b"application/json"),
+            ("ce_dataschema", b"urn:outboxkit:schema:orders.order_placed:1"),
             ("traceparent", b"00-abc-01"),
         ),
     )

@@ -200,6 +200,6 @@ def test_without_opentelemetry_nothing_changes_and_nothing_is_imported(block: bo
         "ce_type",
         "ce_time",
         "ce_schemaversion",
-        "ce_dataschema",
         "content-type",
+        "ce_dataschema",
     ]
