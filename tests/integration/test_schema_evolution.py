@@ -8,7 +8,10 @@ wrote, in the same transaction as its effects and in per-key order.
   not yet upgraded are read as v2 — no dead letter;
 - (b) producer first: a consumer that knows neither version 2 nor an upcaster dead-letters
   exactly the v2 records, naming the versions it knows, and goes on (never a crash loop); this
-  is the order ``outboxkit schemas check --mode forward`` refuses (tests/unit).
+  is the order ``outboxkit schemas check --mode forward`` refuses (tests/unit);
+- (c) a breaking change (a required field added to version 1, consumer first): the
+  compatibility check names it, and the real inbox dead-letters exactly the records it says
+  the new model cannot read.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pymongo import AsyncMongoClient
 
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox import Inbox, InboxSettings
-from outboxkit.schemas import Event
+from outboxkit.schemas import Event, EventRegistry
+from outboxkit.schemas.compatibility import Rule, check_compatibility
+from outboxkit.schemas.snapshot import Snapshot
 from outboxkit.service import Outboxkit
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
@@ -54,6 +59,15 @@ class OrderNew(Event, type="evo.order", version=1, key_field="order_id"):
     seq: int
     amount: int
     coupon: str | None = None
+
+
+class OrderRequired(Event, type="evo.order", version=1, key_field="order_id"):
+    """Version 1 with a field added *without* a default: older records lack it."""
+
+    order_id: str
+    seq: int
+    amount: int
+    coupon: str
 
 
 class OrderV2(Event, type="evo.order", version=2, key_field="order_id"):
@@ -271,3 +285,33 @@ async def test_a_new_version_producer_first_dead_letters_only_what_the_consumer_
         headers = dict(letter.headers)
         assert headers["outboxkit-error-reason"] == b"unsupported_version"
         assert b"has no version 2; known versions: 1" in headers["outboxkit-error-message"]
+
+
+async def test_a_breaking_change_the_check_names_is_what_the_inbox_dead_letters(
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    before = EventRegistry()
+    before.register(OrderOld)
+    after = EventRegistry()
+    after.register(OrderRequired)
+    report = check_compatibility(after, Snapshot.of_registry(before), "backward")
+    assert [(f.rule, f.path) for f in report.breaking] == [(Rule.REQUIRED_FIELD_ADDED, "coupon")]
+
+    topic, dlq = await setup(db_url, make_topic)
+    events = stream(topic, old, new)  # records the old producer wrote, then the new one's
+    await produce(kafka_bootstrap, events)
+    await consume(
+        db_url, kafka_bootstrap, topic, consumer(topic, OrderRequired), CollectorRegistry()
+    )
+    found = await effects(db_url)
+    assert sorted(e["event_id"] for e in found) == sorted(
+        e.id for e in events if isinstance(e, OrderNew)
+    )
+    letters = await read_all(kafka_bootstrap, dlq)
+    assert sorted(uuid.UUID(dict(r.headers)["ce_id"].decode()) for r in letters) == sorted(
+        e.id for e in events if isinstance(e, OrderOld)
+    )
+    for letter in letters:
+        headers = dict(letter.headers)
+        assert headers["outboxkit-error-reason"] == b"invalid_payload"
+        assert b"coupon: Field required" in headers["outboxkit-error-message"]
