@@ -3,6 +3,7 @@
     OutboxkitError
     ├── ConfigurationError              settings that cannot work; the message says what to fix
     │   └── MissingTopicsError          topics the settings name do not exist on Kafka
+    ├── CoordinatorNotReadyError        Kafka's coordinator of a consumer group does not answer yet
     ├── outboxkit.schemas.SchemaError   events, registry, wire format
     ├── outboxkit.relay.RelayError      outbox → Kafka
     └── outboxkit.inbox.InboxError      Kafka → handler
@@ -27,3 +28,9 @@ class ConfigurationError(OutboxkitError):
 
 class MissingTopicsError(ConfigurationError):
     """Topics do not exist on Kafka: create them with `outboxkit topics create`."""
+
+
+class CoordinatorNotReadyError(OutboxkitError):
+    """Kafka's coordinator of a consumer group is not ready yet: retry in a few seconds."""
+
+    retriable = True

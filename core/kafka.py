@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -16,7 +16,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    GroupCoordinatorNotAvailableError,
+    GroupLoadInProgressError,
     KafkaError,
+    NotCoordinatorForGroupError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
@@ -24,10 +27,16 @@ from aiokafka.errors import (
 )
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError
+from outboxkit.core.exceptions import (
+    ConfigurationError,
+    CoordinatorNotReadyError,
+    MissingTopicsError,
+)
 from outboxkit.core.settings import KafkaConnectionSettings
 
 logger = structlog.get_logger("outboxkit")
+
+T = TypeVar("T")
 
 
 async def partition_counts(kafka: KafkaConnectionSettings, topics: Sequence[str]) -> dict[str, int]:
@@ -65,6 +74,38 @@ def denied(exc: BaseException, topic_operation: str | None = None) -> str:
     if isinstance(exc, TopicAuthorizationFailedError):
         return f"the operation on Topic:{names} (READ to consume, WRITE to publish)"
     return "IDEMPOTENT_WRITE on the cluster (or WRITE on a topic)"
+
+
+#: What Kafka answers while a consumer group's coordinator is not ready: a new cluster creates
+#: its offsets topic at the first request about a group, a broker that took over a group loads
+#: it first, and a group that moved is asked of the wrong broker until the next lookup.
+COORDINATOR_ERRORS = (
+    GroupCoordinatorNotAvailableError,
+    GroupLoadInProgressError,
+    NotCoordinatorForGroupError,
+)
+#: How long a command waits for a coordinator: long enough for a new cluster's offsets topic.
+COORDINATOR_WAIT = 10.0
+_COORDINATOR_RETRY = 0.5
+
+
+async def with_coordinator(
+    group: str, call: Callable[[], Awaitable[T]], *, within: float = COORDINATOR_WAIT
+) -> T:
+    """``call()`` (a request about consumer group ``group``), asked again while the group's
+    coordinator is not ready (:data:`COORDINATOR_ERRORS`), for up to ``within`` seconds; then
+    :class:`CoordinatorNotReadyError`."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call()
+        except COORDINATOR_ERRORS as exc:
+            if time.monotonic() >= deadline:
+                raise CoordinatorNotReadyError(
+                    f"Kafka's coordinator of consumer group {group} is not ready after "
+                    f"{within:g} s ({type(exc).__name__})"
+                ) from exc
+            await asyncio.sleep(_COORDINATOR_RETRY)
 
 
 def missing_topics(topics: Sequence[str]) -> MissingTopicsError:

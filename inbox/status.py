@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupIdNotFound, for_code
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import partition_counts
+from outboxkit.core.kafka import partition_counts, with_coordinator
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.inbox.progress import is_stalled, read_metadata
 
@@ -66,8 +68,10 @@ async def read_status(
     await admin.start()
     await consumer.start()
     try:
-        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-        [described] = await admin.describe_consumer_groups([group])
+        committed = await with_coordinator(
+            group, lambda: admin.list_consumer_group_offsets(group, partitions=tps)
+        )
+        members = await with_coordinator(group, lambda: _members(admin, group))
         ends = await consumer.end_offsets(tps)
     finally:
         await consumer.stop()
@@ -94,12 +98,18 @@ async def read_status(
                 stalled=parked is None and is_stalled(pending, progress_at, stall_after, now),
             )
         )
-    return InboxStatus(group=group, members=len(_members(described)), partitions=partitions)
+    return InboxStatus(group=group, members=members, partitions=partitions)
 
 
-def _members(described: object) -> list[object]:
-    """The members of a described group (aiokafka returns the raw DescribeGroups response:
+async def _members(admin: AIOKafkaAdminClient, group: str) -> int:
+    """How many members ``group`` has (aiokafka returns the raw DescribeGroups response:
     ``(error_code, group_id, state, protocol_type, protocol, members, …)`` per group)."""
+    [described] = await admin.describe_consumer_groups([group])
     groups = getattr(described, "groups", None) or [()]
+    code = groups[0][0] if groups[0] else 0
+    if code == GroupIdNotFound.errno:  # newer brokers: a group nobody joined yet
+        return 0
+    if code:  # e.g. the coordinator is still loading the group after a restart
+        raise for_code(code)()
     members = groups[0][5] if len(groups[0]) > 5 else []
-    return list(members) if isinstance(members, list) else []
+    return len(members) if isinstance(members, list) else 0

@@ -28,8 +28,13 @@ from outboxkit.check import (
     check_kafka,
     explain_database_error,
 )
-from outboxkit.core.exceptions import ConfigurationError, MissingTopicsError, OutboxkitError
-from outboxkit.core.kafka import AUTHORIZATION_ERRORS, denied
+from outboxkit.core.exceptions import (
+    ConfigurationError,
+    CoordinatorNotReadyError,
+    MissingTopicsError,
+    OutboxkitError,
+)
+from outboxkit.core.kafka import AUTHORIZATION_ERRORS, COORDINATOR_ERRORS, denied
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.kafka_permissions import (
@@ -84,6 +89,8 @@ def explain(exc: BaseException) -> list[Problem] | None:
         return [Problem(str(exc))]
     if isinstance(exc, ConfigurationError):
         return [Problem(str(exc), None, EXIT_CONFIG)]
+    if isinstance(exc, CoordinatorNotReadyError):
+        return [Problem(str(exc), _COORDINATOR_FIX)]
     cause = _root_cause(exc)
     if isinstance(cause, psycopg.Error):
         return [_database_problem(cause)]
@@ -91,6 +98,9 @@ def explain(exc: BaseException) -> list[Problem] | None:
         return [Problem(f"Kafka does not allow this client {denied(cause)}", _ACL_FIX)]
     if isinstance(cause, UnknownTopicOrPartitionError):
         return [Problem(f"a topic does not exist on Kafka: {first_line(cause)}", _TOPIC_FIX)]
+    if isinstance(cause, COORDINATOR_ERRORS):
+        what = f"Kafka's coordinator of a consumer group is not ready ({type(cause).__name__})"
+        return [Problem(what, _COORDINATOR_FIX)]
     if isinstance(cause, KafkaConnectionError):
         # aiokafka: "Unable to bootstrap from [('127.0.0.1', 9092, <AddressFamily…>)]"
         hosts = ",".join(f"{h}:{p}" for h, p in re.findall(r"\('([^']+)', (\d+)", str(cause)))
@@ -112,6 +122,10 @@ _KAFKA_FIX = (
 _ACL_FIX = (
     "Grant the ACLs this worker needs (docs/security.md lists them; `outboxkit acls` prints "
     "the commands)."
+)
+_COORDINATOR_FIX = (
+    "Retry in a few seconds: a new cluster creates its offsets topic at the first request about "
+    "a group, and a broker that takes a group over loads it first."
 )
 _TOPIC_FIX = "Create it with `outboxkit topics create <topic>`, or fix OUTBOXKIT_TOPICS."
 

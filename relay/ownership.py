@@ -42,6 +42,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import (
+    GroupIdNotFound,
     InconsistentGroupProtocolError,
     KafkaError,
     UnknownMemberIdError,
@@ -280,6 +281,8 @@ async def describe_group(
         for group in response.groups:
             # (error_code, group_id, state, protocol_type, protocol, members[, …]); a member is
             # (member_id, [group_instance_id,] client_id, client_host, metadata, assignment).
+            if group[0] == GroupIdNotFound.errno:  # newer brokers: a group nobody joined yet
+                continue
             if group[0]:  # e.g. the coordinator is still loading the group after a restart
                 raise for_code(group[0])()
             state = str(group[2])

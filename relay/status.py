@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from aiokafka import TopicPartition as KafkaTP
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import admin_client, partition_counts
+from outboxkit.core.kafka import admin_client, partition_counts, with_coordinator
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.blocks import plan
 from outboxkit.relay.engine import PartitionStatus
@@ -55,7 +55,9 @@ async def group_status(settings: RelaySettings, storage: OutboxStorage) -> Group
     counts = await partition_counts(settings, settings.topics)
     tps = [TopicPartition(t, p) for t, n in sorted(counts.items()) for p in range(n)]
     async with admin_client(settings) as admin:
-        state, members = await describe_group(admin, settings.group_id)
+        state, members = await with_coordinator(
+            settings.group_id, lambda: describe_group(admin, settings.group_id)
+        )
     backlog, last = await asyncio.gather(storage.backlog(), _last_records(settings, tps))
     statuses = _statuses(tps, backlog, last)
     owned: set[TopicPartition] = set()

@@ -13,7 +13,6 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
-from aiokafka.errors import KafkaError
 
 from outboxkit.backends import backend_for
 from outboxkit.cli.common import (
@@ -149,18 +148,16 @@ def inbox_status(
     if not names:
         raise fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    try:
-        status = asyncio.run(
-            read_status(
-                kafka_settings(kafka_bootstrap_servers),
-                f"outboxkit.inbox.{name}",
-                names,
-                stall_after=stall_after,
-            )
+    # A Kafka error (a coordinator not ready on a new cluster, a broker out of reach) is told
+    # by the command's one error style (outboxkit.diagnose).
+    status = asyncio.run(
+        read_status(
+            kafka_settings(kafka_bootstrap_servers),
+            f"outboxkit.inbox.{name}",
+            names,
+            stall_after=stall_after,
         )
-    except (ConfigurationError, KafkaError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+    )
     if json_output:
         typer.echo(json.dumps(asdict(status) | {"ok": status.ok}, indent=2))
     else:
