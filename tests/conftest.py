@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # pytester runs outboxkit.testing the way a user's project does (tests/integration);
-# tests.scheduling spreads the suite over the xdist workers (its docstring says how).
-pytest_plugins = ["pytester", "tests.scheduling"]
+# tests.scheduling spreads the suite over the xdist workers (its docstring says how);
+# tests.network.fixtures gives Toxiproxy and a broker reached through it.
+pytest_plugins = ["pytester", "tests.scheduling", "tests.network.fixtures"]
 
 settings.register_profile("default", deadline=None, max_examples=200)
 settings.register_profile(

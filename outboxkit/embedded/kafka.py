@@ -68,6 +68,10 @@ class KafkaNode(ServerProcess):
         self.controller_port = free_port()
         #: Ports of the listeners the cluster adds to PLAINTEXT (e.g. the secured ones), by name.
         self.listener_ports = {name: free_port() for name in cluster.extra_listeners}
+        #: Listeners advertised on another port than their own, by name: a TCP proxy's in
+        #: front of them (network-fault tests), so that clients reconnect through the proxy.
+        #: Set before :meth:`KafkaCluster.start`.
+        self.advertised_ports: dict[str, int] = {}
         self.config_path = self.dir / "server.properties"
         self.log_path = self.dir / "server.log"
 
@@ -86,7 +90,11 @@ class KafkaNode(ServerProcess):
         # PLAINTEXT is also the inter-broker listener; each listener advertises itself, so a
         # client that bootstraps on one listener stays on it.
         ports = {"PLAINTEXT": self.port, **self.listener_ports}
-        advertised = ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
+        listening = ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
+        advertised = ",".join(
+            f"{name}://127.0.0.1:{self.advertised_ports.get(name, port)}"
+            for name, port in ports.items()
+        )
         protocols = {
             "PLAINTEXT": "PLAINTEXT",
             "CONTROLLER": "PLAINTEXT",
@@ -95,7 +103,7 @@ class KafkaNode(ServerProcess):
         config = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "listeners": f"{advertised},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "listeners": f"{listening},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": ",".join(f"{n}:{p}" for n, p in protocols.items()),

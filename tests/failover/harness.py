@@ -116,6 +116,9 @@ class FailoverRun:
     shared_coordinator: bool = True
     faults: list[Fault] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
+    #: Environment of one worker over the others', by name (``relay-0``, ``inbox-1``): e.g. its
+    #: Kafka bootstrap or database URL through a proxy (tests/network).
+    worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.relay_env = relay_env(self.url, self.bootstrap, self.topic)
@@ -190,7 +193,8 @@ class FailoverRun:
         self, name: str, kind: type[RelayProcess] | type[InboxProcess], env: dict[str, str]
     ) -> None:
         port = free_port()
-        process = kind(self.log_dir, {**env, "OUTBOXKIT_HTTP_PORT": str(port)}).start()
+        env = {**env, **self.worker_env.get(name, {}), "OUTBOXKIT_HTTP_PORT": str(port)}
+        process = kind(self.log_dir, env).start()
         self.workers.append(Worker(name, process, port))
 
     async def close(self) -> None:
