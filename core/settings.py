@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,7 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.redact import redact, unreadable
@@ -91,6 +92,30 @@ def _require_host_ports(servers: list[str]) -> list[str]:
 
 #: A list setting: comma-separated in the environment ("a,b"), a list in Python.
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+
+
+def _parse_json_object(value: object) -> object:
+    """A JSON setting read from the environment: text that is not JSON is a validation error
+    of its own field (pydantic-settings' own decoding would stop the whole load instead, naming
+    no variable)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"not JSON ({exc.msg} at column {exc.colno}): write a JSON object, keys and strings "
+            'in double quotes, e.g. {"metadata_max_age_ms": 60000}'
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f'a JSON object is expected ({{"name": value, …}}), not {value!r}')
+    return parsed
+
+
+#: A setting given as a JSON object ('{"linger_ms": 5}'), a dict in Python. Every setting
+#: parsed from JSON uses it (tests/unit/test_settings.py checks): a malformed value is then one
+#: line naming its variable, among the other invalid settings, and exit code 2.
+JsonObject = Annotated[dict[str, Any], NoDecode, BeforeValidator(_parse_json_object)]
 
 #: Kafka bootstrap servers: comma-separated host:port pairs.
 BootstrapServers = Annotated[CommaList, AfterValidator(_require_host_ports)]
@@ -211,7 +236,7 @@ class KafkaConnectionSettings(BaseSettings):
         description="Check that the broker's certificate names the host connected to; turn "
         "off only for brokers whose certificates cannot be fixed",
     )
-    kafka_client_options: dict[str, Any] = Field(
+    kafka_client_options: JsonObject = Field(
         default={},
         description='More aiokafka client options, as JSON (e.g. {"metadata_max_age_ms": '
         "60000}); options the guarantees or the security settings set are refused",
@@ -407,6 +432,17 @@ def load_settings(cls: type[S], **values: Any) -> S:
         return cls(**given)
     except ValidationError as exc:
         raise ConfigurationError(describe_validation_error(exc, cls)) from None
+    except SettingsError as exc:  # a value pydantic-settings could not decode (JSON)
+        raise ConfigurationError(_describe_settings_error(exc)) from None
+
+
+def _describe_settings_error(exc: SettingsError) -> str:
+    """``error parsing value for field "x" from source "EnvSettingsSource"``, said as the other
+    invalid settings are: by the variable."""
+    found = re.search(r'field "([^"]+)"', str(exc))
+    if found is None:
+        return f"invalid configuration: {exc}"
+    return f"invalid configuration:\n  {ENV_PREFIX}{found.group(1).upper()}: not valid JSON"
 
 
 def describe_validation_error(exc: ValidationError, cls: type[BaseSettings]) -> str:
