@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from functools import cache
@@ -23,6 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ENV_PREFIX
 
 #: (title, settings class as module:name, what it configures); each section lists the fields
@@ -110,7 +112,8 @@ def render() -> str:
         "variable and says what to put there (exit code 2). An `OUTBOXKIT_*` variable that "
         "outboxkit does not read (a typo) is named in a warning at start, with the closest "
         "one it does read (`did you mean OUTBOXKIT_BATCH_SIZE?`); it does not stop the "
-        "program, as other tools may share the prefix. Durations take seconds (`90`) or ISO "
+        "program, as other tools may share the prefix, but a setting it leaves unset or "
+        "invalid is reported with that hint. Durations take seconds (`90`) or ISO "
         "8601 (`PT90S`, `P7D`); lists are comma-separated.",
         "",
     ]
@@ -195,6 +198,24 @@ def unknown_variable_warnings(environ: Mapping[str, str] | None = None) -> list[
         hint = f"; did you mean {closest}?" if closest else " (ignored)"
         lines.append(f"{name} is not a variable outboxkit reads{hint}")
     return lines
+
+
+def with_typo_hints(
+    exc: ConfigurationError, environ: Mapping[str, str] | None = None
+) -> ConfigurationError:
+    """``exc`` (settings that failed to load) with a line for each variable it names that an
+    unknown variable of ``environ`` resembles — ``<the misspelt name> is set: did you mean
+    OUTBOXKIT_DATABASE_URL?`` — since a required setting under a misspelt name is reported
+    missing; ``exc`` itself when there is none."""
+    message = str(exc)
+    hints = [
+        f"  {name} is set: did you mean {closest}?"
+        for name, closest in unknown_variables(environ)
+        if closest is not None and re.search(rf"\b{re.escape(closest)}\b", message)
+    ]
+    if not hints:
+        return exc
+    return type(exc)("\n".join([message, *hints]))
 
 
 if __name__ == "__main__":

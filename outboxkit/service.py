@@ -34,8 +34,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from typing_extensions import TypeVar as DefaultTypeVar
 
 from outboxkit.backends import Transactions, backend_for
-from outboxkit.config_reference import unknown_variable_warnings
-from outboxkit.core.exceptions import OutboxkitError
+from outboxkit.config_reference import unknown_variable_warnings, with_typo_hints
+from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.inbox import (
     Inbox,
@@ -204,6 +204,17 @@ class Outboxkit(Generic[TX]):
     def _validate_settings(
         self,
     ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:
+        for line in unknown_variable_warnings():  # a typo'd variable leaves a default in place
+            logger.warning(line)
+        try:
+            return self._load_settings()
+        except ConfigurationError as exc:
+            # A required setting under a misspelt name is "not set": say which name it is under.
+            raise with_typo_hints(exc) from None
+
+    def _load_settings(
+        self,
+    ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:
         relay: RelaySettings | None = None
         if isinstance(self._relay_option, RelaySettings):
             relay = self._relay_option
@@ -214,8 +225,6 @@ class Outboxkit(Generic[TX]):
             # By default an inbox consumes the topics of its handlers' event types.
             inbox = self._inbox_settings or load_settings(InboxSettings, topics=self._inbox.topics)
         settings = self._settings or relay or inbox or load_settings(ConnectionSettings)
-        for line in unknown_variable_warnings():  # a typo'd variable leaves a default in place
-            logger.warning(line)
         return relay, inbox, settings
 
     # -- supervision -------------------------------------------------------------------------

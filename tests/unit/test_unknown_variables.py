@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from outboxkit.config_reference import known_variables, unknown_variables
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.service import Outboxkit
 from tests.docs_snippets import REPO
@@ -111,3 +112,19 @@ def test_a_service_warns_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
         "OUTBOXKIT_RELAY_NAMES is not a variable outboxkit reads; did you mean "
         "OUTBOXKIT_RELAY_NAME?"
     ]
+
+
+async def test_a_misspelt_required_setting_says_which_name_it_is_under(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#44: the app of docs/getting-started.md, started with OUTBOXKIT_DATABSE_URL, failed with
+    "OUTBOXKIT_DATABASE_URL is not set" and no hint (the warning came only after loading)."""
+    monkeypatch.delenv("OUTBOXKIT_DATABASE_URL", raising=False)
+    monkeypatch.setenv("OUTBOXKIT_DATABSE_URL", "postgresql://localhost/db")
+    monkeypatch.setenv("OUTBOXKIT_TOPICS", "orders")
+    kit = Outboxkit(source="orders", relay=True)
+    with pytest.raises(ConfigurationError) as raised:
+        await kit.__aenter__()
+    message = str(raised.value)
+    assert "OUTBOXKIT_DATABASE_URL is not set" in message
+    assert "OUTBOXKIT_DATABSE_URL is set: did you mean OUTBOXKIT_DATABASE_URL?" in message
