@@ -17,10 +17,12 @@ Which timeout bounds each hang is in docs/operations.md ("Network faults").
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import pytest
 
 from outboxkit.core.kafka import admin_client
@@ -30,7 +32,6 @@ from tests.failover.harness import FailoverRun
 from tests.helpers import wait_for
 from tests.network.fixtures import Links
 from tests.network.toxiproxy import Proxy
-from tests.timeouts import SESSION_TIMEOUT
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
@@ -85,15 +86,17 @@ def via(proxy: Proxy, url: str) -> str:
     return urlunsplit(parts._replace(netloc=host, query=query))
 
 
-async def test_relay_partitioned_from_kafka_not_from_its_database(
+async def test_relay_kafka_link_cut_half_open_and_slow(
     pg_url: str, kafka_links: Links, tmp_path: Path
 ) -> None:
-    """relay-0 reaches Kafka through LINK0, which is cut (the proxy closes its connections and
-    refuses new ones) while its database stays reachable, with relay-1 healthy. Would catch a
-    cut-off relay whose open transaction is not fenced (its records published by two
-    producer sessions, interleaved: G4), a record lost between the two (G1) or published out
-    of order (G2), partitions that never move, or a relay that does not rejoin once the link
-    heals (unhealthy, crashed, or never owning a partition again)."""
+    """relay-0 reaches Kafka through LINK0, relay-1 directly; its database stays reachable.
+    In turn the link is cut (the proxy closes its connections and refuses new ones), made
+    half-open (data stops both ways, the sockets stay open), and slowed (100 to 500 ms per
+    response). Would catch a cut-off relay whose open transaction is not fenced (its records
+    published by two producer sessions, interleaved: G4), a record lost between the two (G1)
+    or published out of order (G2), partitions that never move, a relay that hangs on a dead
+    socket for good or does not rejoin once the link heals (unhealthy, crashed, never owning a
+    partition again), or latency that sets off a rebalance loop."""
     link = kafka_links.proxies[0]
     async with run_on(
         kafka_links,
@@ -101,24 +104,65 @@ async def test_relay_partitioned_from_kafka_not_from_its_database(
         pg_url,
         **{"relay-0": {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": link.listen}},
     ) as run:
+        relay_0 = run.workers[0]
+        moved: dict[str, float] = {}
         await wait_for(lambda: _owners_are(run, 2), within=30, what="both relays owning")
-        async with run.fault("relay-0 cut from Kafka") as fault:
-            fault.detail = "LINK0 disabled, database reachable"
-            started = time.monotonic()
-            await link.disable()
+        for name, cut in [("cut", link.disable), ("half-open", link.half_open)]:
+            async with run.fault(f"relay-0's Kafka link {name}") as fault:
+                fault.detail = "LINK0 " + ("disabled" if name == "cut" else "timeout=0 both ways")
+                started = time.monotonic()
+                await cut()
+                await wait_for(
+                    lambda: _owners_are(run, 1), within=30, interval=0.2, what="one owner"
+                )
+                moved[name] = time.monotonic() - started
+                await run.settled()  # relay-1 published what relay-0 had claimed
+                await link.heal()
+                await wait_for(
+                    lambda: _owners_are(run, 2), within=45, interval=0.2, what="relay-0 back"
+                )
+                moved[f"{name}, back"] = time.monotonic() - started
+        before = await _rebalances(run)
+        fenced = relay_0.process.log().count("partitions fenced")
+        async with run.fault("relay-0's Kafka link slow") as fault:
+            fault.detail = "LINK0 latency 300±200 ms downstream"
+            await link.add_toxic("latency", latency=300, jitter=200)
+            # Events still flow through the slow link: what is committed in its first second
+            # reaches Kafka while it is slow (one per key per transaction: a few per second).
+            await asyncio.sleep(1)
+            first = [e for e, at in list(run.writers.committed_at.items()) if at >= fault.started]
             await wait_for(
-                lambda: _owners_are(run, 1), within=30, interval=0.2, what="relay-1 owning all"
+                lambda: all(e in run.arrivals.arrivals for e in first),
+                within=30,
+                interval=0.2,
+                what="events published through the slow link",
             )
-            moved = time.monotonic() - started
-            await run.settled()  # relay-1 publishes what relay-0 had claimed
-            await link.enable()
-            await wait_for(
-                lambda: _owners_are(run, 2), within=30, interval=0.2, what="relay-0 rejoined"
-            )
+            flowed = time.time() - fault.started
+            await link.heal()
+        rebalances = await _rebalances(run) - before
+        fenced = relay_0.process.log().count("partitions fenced") - fenced
         report = await run.finish()
-    print(f"\n{report}\npartitions moved {moved:.1f} s after the cut")
-    report.assert_ok(max_gap=MAX_GAP)
-    assert moved < SESSION_TIMEOUT + 10, f"partitions moved only after {moved:.1f} s"
+    print(f"\n{report}\npartitions moved, relay-0 back (s after the fault): {moved}")
+    print(f"slow link: {rebalances:g} rebalances, {fenced} fences; flowed after {flowed:.1f} s")
+    assert report.ok, str(report)
+    quick = [g for g in report.faults if "slow" not in g.name]
+    assert all(g.delivery < MAX_GAP for g in quick), str(report)
+    assert (rebalances, fenced) == (0, 0), "latency set off a rebalance or a fence"
+
+
+async def _rebalances(run: FailoverRun) -> float:
+    """Assignments the relays received so far (``outboxkit_relay_rebalances_total``)."""
+    total = 0.0
+    async with httpx.AsyncClient() as http:
+        for worker in run.workers:
+            if worker.name.startswith("relay"):
+                text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
+                total += sum(
+                    float(line.split()[-1])
+                    for line in text.splitlines()
+                    if line.startswith("outboxkit_relay_rebalances_total")
+                )
+    return total
 
 
 async def _owners_are(run: FailoverRun, count: int) -> bool:
