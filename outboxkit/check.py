@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -43,6 +43,19 @@ class CheckResult:
     #: waits for it during its start-up grace. False for what waiting cannot fix (a refused
     #: login, a missing table, a certificate).
     unreachable: bool = False
+    #: The exception behind a failed check, if one was raised (``--debug`` shows its
+    #: traceback); not part of the result's JSON.
+    error: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def as_json(self) -> dict[str, object]:
+        """The result for ``outboxkit check --json``."""
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "summary": self.summary,
+            "fix": self.fix,
+            "unreachable": self.unreachable,
+        }
 
 
 def _first_line(exc: BaseException) -> str:
@@ -131,10 +144,10 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
     except psycopg.Error as exc:
         summary, fix = explain_database_error(exc, where)
         unreachable = summary.startswith("cannot connect")
-        return [CheckResult("database", False, summary, fix, unreachable=unreachable)]
+        return [CheckResult("database", False, summary, fix, unreachable=unreachable, error=exc)]
     except OSError as exc:
         summary, fix = explain_database_error(psycopg.OperationalError(str(exc)), where)
-        return [CheckResult("database", False, summary, fix, unreachable=True)]
+        return [CheckResult("database", False, summary, fix, unreachable=True, error=exc)]
     async with conn:
         cur = await conn.execute("SHOW server_version")
         row = await cur.fetchone()
@@ -142,7 +155,9 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
         try:
             pending = await pending_migrations(conn)
         except MigrationError as exc:
-            results.append(CheckResult("migrations", False, str(exc), "Upgrade outboxkit."))
+            results.append(
+                CheckResult("migrations", False, str(exc), "Upgrade outboxkit.", error=exc)
+            )
         except psycopg.Error as exc:
             results.append(
                 CheckResult(
@@ -150,6 +165,7 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
                     False,
                     f"cannot read the migration state: {_first_line(exc)}",
                     "Grant this user USAGE on schema outboxkit and SELECT on its tables.",
+                    error=exc,
                 )
             )
         else:
@@ -322,7 +338,7 @@ async def check_mongodb_server(settings: ConnectionSettings) -> CheckResult:
     except PyMongoError as exc:
         summary, fix = explain_mongodb_error(exc, where, mongodb_user(settings.database_url))
         unreachable = isinstance(exc, ConnectionFailure) and not _mongo_login_refused(exc)
-        return CheckResult("database", False, summary, fix, unreachable=unreachable)
+        return CheckResult("database", False, summary, fix, unreachable=unreachable, error=exc)
     finally:
         await client.close()
     if not hello.get("setName"):
@@ -341,13 +357,14 @@ async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:
             client.get_database(database_name(settings.database_url))
         )
     except MigrationError as exc:
-        return CheckResult("migrations", False, str(exc), "Upgrade outboxkit.")
+        return CheckResult("migrations", False, str(exc), "Upgrade outboxkit.", error=exc)
     except PyMongoError as exc:
         return CheckResult(
             "migrations",
             False,
             f"cannot read the migration state: {_first_line(exc)}",
             "Grant this user read access to the outboxkit.* collections.",
+            error=exc,
         )
     finally:
         await client.close()
@@ -378,6 +395,7 @@ async def check_kafka(
                         handshake.what,
                         handshake.fix,
                         unreachable=handshake.unreachable,
+                        error=exc,
                     )
                 ]
         reason = "" if isinstance(exc, KafkaConnectionError | TimeoutError) else _first_line(exc)
@@ -390,6 +408,7 @@ async def check_kafka(
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS (the broker's advertised listeners must "
                 f"resolve from this host too; {DEV_HINT}).",
                 unreachable=not reason,
+                error=exc,
             )
         ]
     finally:

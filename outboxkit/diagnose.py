@@ -190,7 +190,8 @@ async def preflight(
     if kafka and not problems:
         problems = await _permission_problems(settings, topics, group)
     if problems:
-        raise PreflightError(problems)
+        # The exception behind the first failed check, for --debug's traceback.
+        raise PreflightError(problems) from next((r.error for r in failed if r.error), None)
 
 
 async def _permission_problems(

@@ -72,8 +72,9 @@ def _root(
         bool,
         typer.Option(
             "--debug",
-            help="Show the traceback of a failure (as OUTBOXKIT_LOG_LEVEL=debug does), and "
-            "debug logs.",
+            help="Show the traceback of the exception behind a failure (as "
+            "OUTBOXKIT_LOG_LEVEL=debug does; for check, of each failed check that raised one), "
+            "and debug logs.",
         ),
     ] = False,
 ) -> None:

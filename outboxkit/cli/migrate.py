@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict
+import sys
+import traceback
 from typing import Annotated
 
 import psycopg
@@ -20,6 +21,7 @@ from outboxkit.check import (
     mongodb_user,
     run_checks,
 )
+from outboxkit.cli import common
 from outboxkit.cli.common import EXIT_FAILED, load
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
 from outboxkit.core.redact import redact
@@ -46,12 +48,17 @@ def check(
     backend = backend_for(settings.database_url)
     results = asyncio.run(run_checks(settings, backend.check(settings)))
     if json_output:
-        typer.echo(json.dumps([asdict(r) for r in results], indent=2))
+        typer.echo(json.dumps([r.as_json() for r in results], indent=2))
     else:
         for r in results:
             typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<11} {r.summary}")
             if r.fix:
                 typer.echo(f"     {'':<11} → {r.fix}")
+    if common.debug:  # the exception behind each failed check that had one
+        for r in results:
+            if r.error is not None:
+                typer.echo(f"{r.name}:", err=True)
+                traceback.print_exception(r.error, file=sys.stderr)
     if not all(r.ok for r in results):
         raise typer.Exit(EXIT_FAILED)
 

@@ -22,6 +22,7 @@ from aiokafka.errors import (
 from outboxkit.cli import main
 from outboxkit.core.exceptions import CoordinatorNotReadyError
 from outboxkit.core.kafka import with_coordinator
+from outboxkit.embedded import free_port
 from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.status import GroupStatus
 
@@ -149,3 +150,23 @@ async def test_a_group_nobody_joined_is_dead_with_no_members() -> None:
     admin = _Admin(GroupCoordinatorNotAvailableError.errno)
     with pytest.raises(GroupCoordinatorNotAvailableError):
         await describe_group(admin, "g")
+
+
+def test_debug_check_shows_the_exception_behind_each_failed_check(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#44: `outboxkit --debug check` printed no traceback, although README says --debug adds
+    one."""
+    monkeypatch.setenv("OUTBOXKIT_CONNECT_TIMEOUT", "2")
+    closed = f"127.0.0.1:{free_port()}"
+    database, kafka = f"postgresql://u@{closed}/db", closed
+    args = ("check", "--database-url", database, "--kafka-bootstrap-servers", kafka)
+    code, out, err = run(*args)
+    assert code == 1
+    assert "Traceback" not in err
+    code, debug_out, err = run("--debug", *args)
+    assert code == 1
+    assert debug_out == out  # the same lines
+    assert err.count("Traceback (most recent call last)") == 2, err
+    assert "psycopg.OperationalError" in err
+    assert "KafkaConnectionError" in err
