@@ -30,11 +30,22 @@ from outboxkit.embedded.postgres import FAST_TEST_SETTINGS
 Broker = Literal["tansu", "kafka"]
 Database = Literal["postgresql", "mongodb"]
 
-#: What ``--database mongodb`` tells before it runs mongod (also in ``--help`` and docs/demo.md).
-MONGOD_NOTE = (
-    f"mongod {MONGOD_VERSION} is MongoDB Community Server, licensed under the SSPL (not part of "
-    f"outboxkit): it is fetched into {mongod_cache_dir()} on first use (42 MB)"
-)
+
+def mongod_note() -> str:
+    """What ``--database mongodb`` tells before it runs the embedded mongod (its licence is in
+    ``--help`` and docs/demo.md too): which binary runs, and that it is fetched only when it
+    is about to be."""
+    what = (
+        f"mongod {MONGOD_VERSION} is MongoDB Community Server, licensed under the SSPL (not part "
+        "of outboxkit)"
+    )
+    configured = os.environ.get("OUTBOXKIT_MONGOD")
+    if configured:
+        return f"{what}: running OUTBOXKIT_MONGOD={configured}"
+    cached = mongod_cache_dir() / "mongod"
+    if cached.is_file():
+        return f"{what}: running {cached}"
+    return f"{what}: fetching it into {cached.parent} (42 MB, first use only) …"
 
 
 @dataclass
@@ -67,9 +78,7 @@ def start_database(
     external = os.environ.get("OUTBOXKIT_DATABASE_URL", "")
     if _is_mongodb(external):
         return _external_mongodb(external, stack)
-    console.print(f"[dim]{MONGOD_NOTE}[/]")
-    if not (mongod_cache_dir() / "mongod").is_file() and not os.environ.get("OUTBOXKIT_MONGOD"):
-        console.print(f"[dim]fetching mongod {MONGOD_VERSION} (first use only) …[/]")
+    console.print(f"[dim]{mongod_note()}[/]")
     mongo = EmbeddedMongo(workdir / "mongo", fetch=True)
     stack.callback(mongo.close)
     mongo.start()
