@@ -38,7 +38,7 @@ from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.printable import printable
 from outboxkit.diagnose import preflight
 from outboxkit.inbox import Inbox, InboxSettings, InboxWorker
-from outboxkit.inbox.status import read_status
+from outboxkit.inbox.status import PartitionStatus, read_status
 
 inbox_app = typer.Typer(
     help="Run an inbox worker (outboxkit inbox module:inbox), or inspect and replay its "
@@ -161,17 +161,29 @@ def inbox_status(
     if json_output:
         typer.echo(json.dumps(asdict(status) | {"ok": status.ok}, indent=2))
     else:
-        typer.echo(f"group {status.group}: {status.members} worker(s)")
+        if status.members:
+            typer.echo(f"group {status.group}: {status.members} worker(s)")
+        else:
+            typer.echo(f"no worker of group {status.group} is running")
         for p in status.partitions:
-            label = "PARKED " if p.parked else "STALLED" if p.stalled else "ok     "
-            since = "-" if p.seconds_since_progress is None else f"{p.seconds_since_progress} s"
-            line = f"{label} {p.partition} offset {p.offset} pending {p.pending}"
-            line += f", progress {since} ago"
-            if p.parked:
-                line += f"; parked: {p.parked}"
-            if p.last_error and not p.ok:
-                line += f"; last error: {p.last_error}"
             # Errors quote handlers' exceptions, which may quote record data: escaped.
-            typer.echo(printable(line))
+            typer.echo(printable(_describe_partition(p)))
     if not status.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _describe_partition(p: PartitionStatus) -> str:
+    label = "PARKED " if p.parked else "STALLED" if p.stalled else "ok     "
+    if p.offset is None:  # the group never committed an offset here: nothing handled yet
+        line = f"{label} {p.partition} no committed offset yet, pending {p.pending}"
+    else:
+        line = f"{label} {p.partition} offset {p.offset} pending {p.pending}"
+    if p.seconds_since_progress is not None:
+        line += f", progress {p.seconds_since_progress} s ago"
+    elif p.offset is not None:  # committed without a worker's state (another tool)
+        line += ", no progress recorded"
+    if p.parked:
+        line += f"; parked: {p.parked}"
+    if p.last_error and not p.ok:
+        line += f"; last error: {p.last_error}"
+    return line

@@ -23,6 +23,8 @@ from outboxkit.cli import main
 from outboxkit.core.exceptions import CoordinatorNotReadyError
 from outboxkit.core.kafka import with_coordinator
 from outboxkit.embedded import free_port
+from outboxkit.inbox.status import InboxStatus
+from outboxkit.inbox.status import PartitionStatus as InboxPartition
 from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.status import GroupStatus
 
@@ -170,3 +172,34 @@ def test_debug_check_shows_the_exception_behind_each_failed_check(
     assert err.count("Traceback (most recent call last)") == 2, err
     assert "psycopg.OperationalError" in err
     assert "KafkaConnectionError" in err
+
+
+def test_inbox_status_of_a_partition_never_committed_says_so(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#44: `offset None … progress - ago` for a partition with no committed offset."""
+
+    def partition(n: int, offset: int | None, progress: float | None) -> InboxPartition:
+        return InboxPartition(
+            f"orders/{n}", offset, 35, 35 - (offset or 0), progress, None, None, False
+        )
+
+    status = InboxStatus(
+        "outboxkit.inbox.payments",
+        0,
+        [partition(0, None, None), partition(1, 30, 1.5), partition(2, 35, None)],
+    )
+
+    async def read_status(*args: object, **kwargs: object) -> InboxStatus:
+        return status
+
+    monkeypatch.setattr("outboxkit.cli.inbox.read_status", read_status)
+    code, out, _ = run(*INBOX_STATUS)
+    assert code == 0
+    assert out.splitlines() == [
+        "no worker of group outboxkit.inbox.payments is running",
+        "ok      orders/0 no committed offset yet, pending 35",
+        "ok      orders/1 offset 30 pending 5, progress 1.5 s ago",
+        "ok      orders/2 offset 35 pending 0, no progress recorded",
+    ]
+    assert "None" not in out
