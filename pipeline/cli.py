@@ -7,6 +7,7 @@ extra. Under ``spark-submit`` the same command runs through ``outboxkit/pipeline
 from __future__ import annotations
 
 import importlib
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
@@ -25,11 +26,33 @@ pipeline_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # As the outboxkit command's (also under spark-submit, where this is the whole command).
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
 
 
-def _option(env: str, help_text: str) -> Any:
-    return typer.Option(envvar=f"OUTBOXKIT_{env}", help=help_text, show_default=False)
+def _option(env: str, metavar: str, help_text: str, default: str | None = None) -> Any:
+    """An option as every ``outboxkit`` command has it: a metavar saying what to give (never
+    ``<str>``), its environment twin and its default in ``--help``. An option whose setting has
+    a plain default takes it as its own default (:func:`_default`); ``default`` describes what
+    applies otherwise (the settings work it out)."""
+    return typer.Option(
+        envvar=f"OUTBOXKIT_{env}",
+        metavar=metavar,
+        help=help_text,
+        show_default=default if default is not None else True,
+    )
+
+
+def _default(field: str) -> str:
+    """The default of PipelineSettings' ``field``, as its variable would give it."""
+    value = PipelineSettings.model_fields[field].default
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def _fail(code: int, message: object) -> typer.Exit:
@@ -44,43 +67,64 @@ def run(
         str | None,
         _option(
             "PIPELINE_JOB",
-            "module:name of your Pipeline, or of a function of the settings that returns one "
-            "(the demo's: outboxkit.demo.pipeline:order_totals).",
+            "MODULE:NAME",
+            "Your Pipeline, or a function of the settings that returns one (the demo's: "
+            "outboxkit.demo.pipeline:order_totals).",
         ),
     ] = None,
     output: Annotated[
-        str | None, _option("PIPELINE_OUTPUT", "Lake root: quarantine/ and your Delta tables.")
+        str | None,
+        _option("PIPELINE_OUTPUT", "DIR|URI", "Lake root: quarantine/ and your Delta tables."),
     ] = None,
     checkpoint: Annotated[
         str | None,
-        _option("PIPELINE_CHECKPOINT", "Checkpoint root (default <output>/_checkpoints)."),
+        _option(
+            "PIPELINE_CHECKPOINT", "DIR|URI", "Checkpoint root.", default="<output>/_checkpoints"
+        ),
     ] = None,
     trigger: Annotated[
-        str | None,
-        _option("PIPELINE_TRIGGER", "available-now, or an interval in seconds (streaming)."),
-    ] = None,
+        str,
+        _option(
+            "PIPELINE_TRIGGER",
+            "available-now|SECONDS",
+            "available-now (the backlog, then stop), or an interval in seconds (streaming).",
+        ),
+    ] = _default("pipeline_trigger"),
     watermark: Annotated[
-        str | None,
-        _option("PIPELINE_WATERMARK", "Allowed lateness, seconds or ISO 8601 (default PT1H)."),
-    ] = None,
-    name: Annotated[str | None, _option("PIPELINE_NAME", "Pipeline (query) name.")] = None,
+        str,
+        _option("PIPELINE_WATERMARK", "SECONDS", "Allowed lateness, seconds or ISO 8601."),
+    ] = _default("pipeline_watermark"),
+    name: Annotated[str, _option("PIPELINE_NAME", "NAME", "Pipeline (query) name.")] = _default(
+        "pipeline_name"
+    ),
     database_url: Annotated[
-        str | None, _option("DATABASE_URL", "postgresql://… of the PostgreSQL sinks.")
+        str | None, _option("DATABASE_URL", "URL", "postgresql://… of the PostgreSQL sinks.")
     ] = None,
     kafka_bootstrap_servers: Annotated[
-        str | None, _option("KAFKA_BOOTSTRAP_SERVERS", "host:port[,host:port…]")
-    ] = None,
+        str,
+        _option("KAFKA_BOOTSTRAP_SERVERS", "HOST:PORT,…", "Kafka brokers to bootstrap from."),
+    ] = _default("kafka_bootstrap_servers"),
     topics: Annotated[
-        str | None, _option("TOPICS", "Topics to read (default: the models' topics).")
+        str | None,
+        _option("TOPICS", "TOPIC,…", "Topics to read.", default="the models' topics"),
     ] = None,
     max_offsets_per_trigger: Annotated[
-        int | None, _option("PIPELINE_MAX_OFFSETS_PER_TRIGGER", "Records per micro-batch.")
+        int | None,
+        _option(
+            "PIPELINE_MAX_OFFSETS_PER_TRIGGER", "N", "Records per micro-batch.", default="no limit"
+        ),
     ] = None,
-    master: Annotated[
-        str | None, _option("SPARK_MASTER", "Spark master (default local[*]).")
-    ] = None,
+    master: Annotated[str, _option("SPARK_MASTER", "MASTER", "Spark master.")] = _default(
+        "spark_master"
+    ),
     spark_jars: Annotated[
-        str | None, _option("SPARK_JARS", "Directory of every jar (Kafka connector, Delta).")
+        str | None,
+        _option(
+            "SPARK_JARS",
+            "DIR",
+            "Directory of every jar (Kafka connector, Delta).",
+            default="fetched with Maven into ~/.cache/outboxkit",
+        ),
     ] = None,
 ) -> None:
     """Run a pipeline job. available-now stops when the backlog is done; an interval runs
@@ -154,7 +198,12 @@ def load_job(target: str, settings: PipelineSettings) -> Any:
 def jars(
     connector_version: Annotated[
         str | None,
-        _option("SPARK_CONNECTOR_VERSION", "Connector version (default: the installed pyspark's)."),
+        _option(
+            "SPARK_CONNECTOR_VERSION",
+            "VERSION",
+            "Kafka connector version.",
+            default="the installed pyspark's",
+        ),
     ] = None,
 ) -> None:
     """Fetch the Kafka connector's and Delta Lake's jars with Maven (once) and print their

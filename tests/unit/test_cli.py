@@ -96,9 +96,22 @@ def test_help_is_plain_text_without_type_placeholders(path: tuple[str, ...]) -> 
     result = runner.invoke(app, [*path, "--help"], terminal_width=100)
     assert "<bool>" not in result.output
     assert "╭" not in result.output  # no boxes: plain text wrapped to the terminal
-    if not path or path[0] != "pipeline":  # the Spark pipeline's help is its own
-        options = [line for line in result.output.splitlines() if line.startswith("  --")]
-        assert not [line for line in options if "<" in line.split("  ")[1]], options
+    # #44: the Spark pipeline's options showed <str> and <int> too.
+    options = [line for line in result.output.splitlines() if line.startswith("  --")]
+    assert not [line for line in options if "<" in line.split("  ")[1]], options
+
+
+def test_pipeline_run_shows_its_defaults_as_the_other_commands_do() -> None:
+    """#44: `pipeline run --help` left out most defaults."""
+    result = runner.invoke(app, ["pipeline", "run", "--help"], terminal_width=200)
+    for default in (
+        "default: available-now]",
+        "default: 3600]",
+        "default: outboxkit]",
+        "default: local[*]]",
+        "default: (<output>/_checkpoints)]",
+    ):
+        assert default in result.output, result.output
 
 
 def test_a_missing_topic_names_the_command_that_creates_it() -> None:
