@@ -16,10 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
+import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psycopg
+import uvicorn.config
 from aiokafka.admin import NewTopic
 
 from outboxkit.core import kafka_clients
@@ -100,10 +105,40 @@ def wait_until_ready(apps: Mapping[int, subprocess.Popen[bytes]], within: float 
             time.sleep(0.2)
 
 
+class SkipHealthChecks(logging.Filter):
+    """Leaves ``/healthz`` out of uvicorn's access log: :func:`wait_until_ready` asks for it
+    every 0.2 s until the services are ready, and each 503 would be a line before the banner
+    (a probe of an orchestrator would fill the log the same way). Every other request is
+    logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        path = str(args[2]) if len(args) > 2 else ""  # (client, method, path, version, status)
+        return path.partition("?")[0] != "/healthz"
+
+
+def uvicorn_log_config(directory: Path) -> Path:
+    """uvicorn's own logging configuration, with :class:`SkipHealthChecks` on its access log."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["filters"] = {"skip_health_checks": {"()": f"{_MODULE}.SkipHealthChecks"}}
+    config["handlers"]["access"]["filters"] = ["skip_health_checks"]
+    path = directory / "uvicorn-logging.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+#: This module's name also when it runs as ``python -m`` (then it is ``__main__``).
+_MODULE = "examples.orders_payments.local"
+
+
 def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespace) -> None:
     """Start the broker and its topics, then ``<package>.orders`` and ``<package>.payments``
     under uvicorn, each on its own database (``database_urls`` by service); until Ctrl-C."""
-    with broker(args.broker) as (bootstrap, broker_env):
+    with (
+        broker(args.broker) as (bootstrap, broker_env),
+        tempfile.TemporaryDirectory(prefix="outboxkit-example-") as workdir,
+    ):
+        log_config = uvicorn_log_config(Path(workdir))
         asyncio.run(create_topics(bootstrap))
         apps: dict[int, subprocess.Popen[bytes]] = {}
         for name, port in (("orders", args.orders_port), ("payments", args.payments_port)):
@@ -115,6 +150,7 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
                 "PYTHONPATH": str(REPO),
             }
             command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(port)]
+            command += ["--log-config", str(log_config)]
             apps[port] = subprocess.Popen([*command, f"{package}.{name}:create_app"], env=env)
         try:
             wait_until_ready(apps)

@@ -2,7 +2,7 @@
 examples.orders_payments.local``, ``…_mongodb.local``): on their own embedded database and
 broker, each app under uvicorn. Once the runner prints its banner, the very first order is taken
 (201, not a refused connection nor a 500 for an unregistered topic) and paid, and the services
-log nothing at debug level by default."""
+log nothing at debug level by default, nor the runner's readiness polls."""
 
 from __future__ import annotations
 
@@ -90,4 +90,7 @@ async def test_the_first_order_after_the_banner_is_taken_and_paid(package: str) 
             await wait_for(paid, within=60, interval=0.2, what="the first order paid")
         output = log.read_text()
     assert "[debug" not in output, [line for line in output.splitlines() if "[debug" in line]
+    # #44: the runner's readiness polls filled the log with ~48 "503 Service Unavailable".
+    assert "GET /healthz" not in output, output[-3000:]
+    assert "POST /orders" in output  # the access log itself is on
     assert "Traceback" not in output, output[-3000:]
