@@ -28,14 +28,17 @@ import pytest
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
-from tests.failover.harness import FailoverRun
+from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
-from tests.network.fixtures import Links
+from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
 MAX_GAP = 20.0
+
+#: An inbox worker behind a half-open database link reports itself stalled after this long.
+INBOX_STALL_AFTER = 3.0
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -170,3 +173,89 @@ async def _owners_are(run: FailoverRun, count: int) -> bool:
         return await owners(run) == count
     except Exception:  # the coordinator is busy with the rebalance: ask again
         return False
+
+
+async def test_database_links_cut_and_half_open(
+    db_url: str,
+    kafka_links: Links,
+    toxiproxy: TestProxies,
+    tmp_path: Path,
+) -> None:
+    """relay-0 and inbox-0 reach the database through proxies of their own, relay-1 and
+    inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut; inbox-0's
+    is made half-open; inbox-0's is cut while its transactions are in flight (commit outcome
+    unknown to it). Would catch an event lost or reordered (G1, G2), two publishers of a
+    partition (G4), an effect taken twice or never (G6: a commit whose outcome the worker never
+    learnt, retried), or a worker that hangs on a dead socket for good, crashes, or stays
+    unhealthy after the link heals."""
+    url = db_url
+    upstream = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    relay_link = await toxiproxy.proxy("relay-db", upstream)
+    inbox_link = await toxiproxy.proxy("inbox-db", upstream)
+    async with FailoverRun(
+        url,
+        kafka_links.bootstrap,
+        tmp_path,
+        partitions=4,
+        relays=2,
+        inboxes=2,
+        rate=100.0,
+        entities=12,
+        recovery_timeout=40.0,
+        worker_env={
+            "relay-0": {"OUTBOXKIT_DATABASE_URL": via(relay_link, url)},
+            "inbox-0": {
+                "OUTBOXKIT_DATABASE_URL": via(inbox_link, url),
+                "OUTBOXKIT_STALL_AFTER": f"{INBOX_STALL_AFTER:g}",
+            },
+        },
+    ) as run:
+        took: dict[str, float] = {}
+        inbox_0 = next(w for w in run.workers if w.name == "inbox-0")
+        async with run.fault("relay-0's database link cut") as fault:
+            # Held until everything committed meanwhile has taken effect, the link still cut:
+            # relay-1 removed relay-0 from the group once its database sessions ended.
+            await relay_link.disable()
+            await asyncio.sleep(1)
+            await taken_effect(run, time.time(), within=30)
+            took["relay-0 cut: its partitions moved and drained"] = time.time() - fault.started
+            fault.detail = "cut until drained by relay-1"
+            await relay_link.heal()
+        async with run.fault("inbox-0's database link half-open") as fault:
+            # Nothing bounds a read on a silent socket: inbox-0 keeps its partitions and waits;
+            # its /healthz turns 503 once a partition made no progress for stall_after.
+            fault.detail = f"timeout=0 until /healthz 503 (stall_after {INBOX_STALL_AFTER:g} s)"
+            await inbox_link.half_open()
+            await wait_for(
+                lambda: _unhealthy(inbox_0), within=30, interval=0.2, what="inbox-0 unhealthy"
+            )
+            took["inbox-0 half-open: /healthz 503"] = time.time() - fault.started
+            await inbox_link.heal()
+        async with run.fault("inbox-0's database link lost mid-commit") as fault:
+            # Replies stop first (the database commits, inbox-0 never hears it), then the link
+            # is cut: every transaction in flight ends with its outcome unknown to inbox-0.
+            fault.detail = "replies dropped 1 s, then cut 2 s"
+            await inbox_link.add_toxic("timeout", stream="downstream", timeout=0)
+            await asyncio.sleep(1)
+            await inbox_link.disable()
+            await asyncio.sleep(2)
+            await inbox_link.heal()
+        report = await run.finish()
+    print(f"\n{report}\nseconds after the fault: {took}")
+    report.assert_ok(max_gap=MAX_GAP)
+
+
+async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> None:
+    """Wait until every event committed by ``moment`` has reached Kafka and taken effect, each
+    by its id (:meth:`FailoverRun.settled` counts effects: a worker stuck on its partitions
+    would hide behind the other's later effects)."""
+    due = {e for e, at in list(run.writers.committed_at.items()) if at <= moment}
+
+    async def effective() -> bool:
+        return due <= (await effect_times(run.url)).keys()
+
+    await wait_for(effective, within=within, interval=0.5, what="every event's effect")
+
+
+async def _unhealthy(worker: Worker) -> bool:
+    return worker.alive() and not await worker.healthy()
