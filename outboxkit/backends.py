@@ -24,7 +24,7 @@ memory://     InMemoryOutboxStorage   in-process (same)         InMemoryInboxSto
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -32,7 +32,7 @@ import psycopg
 
 from outboxkit.check import CheckResult, check_memory, check_mongodb, check_postgresql
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.core.mongodb import MongoConnection, in_transaction
+from outboxkit.core.mongodb import MongoConnection, collection, in_transaction
 from outboxkit.core.postgres import make_pool
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 from outboxkit.inbox import InboxSettings, InboxStore, InMemoryInboxStore, MongoInboxStore
@@ -75,6 +75,10 @@ class Transactions(Protocol):
     async def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """``work(tx)`` in a transaction, retried from the start when the database asks for it
         (MongoDB's transient write conflicts); committed when it returns."""
+
+    async def registered_topics(self, topics: Collection[str]) -> set[str]:
+        """Which of ``topics`` have their partition count in ``outboxkit.topics`` (the writer
+        refuses an event of any other: the relay or ``outboxkit topics sync`` records them)."""
 
 
 class Backend(Protocol):
@@ -135,6 +139,13 @@ class _PostgresTransactions:
     async def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with self.transaction() as conn:
             return await work(conn)
+
+    async def registered_topics(self, topics: Collection[str]) -> set[str]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT topic FROM outboxkit.topics WHERE topic = ANY(%s)", (sorted(topics),)
+            )
+            return {row[0] for row in await cur.fetchall()}
 
 
 @dataclass
@@ -209,6 +220,10 @@ class _MongoTransactions:
 
     async def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         return await in_transaction(self.client, work, unavailable=StorageUnavailableError)
+
+    async def registered_topics(self, topics: Collection[str]) -> set[str]:
+        topics_ = collection(self.client.get_database(self.outbox.database), "topics")
+        return {doc["_id"] async for doc in topics_.find({"_id": {"$in": sorted(topics)}})}
 
 
 @dataclass
@@ -287,6 +302,7 @@ def forget_memory_database(url: str) -> None:
 @dataclass
 class _MemoryTransactions:
     outbox: InMemoryOutbox
+    storage: InMemoryOutboxStorage
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
@@ -297,6 +313,9 @@ class _MemoryTransactions:
     async def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with self.transaction() as tx:
             return await work(tx)
+
+    async def registered_topics(self, topics: Collection[str]) -> set[str]:
+        return {topic for topic in topics if self.storage.is_registered(topic)}
 
 
 @dataclass
@@ -331,7 +350,8 @@ class MemoryBackend:
     async def transactions(
         self, *, source: str, pool_size: int, connect_timeout: float
     ) -> AsyncIterator[Transactions]:
-        yield _MemoryTransactions(InMemoryOutbox(self.database.outbox, source=source))
+        storage = self.database.outbox
+        yield _MemoryTransactions(InMemoryOutbox(storage, source=source), storage)
 
     async def migrate(self, connect_timeout: float) -> list[str]:
         return []  # nothing to create

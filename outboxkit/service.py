@@ -61,6 +61,20 @@ TX = DefaultTypeVar("TX", default=psycopg.AsyncConnection[Any])
 logger = structlog.get_logger("outboxkit.service")
 
 
+#: Seconds between two looks at the registered topics while some of ``writes`` are not.
+TOPICS_RECHECK = 2.0
+
+
+def _topic_of(written: type[Event] | str) -> str:
+    if isinstance(written, str):
+        return written
+    if written.event_topic is None:
+        raise ValueError(
+            f"writes: {written.__name__} has no default topic; name the topics its events go to"
+        )
+    return written.event_topic
+
+
 class ServiceStateError(OutboxkitError):
     """The service was used outside its lifetime: before it opened, or after it closed."""
 
@@ -80,6 +94,9 @@ class ServiceHealth:
     relay: RelayHealth | None = None
     inbox: InboxHealth | None = None
     failed: dict[str, str] = field(default_factory=dict)
+    #: Topics of ``Outboxkit(writes=…)`` whose partition counts are not registered yet: a write
+    #: of their events would fail (`outboxkit topics sync`, or the relay at its start, fixes it).
+    unregistered_topics: list[str] = field(default_factory=list)
 
 
 class Outboxkit(Generic[TX]):
@@ -92,7 +109,11 @@ class Outboxkit(Generic[TX]):
     ``relay=True`` runs the relay with :class:`~outboxkit.relay.RelaySettings` read from the
     environment (or pass the settings object); ``inbox=`` runs that :class:`~outboxkit.inbox.Inbox`
     with :class:`~outboxkit.inbox.InboxSettings` (``inbox_settings=`` or the environment).
-    ``settings`` says where the service's own database is (default: the environment)."""
+    ``settings`` says where the service's own database is (default: the environment).
+
+    ``writes`` names what the service writes (event classes, or topics for events whose topic
+    is chosen per event): the service is not ready (:meth:`health`, ``/healthz``) until each
+    topic's partition count is registered, since a write to it would fail until then."""
 
     def __init__(
         self,
@@ -105,9 +126,13 @@ class Outboxkit(Generic[TX]):
         pool_size: int = 10,
         exit_on_failure: bool = False,
         registry: CollectorRegistry = REGISTRY,
+        writes: Iterable[type[Event] | str] = (),
     ) -> None:
         if not source:
             raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        #: Until registered (readiness); checked by a background task once the service opens.
+        self._unregistered = sorted({_topic_of(written) for written in writes})
+        self._topics_task: asyncio.Task[None] | None = None
         self.source = source
         self._settings = settings
         self._relay_option = relay
@@ -145,6 +170,10 @@ class Outboxkit(Generic[TX]):
                     connect_timeout=settings.connect_timeout,
                 )
             )
+            if self._unregistered:
+                self._topics_task = asyncio.create_task(
+                    self._await_topics(self._transactions), name="outboxkit.topics"
+                )
             if relay_settings is not None:
                 storage, wakeups = await self._stack.enter_async_context(
                     backend_for(relay_settings.database_url).relay(relay_settings)
@@ -252,9 +281,34 @@ class Outboxkit(Generic[TX]):
         if self._exit_on_failure:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    async def _await_topics(self, transactions: Transactions) -> None:
+        """Until every topic of ``writes`` is registered, look again every few seconds (a
+        deploy step or the relay registers them); then the service may be ready."""
+        warned = False
+        while True:
+            try:
+                registered = await transactions.registered_topics(self._unregistered)
+            except Exception as exc:  # the database away: the writes would fail too
+                logger.debug("cannot read the registered topics", error=repr(exc))
+            else:
+                self._unregistered = [t for t in self._unregistered if t not in registered]
+                if not self._unregistered:
+                    return
+                if not warned:
+                    warned = True
+                    logger.warning(
+                        "not ready: writes to these topics would fail until their partition "
+                        "counts are registered; run `outboxkit topics sync` (or start the relay)",
+                        topics=self._unregistered,
+                    )
+            await asyncio.sleep(TOPICS_RECHECK)
+
     async def _stop_tasks(self) -> None:
         """The inbox first (it may write outbox events), then the relay; each drains."""
         self._stopping = True
+        if self._topics_task is not None:
+            self._topics_task.cancel()
+            await asyncio.gather(self._topics_task, return_exceptions=True)
         for name, component in (("inbox", self.inbox_worker), ("relay", self.relay)):
             task = self._tasks.get(name)
             if task is None or component is None:
@@ -275,6 +329,7 @@ class Outboxkit(Generic[TX]):
         healthy = (
             self._state is _State.OPEN
             and not self._failed
+            and not self._unregistered
             and (relay is None or relay.healthy)
             and (inbox is None or inbox.healthy)
         )
@@ -284,6 +339,7 @@ class Outboxkit(Generic[TX]):
             relay=relay,
             inbox=inbox,
             failed=dict(self._failed),
+            unregistered_topics=list(self._unregistered),
         )
 
     @property

@@ -92,8 +92,12 @@ class InMemoryOutboxStorage:
         return record
 
     def check_topic(self, topic: str) -> None:
-        if topic not in self._topics:
+        if not self.is_registered(topic):
             raise UnknownTopicError(f"topic {topic!r} is not registered")
+
+    def is_registered(self, topic: str) -> bool:
+        """Whether ``topic``'s partition count is known (writers refuse it otherwise)."""
+        return topic in self._topics
 
     @property
     def rows(self) -> list[tuple[OutboxRecord, RecordState]]:

@@ -1,11 +1,22 @@
 """The embedded service's lifecycle and settings, without servers."""
 
-import pytest
+import uuid
 
+import pytest
+from fastapi import FastAPI
+from httpx import ASGITransport, AsyncClient
+from prometheus_client import CollectorRegistry
+
+from outboxkit.backends import forget_memory_database, memory_database
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.settings import ConnectionSettings
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
+from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
+from outboxkit.relay import UnknownTopicError
+from outboxkit.schemas import Event
 from outboxkit.service import Outboxkit, ServiceStateError
+from tests.helpers import wait_for
 
 
 async def test_a_bad_setting_fails_the_startup_and_says_what_to_fix(
@@ -43,3 +54,48 @@ async def test_the_writer_is_unavailable_outside_the_lifetime() -> None:
             pass
     assert not kit.health().healthy
     assert kit.health().state == "unopened"
+
+
+async def test_not_ready_while_a_written_topic_is_not_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#44: with `outboxkit topics sync` skipped, /healthz said 200 while the first POST got a
+    500 (the writer's topic not registered). Readiness now waits for the topics of `writes`."""
+    monkeypatch.setattr("outboxkit.service.TOPICS_RECHECK", 0.02)
+    url = f"memory://not-ready-{uuid.uuid4().hex}"
+    kit = Outboxkit(
+        source="orders",
+        settings=ConnectionSettings(database_url=url),
+        writes=[_Placed],
+        registry=CollectorRegistry(),
+    )
+    app = FastAPI(lifespan=kit.lifespan)
+    app.include_router(health_router(kit))
+    try:
+        async with kit, AsyncClient(transport=ASGITransport(app), base_url="http://t") as client:
+            not_ready = await client.get("/healthz")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["unregistered_topics"] == ["test.service.orders"]
+            with pytest.raises(UnknownTopicError):  # what a request's write would meet
+                async with kit.transaction() as tx:
+                    await kit.add(tx, _order())
+            # What `outboxkit topics sync` does.
+            await memory_database(url).outbox.register_topics({"test.service.orders": 3})
+
+            async def ready() -> bool:
+                return (await client.get("/healthz")).status_code == 200
+
+            await wait_for(ready, within=5, what="ready once the topic is registered")
+            assert (await client.get("/healthz")).json()["unregistered_topics"] == []
+            async with kit.transaction() as tx:
+                await kit.add(tx, _order())
+    finally:
+        forget_memory_database(url)
+
+
+class _Placed(Event, type="test.service.placed", topic="test.service.orders", key_field="order_id"):
+    order_id: str
+
+
+def _order() -> _Placed:
+    return _Placed(order_id="o-1")
