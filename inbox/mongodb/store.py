@@ -78,6 +78,8 @@ class MongoInboxStore(MongoConnection):
         self._records = collection(self.database, "inbox", write_concern=MAJORITY_WRITE)
         self.retention = retention
         self._limit = CachedLimit(self._read_limit)
+        #: mongod's wall clock minus this process's (read with the limit, every 60 s).
+        self._server_offset = timedelta(0)
 
     async def process_batch(
         self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
@@ -105,6 +107,7 @@ class MongoInboxStore(MongoConnection):
         return outcome
 
     async def _read_limit(self) -> TransactionLimit:
+        await self._read_server_clock()
         try:
             reply = await guarded(
                 self._client.admin.command(
@@ -119,14 +122,29 @@ class MongoInboxStore(MongoConnection):
             name = f"MongoDB's transactionLifetimeLimitSeconds (assumed {seconds:g} s)"
         return TransactionLimit(lifetime=seconds, name=name)
 
+    async def _read_server_clock(self) -> None:
+        """How far mongod's wall clock is from this process's (``hello``'s ``localTime``, to
+        the millisecond). A dedupe record's expiry is written and judged on the server's clock:
+        a worker whose own clock is off, by any amount, never takes a live record for an
+        expired one, nor writes one that expires early for the other workers (G6)."""
+        before = datetime.now(UTC)
+        reply = await guarded(self._client.admin.command("hello"), InboxStorageUnavailableError)
+        after = datetime.now(UTC)
+        server: datetime = reply["localTime"]  # naive: commands ignore the client's tz_aware
+        self._server_offset = server.replace(tzinfo=UTC) - (before + (after - before) / 2)
+
+    def _server_now(self) -> datetime:
+        """mongod's wall clock now, as last measured (:meth:`_read_server_clock`)."""
+        return datetime.now(UTC) + self._server_offset
+
     async def _transact(
         self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
     ) -> list[bool]:
-        limit = await self._limit.get()
+        limit = await self._limit.get()  # and the server's clock
 
         async def work(session: AsyncClientSession) -> list[bool]:
             deadline = limit.deadline(time.monotonic())
-            now = datetime.now(UTC)
+            now = self._server_now()
             ids = [{"consumer": consumer, "event_id": d.event.id} for d in deliveries]
             # An expired record no longer counts, whether or not mongod's TTL monitor (which
             # runs every 60 s) has removed it yet: what is a duplicate never depends on it.
@@ -184,10 +202,12 @@ class MongoInboxStore(MongoConnection):
         }
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
-        # Each record carries its expiry (received + this store's retention, older_than);
-        # inbox_expires_ttl serves this read. mongod's TTL monitor deletes them too.
+        # Each record carries its expiry (received + this store's retention, older_than, on the
+        # server's clock); inbox_expires_ttl serves this read. mongod's TTL monitor deletes
+        # them too.
+        await self._limit.get()  # and the server's clock
         expired = await guarded(
-            self._records.find({"expires_at": {"$lte": datetime.now(UTC)}}, {"_id": True})
+            self._records.find({"expires_at": {"$lte": self._server_now()}}, {"_id": True})
             .limit(limit)
             .to_list(),
             InboxStorageUnavailableError,

@@ -1,0 +1,89 @@
+"""Workers whose clocks are wrong (issue #41): an inbox worker run under libfaketime (Debian's
+``faketime``), its clock moved +45 s or -45 s, against servers on the real clock.
+
+The inbox's dedupe records count for ``inbox_retention``: a duplicate arriving within it must be
+absorbed (G6) whatever the clock of the worker that wrote the record and of the one that reads
+it. Here the retention is 30 s, shorter than the skew, so a decision taken on a worker's own
+clock shows at once: a fast worker (+45 s) would think a record written a few seconds ago by a
+correct one had expired, and a slow one (-45 s) would write records already expired for
+everyone else.
+
+Only the wall clock is moved (``FAKETIME_DONT_FAKE_MONOTONIC=1``): timeouts, intervals and the
+event loop run on the monotonic clock, which a skewed host keeps anyway.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.integration.conftest import MakeTopic
+from tests.integration.inbox_app import Payment
+from tests.integration.inbox_harness import (
+    InboxProcess,
+    caught_up,
+    create_effects_table,
+    effects,
+    group_of,
+    inbox_env,
+    produce,
+)
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+#: Shorter than the skew: a worker that judged expiry on its own clock would be caught.
+RETENTION = 30
+
+
+def skewed(offset: str) -> dict[str, str]:
+    """The environment that moves a process's wall clock by ``offset`` (``+45s``)."""
+    if not LIBFAKETIME.exists():
+        pytest.fail(
+            f"{LIBFAKETIME} is missing: apt-get install faketime (.ci/run does)", pytrace=False
+        )
+    return {
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": offset,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+
+
+@pytest.mark.slow
+async def test_a_skewed_inbox_worker_never_takes_a_duplicate_twice(
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Events are handled by one worker, then delivered again (a relay's re-delivery, a
+    replay) to the next one, a few seconds later, well within the retention: a correct worker
+    after a fast one, a fast one (+45 s) after a correct one, a correct one after a slow one
+    (-45 s). Would catch a worker that decides a dedupe record has expired by its own clock,
+    or writes its expiry by its own clock: an event handled twice (G6)."""
+    topic = await make_topic("skew", partitions=1)
+    await make_topic(name=f"{topic}.dlq")
+    await create_effects_table(db_url)
+    env = inbox_env(db_url, kafka_bootstrap, topic, OUTBOXKIT_INBOX_RETENTION=f"{RETENTION}")
+    phases = [("-45s", ""), ("", "+45s")]
+    for round_, (first, then) in enumerate(phases):
+        events = [Payment(topic=topic, entity=f"r{round_}-{i}", seq=i) for i in range(5)]
+        for clock in (first, then):
+            # Each worker gets the same events: the second time they are duplicates.
+            extra = skewed(clock) if clock else {}
+            worker = InboxProcess(tmp_path, {**env, **extra}).start()
+            try:
+                await produce(kafka_bootstrap, events)
+                await wait_for(
+                    lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1),
+                    within=30,
+                    interval=0.2,
+                    what=f"the inbox worker (clock {clock or 'real'}) to catch up",
+                )
+            finally:
+                assert worker.terminate() == 0, worker.log()
+        taken = collections.Counter(event_id for event_id, _, _ in await effects(db_url))
+        twice = {str(e.id)[:8]: taken[e.id] for e in events if taken[e.id] != 1}
+        assert not twice, (
+            f"G6 violated: a worker on {then or 'the real clock'} after one on "
+            f"{first or 'the real clock'} took these events' effects again (count): {twice}"
+        )
