@@ -43,6 +43,9 @@ class CheckResult:
     #: waits for it during its start-up grace. False for what waiting cannot fix (a refused
     #: login, a missing table, a certificate).
     unreachable: bool = False
+    #: Kafka refused an operation to this principal (an ACL is missing): the other ACLs of a
+    #: worker are still worth checking in the same run.
+    denied: bool = False
     #: The exception behind a failed check, if one was raised (``--debug`` shows its
     #: traceback); not part of the result's JSON.
     error: BaseException | None = field(default=None, repr=False, compare=False)
@@ -423,6 +426,7 @@ async def check_kafka(
                 f"{', '.join(f'Topic:{t}' for t in unauthorized)}",
                 "Grant the ACLs this worker needs (docs/security.md lists them; `outboxkit acls` "
                 "prints the commands; READ or WRITE imply DESCRIBE), or fix OUTBOXKIT_TOPICS.",
+                denied=True,
             )
         )
         missing = [topic for topic in missing if topic not in unauthorized]

@@ -84,5 +84,7 @@ PER_INVOCATION = frozenset(
         "principal",
         "name",
         "no_transactions",
+        "relay_acls",
+        "inbox_acls",
     }
 )

@@ -187,19 +187,22 @@ async def preflight(
             )
         await asyncio.sleep(min(_RETRY_EVERY, max(deadline - now, 0)))
     problems = _problems(results)
-    if kafka and not problems:
-        problems = await _permission_problems(settings, topics, group)
+    if kafka and all(r.denied for r in failed):
+        # Reachable, and at most ACLs missing: every missing one in this run, not one per run.
+        problems += await permission_problems(settings, topics, group)
     if problems:
         # The exception behind the first failed check, for --debug's traceback.
         raise PreflightError(problems) from next((r.error for r in failed if r.error), None)
 
 
-async def _permission_problems(
+async def permission_problems(
     settings: ConnectionSettings, topics: Sequence[str], group: str | None
 ) -> list[Problem]:
     """Over an authenticated connection, the Kafka ACLs a worker lacks, one problem each
-    (:mod:`outboxkit.kafka_permissions`). A probe that fails otherwise is left to the worker,
-    which meets the same failure and reports it."""
+    (:mod:`outboxkit.kafka_permissions`): the relay's for :class:`RelaySettings`, the inbox's of
+    consumer group ``group`` for :class:`InboxSettings` (``topics``: its topics and their
+    dead-letter topics). A probe that fails otherwise is left to the worker, which meets the
+    same failure and reports it."""
     if settings.kafka_security_protocol == "PLAINTEXT":
         return []
     try:

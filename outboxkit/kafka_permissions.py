@@ -16,9 +16,13 @@ Each missing permission is one :class:`Missing`, named as in docs/security.md.
 
 from __future__ import annotations
 
+import _ssl
 import contextlib
+import re
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType
@@ -74,13 +78,59 @@ class Missing:
 
 
 def principal(settings: KafkaConnectionSettings) -> str:
-    """Who Kafka sees: ``User:<name>`` with SASL, the client certificate's subject with
-    mutual TLS."""
+    """Who Kafka sees: ``User:<name>`` with SASL; with mutual TLS ``User:`` and the client
+    certificate's subject, which the broker's ``ssl.principal.mapping.rules`` may shorten."""
     if settings.kafka_sasl_username:
         return f"User:{settings.kafka_sasl_username}"
     if settings.kafka_ssl_cert_file is not None:
-        return "this client certificate's subject (User:CN=…)"
+        subject = certificate_subject(settings.kafka_ssl_cert_file)
+        if subject is None:
+            return "this client certificate's subject"
+        return (
+            f"User:{subject} (this client certificate's subject, unless the broker's "
+            "ssl.principal.mapping.rules shorten it)"
+        )
     return "this client"
+
+
+#: Attribute names as a distinguished name (RFC 2253, as Kafka's principal) spells them.
+_ATTRIBUTES = {
+    "commonName": "CN",
+    "organizationalUnitName": "OU",
+    "organizationName": "O",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "countryName": "C",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def certificate_subject(path: Path | str) -> str | None:
+    """The subject of the first certificate of the PEM file ``path`` as Kafka writes it in a
+    principal (RFC 2253: ``CN=relay,OU=payments,O=shop``), or ``None`` if it cannot be read."""
+    decode = getattr(_ssl, "_test_decode_cert", None)  # the stdlib's only certificate reader
+    if decode is None:
+        return None
+    try:
+        subject = decode(str(path))["subject"]
+    except (OSError, ValueError, KeyError, ssl.SSLError):
+        return None
+    rdns = [
+        "+".join(f"{_ATTRIBUTES.get(name, name)}={_escape(value)}" for name, value in rdn)
+        for rdn in reversed(subject)  # RFC 2253: the most specific first
+    ]
+    return ",".join(rdns) or None
+
+
+def _escape(value: str) -> str:
+    escaped = re.sub(r'([,+"\\<>;])', r"\\\1", value)
+    if escaped.startswith(("#", " ")):
+        escaped = "\\" + escaped
+    if escaped.endswith(" "):
+        escaped = escaped[:-1] + "\\ "
+    return escaped
 
 
 async def missing_relay_permissions(
@@ -218,7 +268,11 @@ async def _missing_transactional_writes(
     try:
         node, init = await _init_producer_id(client, transactional_id, timeout_ms)
     except TransactionalIdAuthorizationFailed:
-        return [Missing("WRITE", f"TransactionalId:{group_id}.* (prefixed)")]
+        # The topics' WRITE asked without a transaction, so that one run names every ACL.
+        return [
+            Missing("WRITE", f"TransactionalId:{group_id}.* (prefixed)"),
+            *await _missing_plain_writes(client, topics),
+        ]
     producer_id, epoch = init.producer_id, init.producer_epoch
     added = await client.send(
         node,

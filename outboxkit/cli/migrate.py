@@ -15,6 +15,7 @@ from pymongo.errors import PyMongoError
 
 from outboxkit.backends import backend_for
 from outboxkit.check import (
+    CheckResult,
     check_mongodb_server,
     explain_database_error,
     explain_mongodb_error,
@@ -22,31 +23,59 @@ from outboxkit.check import (
     run_checks,
 )
 from outboxkit.cli import common
-from outboxkit.cli.common import EXIT_FAILED, load
+from outboxkit.cli.common import EXIT_FAILED, fail_config, load
+from outboxkit.cli.inbox import _import_inbox
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Topics
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
+from outboxkit.diagnose import permission_problems
+from outboxkit.inbox import InboxSettings
+from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
 from outboxkit.migrations.postgres import script
+from outboxkit.relay import RelaySettings
 
 
 def check(
+    *,
     database_url: DatabaseUrl = None,
     kafka_bootstrap_servers: BootstrapServers = None,
     topics: Topics = None,
+    relay_acls: Annotated[
+        bool,
+        typer.Option(
+            "--relay",
+            help="Also check the Kafka ACLs `outboxkit relay` needs (its group from "
+            "OUTBOXKIT_RELAY_NAME), as the relay does at start.",
+        ),
+    ] = False,
+    inbox_acls: Annotated[
+        str | None,
+        typer.Option(
+            "--inbox",
+            metavar="NAME|MODULE:INBOX",
+            help="Also check the Kafka ACLs this inbox's worker needs (its group, its topics "
+            "and their dead-letter topics), as the worker does at start.",
+        ),
+    ] = None,
     json_output: JsonOutput = False,
 ) -> None:
-    """Connect to the database and the broker and say what is wrong, if anything."""
-    settings = load(
-        ConnectionSettings,
-        database_url=database_url,
-        kafka_bootstrap_servers=kafka_bootstrap_servers,
-        topics=topics,
-    )
+    """Connect to the database and the broker and say what is wrong, if anything; with --relay
+    or --inbox, also every Kafka ACL that worker lacks."""
+    values = {
+        "database_url": database_url,
+        "kafka_bootstrap_servers": kafka_bootstrap_servers,
+        "topics": topics,
+    }
+    settings = load(ConnectionSettings, **values)
+    workers = _workers(values, relay=relay_acls, inbox=inbox_acls)
     # The checks report connection failures themselves; aiokafka would also log them.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     backend = backend_for(settings.database_url)
     results = asyncio.run(run_checks(settings, backend.check(settings)))
+    if workers and all(r.ok or r.denied for r in results if r.name in {"kafka", "topics"}):
+        results += asyncio.run(_acl_results(workers))
     if json_output:
         typer.echo(json.dumps([r.as_json() for r in results], indent=2))
     else:
@@ -61,6 +90,45 @@ def check(
                 traceback.print_exception(r.error, file=sys.stderr)
     if not all(r.ok for r in results):
         raise typer.Exit(EXIT_FAILED)
+
+
+#: A worker whose ACLs ``check`` looks at: its settings, the topics it uses, its group (inbox).
+_Worker = tuple[ConnectionSettings, list[str], str | None]
+
+
+def _workers(values: dict[str, str | None], *, relay: bool, inbox: str | None) -> list[_Worker]:
+    workers: list[_Worker] = []
+    if relay:
+        relay_settings = load(RelaySettings, **values)
+        workers.append((relay_settings, relay_settings.topics, None))
+    if inbox is not None:
+        try:
+            imported = _import_inbox(inbox) if ":" in inbox else None
+        except ConfigurationError as exc:
+            raise fail_config(exc) from None
+        name = imported.name if imported is not None else inbox
+        given = values["topics"] or (",".join(imported.topics) if imported is not None else None)
+        inbox_settings = load(InboxSettings, **(values | {"topics": given}))
+        dead_letters = [f"{t}{inbox_settings.dlq_suffix}" for t in inbox_settings.topics]
+        workers.append(
+            (inbox_settings, [*inbox_settings.topics, *dead_letters], f"outboxkit.inbox.{name}")
+        )
+    return workers
+
+
+async def _acl_results(workers: list[_Worker]) -> list[CheckResult]:
+    """Every Kafka ACL each worker lacks, one result each (outboxkit.kafka_permissions)."""
+    results = []
+    for settings, topics, group in workers:
+        what = "relay" if group is None else f"inbox of group {group}"
+        if settings.kafka_security_protocol == "PLAINTEXT":
+            results.append(CheckResult("acls", True, f"{what}: not checked over PLAINTEXT"))
+            continue
+        problems = await permission_problems(settings, topics, group)
+        results += [CheckResult("acls", False, p.what, p.fix, denied=True) for p in problems]
+        if not problems:
+            results.append(CheckResult("acls", True, f"{principal(settings)} may run the {what}"))
+    return results
 
 
 def migrate_command(

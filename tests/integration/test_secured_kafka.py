@@ -367,3 +367,60 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
     for text in shown:  # the log, /healthz, /metrics, `relay status`
         assert password not in text
     assert "partitions fenced" not in shown[0], "a missing ACL is not a fencing"
+
+
+async def test_check_and_the_relay_name_every_missing_acl_in_one_run(
+    secured_kafka: SecuredKafkaCluster, make_secured_topic: MakeTopic, migrated_postgresql_url: str
+) -> None:
+    """#44: `outboxkit check` passed what the relay then refused, and the relay named its
+    missing ACLs one run at a time (a refused transactional id hid the topic's WRITE)."""
+    url = migrated_postgresql_url
+    topic, name = await relay_topic(make_secured_topic, url, "acls", 1)
+    group = f"outboxkit.relay.{name}"
+    acls = relay_acls(group, [topic])
+    for resource_type, operation in (("GROUP", "READ"), ("TRANSACTIONAL_ID", "WRITE")):
+        acls = _without(acls, resource_type, operation)
+    acls = _without(acls, "TOPIC", "WRITE")  # READ stays: the topic can be described
+    user, password = await principal(secured_kafka, acls)
+    env = {
+        **relay_environment(secured_kafka, url, topic, name, user),
+        "OUTBOXKIT_STARTUP_GRACE": "0",
+    }
+    missing = [
+        f"Kafka does not allow User:{user} READ on Group:{group}",
+        f"Kafka does not allow User:{user} WRITE on TransactionalId:{group}.",
+        f"Kafka does not allow User:{user} WRITE on Topic:{topic}",
+    ]
+    checked = run_cli("check", "--relay", env=env)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert [line for line in checked.stdout.splitlines() if line.startswith("FAIL acls")]
+    for line in missing:
+        assert line in checked.stdout, checked.stdout
+    assert "ok   acls" not in checked.stdout
+    started = run_cli("relay", env=env)
+    assert started.returncode == 1, started.stderr
+    for line in missing:
+        assert line in started.stderr, started.stderr
+    assert password not in checked.stdout + checked.stderr + started.stderr
+
+
+async def test_check_names_every_acl_an_inbox_lacks(
+    secured_kafka: SecuredKafkaCluster, make_secured_topic: MakeTopic, migrated_postgresql_url: str
+) -> None:
+    """#44: a topic the inbox may not even describe stopped the preflight before its other
+    ACLs were looked at; `check --inbox` names them all."""
+    topic = await make_secured_topic("acls", partitions=1)
+    await make_secured_topic(name=f"{topic}.dlq")
+    acls = [a for a in inbox_acls(group_of(topic), [topic]) if a.name != topic]  # no READ on it
+    acls = [a for a in acls if a.resource_type != "GROUP"]
+    user, password = await principal(secured_kafka, acls)
+    env = {
+        **inbox_env(migrated_postgresql_url, secured_kafka.sasl_ssl_bootstrap, topic),
+        **secured_kafka.environment(user),
+        "OUTBOXKIT_STARTUP_GRACE": "0",
+    }
+    checked = run_cli("check", "--inbox", topic, env=env)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"Kafka does not allow User:{user} DESCRIBE on Topic:{topic}" in checked.stdout
+    assert f"Kafka does not allow User:{user} READ on Group:{group_of(topic)}" in checked.stdout
+    assert password not in checked.stdout + checked.stderr

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
     GroupCoordinatorNotAvailableError,
@@ -22,9 +24,11 @@ from aiokafka.errors import (
 from outboxkit.cli import main
 from outboxkit.core.exceptions import CoordinatorNotReadyError
 from outboxkit.core.kafka import with_coordinator
+from outboxkit.core.settings import KafkaSettings
 from outboxkit.embedded import free_port
 from outboxkit.inbox.status import InboxStatus
 from outboxkit.inbox.status import PartitionStatus as InboxPartition
+from outboxkit.kafka_permissions import principal
 from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.status import GroupStatus
 
@@ -203,3 +207,23 @@ def test_inbox_status_of_a_partition_never_committed_says_so(
         "ok      orders/2 offset 35 pending 0, no progress recorded",
     ]
     assert "None" not in out
+
+
+def test_the_mutual_tls_principal_is_the_certificates_subject(tmp_path: Path) -> None:
+    """#44: a missing ACL of a mutual-TLS client said `User:CN=…`, with a literal `…`."""
+    leaf = trustme.CA().issue_cert(
+        "relay.invalid",
+        common_name="relay",
+        organization_name="Shop, Inc.",
+        organization_unit_name="payments",
+    )
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    settings = KafkaSettings(
+        kafka_security_protocol="SSL", kafka_ssl_cert_file=cert, kafka_ssl_key_file=key
+    )
+    who = principal(settings)
+    assert who.startswith("User:CN=relay,OU=payments,O=Shop\\, Inc. ("), who
+    assert "…" not in who
+    assert "ssl.principal.mapping.rules" in who
