@@ -107,8 +107,9 @@ def _parse_json_object(value: object) -> object:
             f"not JSON ({exc.msg} at column {exc.colno}): write a JSON object, keys and strings "
             'in double quotes, e.g. {"metadata_max_age_ms": 60000}'
         ) from None
-    if not isinstance(parsed, dict):
-        raise ValueError(f'a JSON object is expected ({{"name": value, …}}), not {value!r}')
+    if not isinstance(parsed, dict):  # the value is not quoted: it may hold a secret
+        kind = "an array" if isinstance(parsed, list) else "a single value"
+        raise ValueError(f'a JSON object is expected ({{"name": value, …}}), not {kind}')
     return parsed
 
 
