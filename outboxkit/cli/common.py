@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
@@ -167,3 +171,15 @@ def kafka_settings(servers: str | None) -> KafkaSettings:
         return load_settings(KafkaSettings, kafka_bootstrap_servers=servers)
     except ConfigurationError as exc:
         raise fail_config(exc) from None
+
+
+def import_user_module(name: str) -> ModuleType:
+    """The user's module ``name`` (where an ``Inbox`` or an ``EventRegistry`` lives). Like
+    uvicorn, the current directory's modules import without ``PYTHONPATH``. Raises
+    :class:`ConfigurationError` when it cannot be imported."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {name!r}: {exc}") from None

@@ -4,11 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
-import os
-import sys
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -19,6 +16,7 @@ from outboxkit.cli.common import (
     EXIT_FAILED,
     configure_worker_logging,
     fail_config,
+    import_user_module,
     kafka_settings,
     load,
     run_on_loop,
@@ -97,14 +95,7 @@ def _import_inbox(target: str) -> Inbox[Any]:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
-    # Like uvicorn: modules of the current directory import without PYTHONPATH.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
-    inbox = getattr(module, attribute, None)
+    inbox = getattr(import_user_module(module_name), attribute, None)
     if not isinstance(inbox, Inbox):
         raise ConfigurationError(f"{target!r} is not an outboxkit.inbox.Inbox (got {inbox!r})")
     return inbox

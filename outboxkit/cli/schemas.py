@@ -8,16 +8,13 @@ the rules, docs/schemas.md the table).
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from outboxkit.cli.common import EXIT_FAILED, fail_config
+from outboxkit.cli.common import EXIT_FAILED, fail_config, import_user_module
 from outboxkit.cli_options import JsonOutput
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.schemas import EventRegistry
@@ -116,13 +113,7 @@ def import_registry(target: str) -> EventRegistry:
     module_name, _, attribute = target.partition(":")
     if not module_name:
         raise ConfigurationError(f"{target!r}: give the EventRegistry as module[:attribute]")
-    # Like uvicorn (and `outboxkit inbox`): the current directory's modules import as they are.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    module = import_user_module(module_name)
     if attribute:
         registry = getattr(module, attribute, None)
         if not isinstance(registry, EventRegistry):
