@@ -46,6 +46,9 @@ class CheckResult:
     #: Kafka refused an operation to this principal (an ACL is missing): the other ACLs of a
     #: worker are still worth checking in the same run.
     denied: bool = False
+    #: The topics Kafka would not describe to this principal (the worker's ACL probes name the
+    #: READ or WRITE it needs on each instead).
+    refused_topics: tuple[str, ...] = ()
     #: The exception behind a failed check, if one was raised (``--debug`` shows its
     #: traceback); not part of the result's JSON.
     error: BaseException | None = field(default=None, repr=False, compare=False)
@@ -427,6 +430,7 @@ async def check_kafka(
                 "Grant the ACLs this worker needs (docs/security.md lists them; `outboxkit acls` "
                 "prints the commands; READ or WRITE imply DESCRIBE), or fix OUTBOXKIT_TOPICS.",
                 denied=True,
+                refused_topics=tuple(unauthorized),
             )
         )
         missing = [topic for topic in missing if topic not in unauthorized]

@@ -189,10 +189,21 @@ async def preflight(
     problems = _problems(results)
     if kafka and all(r.denied for r in failed):
         # Reachable, and at most ACLs missing: every missing one in this run, not one per run.
-        problems += await permission_problems(settings, topics, group)
+        missing = await permission_problems(settings, topics, group)
+        kept = [r for r in results if not r.ok and not named_by(r, missing)]
+        problems = [*_problems(kept), *missing]
     if problems:
         # The exception behind the first failed check, for --debug's traceback.
         raise PreflightError(problems) from next((r.error for r in failed if r.error), None)
+
+
+def named_by(result: CheckResult, missing: Sequence[Problem]) -> bool:
+    """``result`` is the topics Kafka would not describe, and the ACL probes named the READ or
+    WRITE the worker needs on each of them (what ``outboxkit acls`` prints, not DESCRIBE)."""
+    return bool(result.refused_topics) and all(
+        any(p.what.endswith(f" on Topic:{topic}") for p in missing)
+        for topic in result.refused_topics
+    )
 
 
 async def permission_problems(

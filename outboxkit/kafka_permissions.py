@@ -11,6 +11,9 @@ operation would, and that changes nothing:
 - WRITE on the transactional-id prefix: InitProducerId for ``<group>.preflight``.
 - READ on the group: FindCoordinator, which needs DESCRIBE on it (implied by READ).
 
+A topic Kafka will not even describe (the worker has no ACL on it: READ and WRITE imply DESCRIBE)
+is named with the operation the worker needs on it, as ``outboxkit acls`` prints it.
+
 Each missing permission is one :class:`Missing`, named as in docs/security.md.
 """
 
@@ -225,6 +228,11 @@ async def _missing_group_read(
     return []
 
 
+def _undescribed(client: AIOKafkaClient, topic: str) -> bool:
+    """Kafka refused to describe ``topic`` to this principal: it has no ACL on it at all."""
+    return topic in client.cluster.unauthorized_topics
+
+
 def _leader(client: AIOKafkaClient, topic: str) -> int | None:
     leader = client.cluster.leader_for_partition(TopicPartition(topic, 0))
     return None if leader is None or leader < 0 else int(leader)
@@ -235,7 +243,9 @@ async def _missing_reads(client: AIOKafkaClient, topics: Sequence[str]) -> list[
     for topic in topics:
         leader = _leader(client, topic)
         if leader is None:
-            continue  # not described: the topic check says so
+            if _undescribed(client, topic):
+                missing.append(Missing("READ", f"Topic:{topic}"))
+            continue  # else absent: the topic check says so
         request = FetchRequest(0, 0, 1, 1, [(topic, [(0, 0, 1)])])
         response = await client.send(leader, request)
         codes = [part[1] for _, parts in response.topics for part in parts]
@@ -249,6 +259,8 @@ async def _missing_plain_writes(client: AIOKafkaClient, topics: Sequence[str]) -
     for topic in topics:
         leader = _leader(client, topic)
         if leader is None:
+            if _undescribed(client, topic):
+                missing.append(Missing("WRITE", f"Topic:{topic}"))
             continue
         # No records: Kafka authorizes the request first, then refuses the empty batch.
         request = ProduceRequest(None, -1, 10_000, [(topic, [(0, b"")])])

@@ -29,7 +29,7 @@ from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Top
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
-from outboxkit.diagnose import permission_problems
+from outboxkit.diagnose import Problem, named_by, permission_problems
 from outboxkit.inbox import InboxSettings
 from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
@@ -75,7 +75,10 @@ def check(
     backend = backend_for(settings.database_url)
     results = asyncio.run(run_checks(settings, backend.check(settings)))
     if workers and all(r.ok or r.denied for r in results if r.name in {"kafka", "topics"}):
-        results += asyncio.run(_acl_results(workers))
+        acls = asyncio.run(_acl_results(workers))
+        # A topic not described is named with the READ or WRITE the worker needs on it.
+        named = [Problem(r.summary, r.fix) for r in acls if not r.ok]
+        results = [r for r in results if not named_by(r, named)] + acls
     if json_output:
         typer.echo(json.dumps([r.as_json() for r in results], indent=2))
     else:

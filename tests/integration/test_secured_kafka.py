@@ -421,6 +421,45 @@ async def test_check_names_every_acl_an_inbox_lacks(
     }
     checked = run_cli("check", "--inbox", topic, env=env)
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert f"Kafka does not allow User:{user} DESCRIBE on Topic:{topic}" in checked.stdout
+    assert f"Kafka does not allow User:{user} READ on Topic:{topic}" in checked.stdout
     assert f"Kafka does not allow User:{user} READ on Group:{group_of(topic)}" in checked.stdout
     assert password not in checked.stdout + checked.stderr
+
+
+async def test_an_inbox_missing_its_only_acl_on_a_topic_names_read_or_write(
+    secured_kafka: SecuredKafkaCluster,
+    make_secured_topic: MakeTopic,
+    migrated_postgresql_url: str,
+    tmp_path: Path,
+) -> None:
+    """#44 item 13: without its only ACL on a topic (READ on the source, WRITE on the dead-letter
+    topic) the topic cannot be described, and the inbox said DESCRIBE, which `outboxkit acls
+    inbox` never prints; the dead-letter WRITE was looked at only if DESCRIBE was granted."""
+    url = migrated_postgresql_url
+    topic = await make_secured_topic("only", partitions=1)
+    dead_letters = await make_secured_topic(name=f"{topic}.dlq")
+    await create_effects_table(url)
+    acls = [a for a in inbox_acls(group_of(topic), [topic]) if a.resource_type == "GROUP"]
+    user, password = await principal(secured_kafka, acls)
+    env = {
+        **inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic),
+        **secured_kafka.environment(user),
+        "OUTBOXKIT_STARTUP_GRACE": "0",
+    }
+    missing = [
+        f"Kafka does not allow User:{user} READ on Topic:{topic}",
+        f"Kafka does not allow User:{user} WRITE on Topic:{dead_letters}",
+    ]
+    checked = run_cli("check", "--inbox", topic, env=env)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    worker = InboxProcess(tmp_path, env).start()
+    try:
+        await wait_for(lambda: _stopped(worker), within=60, what="the inbox to refuse to start")
+    finally:
+        worker.kill()
+    started = worker.log()
+    for output in (checked.stdout, started):
+        for line in missing:
+            assert line in output, output
+        assert "DESCRIBE" not in output, output
+        assert password not in output
