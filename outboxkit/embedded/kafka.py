@@ -126,6 +126,11 @@ class KafkaNode(ServerProcess):
             "group.min.session.timeout.ms": "1000",
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
+            # A follower that is alive but behind (a restarted JVM starved of CPU) leaves the ISR
+            # after this long, not Kafka's 30 s: until then every acks=all write to its
+            # partitions waits for it, offset commits and group joins included (the failover
+            # tests saw 31-34 s stalls right after a broker rejoined).
+            "replica.lag.time.max.ms": "10000",
             # outboxkit expects topics to exist; a typo must fail, not create a topic.
             "auto.create.topics.enable": "false",
             **self.cluster.extra_config,
