@@ -3,7 +3,8 @@
 The demo's job (``outboxkit.demo.pipeline:order_totals``) writes order totals to PostgreSQL and
 to a Delta table: both must equal a plain recount (in Python) of the distinct valid events; bad
 records are in the quarantine table with their error; a driver killed with SIGKILL and
-restarted from its checkpoint counts nothing twice, in either sink.
+restarted from its checkpoint counts nothing twice, in either sink. A job written for version 2
+of the order reads a stream mixing versions 1 and 2 through the registry's upcaster.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.embedded._process import wait_until
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
-from outboxkit.schemas import Event, encode
+from outboxkit.schemas import Event, EventRegistry, encode
 from tests.integration.conftest import REPO, MakeTopic
 
 pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [spark] extra")
@@ -37,7 +38,16 @@ pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [s
 from pyspark.sql import SparkSession  # noqa: E402
 
 from outboxkit.demo.pipeline import order_totals  # noqa: E402
-from outboxkit.pipeline import BatchInfo, DeltaSink, PipelineSettings, PostgresSink, run  # noqa: E402
+from outboxkit.pipeline import (  # noqa: E402
+    BatchInfo,
+    DeltaSink,
+    Output,
+    Pipeline,
+    PipelineSettings,
+    PostgresSink,
+    event_column,
+    run,
+)
 from outboxkit.pipeline.job import read_kafka  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -429,3 +439,80 @@ def _security_fields(kafka: KafkaConnectionSettings) -> dict[str, Any]:
         for name in KafkaConnectionSettings.model_fields
         if name != "kafka_bootstrap_servers"
     }
+
+
+class OrderPlacedV2(Event, type="shop.order_placed", version=2, key_field="order_id"):
+    """The order as its next version has it: one total, the lines gone."""
+
+    order_id: str
+    customer_id: str
+    currency: Currency
+    total: Decimal
+
+
+def order_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "order_id": payload["order_id"],
+        "customer_id": payload["customer_id"],
+        "currency": payload["currency"],
+        "total": payload["amount"],
+    }
+
+
+def customer_totals(events: Any) -> Any:
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    order = F.col(event_column(OrderPlacedV2))
+    return (
+        events.where(order.isNotNull())
+        .groupBy(order["customer_id"].alias("customer_id"))
+        .agg(
+            F.count(F.lit(1)).alias("orders"),
+            F.sum(order["total"]).cast("decimal(38,2)").alias("total"),
+        )
+    )
+
+
+@pytest.mark.timeout(300)
+async def test_a_job_on_version_2_reads_version_1_through_the_upcaster(
+    spark: SparkSession, kafka_bootstrap: str, make_topic: MakeTopic, pg_url: str, tmp_path: Path
+) -> None:
+    """Deploy order (b) of docs/schemas.md for the pipeline: v1 records in the topic (and from
+    producers not yet upgraded), then v2; the job knows only v2 and the upcaster. Exact totals,
+    nothing quarantined."""
+    topic = await make_topic("shop.orders.v2", partitions=2)
+    v1 = [order(n, T0 + timedelta(minutes=n), topic=topic) for n in range(40)]
+    v2 = [
+        OrderPlacedV2(
+            topic=topic,
+            order_id=f"o2-{n}",
+            customer_id=f"c-{n % 3}",
+            currency=Currency.EUR,
+            total=Decimal(n) + Decimal("0.25"),
+        )
+        for n in range(20)
+    ]
+    records = [wire(e) for e in v1[:20]] + [wire(e) for e in v2] + [wire(e) for e in v1[20:]]
+    await produce(kafka_bootstrap, topic, records)
+
+    registry = EventRegistry()
+    registry.register(OrderPlacedV2)
+    registry.upcaster(OrderPlacedV2, from_version=1)(order_v1_to_v2)
+    table = "customer_totals_v2"
+    ddl = f"CREATE TABLE {table} (customer_id text PRIMARY KEY, orders bigint, total numeric(38,2))"
+    sink = PostgresSink(table, keys=["customer_id"], add=["orders", "total"], ddl=ddl)
+    job = Pipeline(registry, [Output("customer_totals", customer_totals, [sink])])
+    settings = settings_for(tmp_path, kafka_bootstrap, topic, pg_url)
+    report = await asyncio.to_thread(run, job, settings, spark=spark)
+
+    expected: dict[str, tuple[int, Decimal]] = {}
+    for customer, total in [(e.customer_id, e.amount) for e in v1] + [
+        (e.customer_id, e.total) for e in v2
+    ]:
+        orders, amount = expected.get(customer, (0, Decimal(0)))
+        expected[customer] = (orders + 1, amount + total)
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(f"SELECT customer_id, orders, total FROM {table}").fetchall()
+    assert {r[0]: (r[1], r[2]) for r in rows} == expected
+    assert report.input_rows == len(records)
+    assert not Path(settings.output("quarantine")).exists(), "nothing was quarantined"
