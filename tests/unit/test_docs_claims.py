@@ -6,13 +6,17 @@ from __future__ import annotations
 import builtins
 import json
 import re
+import ssl
 import symtable
 
 import pytest
 from pydantic_settings import BaseSettings
 
-from outboxkit.core.settings import ENV_PREFIX
+from outboxkit.core.settings import ENV_PREFIX, KafkaConnectionSettings
+from outboxkit.embedded.kafka_jars import _ARTIFACTS
 from outboxkit.inbox import InboxSettings
+from outboxkit.kafka_acls import Acl
+from outboxkit.kafka_handshake import _describe
 from outboxkit.relay import RelaySettings
 from tests.docs_snippets import REPO, blocks
 
@@ -118,3 +122,30 @@ def test_the_testing_guide_blocks_define_every_name_they_use(index: int) -> None
     what it uses (its own service's modules are ``myservice``)."""
     code = _python_blocks("docs/testing.md")[index]
     assert _undefined_names(code) == set(), code
+
+
+def test_the_security_page_says_what_the_printed_acl_commands_need() -> None:
+    """#44 item 16: the page printed `kafka-acls.sh … --command-config admin.properties` without
+    saying what that file holds or where the script comes from, nor the ACLs of `topics sync` and
+    `topics create`, nor the message of a broker that sends its authority in the chain."""
+    page = (REPO / "docs/security.md").read_text()
+    text = " ".join(page.split())
+    command = Acl("TOPIC", "orders", ("READ",), "consume").kafka_acls_command("User:billing")
+    assert "--command-config admin.properties" in command
+    [properties] = [b.code for b in blocks(REPO / "docs/security.md") if b.info.startswith("prop")]
+    assert "with `--command-config admin.properties`: the client settings" in text
+    for key in ("security.protocol=", "sasl.mechanism=", "sasl.jaas.config=", "ssl.truststore"):
+        assert key in properties
+    # The script: not fetched by `dev jars` (the broker's runtime jars only).
+    assert not any("tools" in artifact or "bin" in artifact for _, artifact, _ in _ARTIFACTS)
+    assert "nor among the jars `outboxkit dev jars` fetches" in text
+    assert "Apache Kafka distribution" in text
+    assert "`topics create` needs CREATE" in text
+    assert "and DESCRIBE on the topics, which it reads back" in text
+    assert "`topics sync` needs DESCRIBE on the topics" in text
+    # The untrusted-authority line as the client says it when the chain ends in an unknown root.
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    error.verify_message = "self-signed certificate in certificate chain"
+    shown = _describe(KafkaConnectionSettings(kafka_security_protocol="SSL"), "broker:9093", error)
+    assert shown.what is not None
+    assert shown.what.replace("broker:9093", "…") in page
