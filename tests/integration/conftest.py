@@ -24,8 +24,11 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -518,3 +521,28 @@ def spark_cluster(spark_jars: list[Path], tmp_path: Path) -> Iterator[SparkClust
     that the test may kill workers of; ``spark_jars`` skips it without the [spark] extra."""
     with SparkCluster(2, base_dir=tmp_path / "spark-cluster") as cluster:
         yield cluster
+
+
+@dataclass(frozen=True)
+class Built:
+    sdist: Path
+    wheel: Path
+    output: str  # what `python -m build` printed, stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """RELEASING.md's build: the sdist, then the wheel built from the sdist (so a file the
+    sdist lacks fails the wheel). Built once per session: tests/integration/test_wheel.py checks
+    it, docs/getting-started.md's test installs it as a reader would."""
+    dist = tmp_path_factory.mktemp("dist")
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (sdist,) = dist.glob("outboxkit-*.tar.gz")
+    (wheel,) = dist.glob("outboxkit-*.whl")
+    return Built(sdist, wheel, result.stdout + result.stderr)

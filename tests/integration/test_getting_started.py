@@ -1,8 +1,9 @@
 """docs/getting-started.md, literally: its shell and python blocks run as written and in order,
 in one shell, in an empty directory, with no hidden setup (tests/docs_snippets.py says how the
-blocks become a script). From `pip install` — already satisfied by this environment — through
-`outboxkit dev up`, migrate, topics, a FastAPI writer, a handler, the relay and the inbox, to a
-charged order and a dead-lettered one, and `outboxkit dev down`."""
+blocks become a script). From `pip install` of the wheel RELEASING.md builds (the session's
+``built`` fixture) into a new virtualenv, through `outboxkit dev up`, migrate, topics, a FastAPI
+writer, a handler, the relay and the inbox, to a charged order and a dead-lettered one, and
+`outboxkit dev down`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import pytest
 
 from outboxkit.dev import status
 from outboxkit.embedded import free_port
+from outboxkit.embedded.kafka_jars import default_jars_dir
 from tests.docs_snippets import REPO, blocks, literal_script
+from tests.integration.conftest import Built
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -37,7 +40,7 @@ def test_the_document_has_no_hidden_snippets_and_only_runnable_blocks() -> None:
     ]
 
 
-def test_getting_started_runs_as_written(tmp_path: Path) -> None:
+def test_getting_started_runs_as_written(built: Built, tmp_path: Path) -> None:
     if shutil.which("curl") is None:
         pytest.skip(
             "the guide places orders with curl, which is not installed: apt-get install curl"
@@ -45,13 +48,25 @@ def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     work = tmp_path / "project"
     work.mkdir()
     dev_dir = tmp_path / "dev"
+    # The reader's clone, ~/outboxkit, with the wheel `python -m build` put in its dist/.
+    home = tmp_path / "home"
+    (home / "outboxkit" / "dist").mkdir(parents=True)
+    shutil.copy(built.wheel, home / "outboxkit" / "dist")
     bin_dir = str(Path(sys.executable).parent)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")},
-        # This environment's `pip`, `python`, `outboxkit` and `uvicorn`, as in the reader's
-        # virtualenv; the servers' state in this test's directory; a free port for the app.
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OUTBOXKIT_") and k not in {"VIRTUAL_ENV", "PYTHONPATH"}
+        },
+        "HOME": str(home),
+        # `python3` is this environment's interpreter (3.11), which makes the guide's virtualenv;
+        # everything after `. .venv/bin/activate` is that virtualenv's.
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+        # What the moved HOME would lose: Kafka's jars and pip's cache (not the install).
+        "OUTBOXKIT_KAFKA_JARS": str(default_jars_dir()),
+        "PIP_CACHE_DIR": str(Path.home() / ".cache" / "pip"),
+        # The servers' state in this test's directory; a free port for the app.
         "OUTBOXKIT_DEV_DIR": str(dev_dir),
         "PORT": str(free_port()),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -80,7 +95,10 @@ def test_getting_started_runs_as_written(tmp_path: Path) -> None:
         for log in sorted(work.glob("*.log"))
     )
     assert process.returncode == 0, f"{output}{logs}"
-    assert "Requirement already satisfied: outboxkit" in output
+    installed = [line for line in output.splitlines() if line.startswith("Successfully installed")]
+    assert installed, output
+    assert f"outboxkit-{built.wheel.name.split('-')[1]}" in installed[0].split()
+    assert (work / ".venv" / "bin" / "outboxkit").exists(), "the guide's virtualenv has it"
     assert "created orders: 3 partitions" in output
     assert "created orders.dlq: 3 partitions" in output
     assert "charged: [('o-" in output

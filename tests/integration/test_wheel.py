@@ -11,10 +11,11 @@ import subprocess
 import sys
 import venv
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.integration.conftest import Built
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,30 +33,6 @@ print(json.dumps({
     "partition": partition_for_key("21", 16),
 }))
 """
-
-
-@dataclass(frozen=True)
-class Built:
-    sdist: Path
-    wheel: Path
-    output: str  # what `python -m build` printed, stdout and stderr
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """RELEASING.md's build: the sdist, then the wheel built from the sdist (so a file the
-    sdist lacks fails the wheel)."""
-    dist = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    (sdist,) = dist.glob("outboxkit-*.tar.gz")
-    (wheel,) = dist.glob("outboxkit-*.whl")
-    return Built(sdist, wheel, result.stdout + result.stderr)
 
 
 @pytest.mark.timeout(120)
