@@ -62,14 +62,21 @@ async def dispatch_wakeups(
 class BacklogMonitor:
     """Measures the outbox's backlog every ``metrics_interval`` for the metrics, the health and
     the watch; a partition is *stalled* when its oldest pending record is older than
-    ``stall_after``."""
+    ``stall_after``.
+
+    A measure that fails, or does not answer within the interval (or ``connect_timeout``, if
+    longer), is given up until the next: the counts it would have replaced are forgotten
+    (``/healthz`` shows ``pending: null``, not numbers that may be long gone), ``stalled`` is
+    kept (a database that cannot be read is no reason to answer healthy), and a warning says so
+    once per streak."""
 
     storage: OutboxStorage
     settings: RelaySettings
     metrics: RelayMetrics
-    #: Per partition, as last measured; ``None`` until the first measure.
+    #: Per partition, as last measured; ``None`` until the first measure, and after a failed one.
     backlog: dict[TopicPartition, PartitionBacklog] | None = field(default=None, init=False)
     stalled: set[TopicPartition] = field(default_factory=set, init=False)
+    _failing: bool = field(default=False, init=False)
 
     def pending(self, tps: set[TopicPartition]) -> int:
         """Records pending in ``tps``, as last measured."""
@@ -88,9 +95,22 @@ class BacklogMonitor:
         }
 
     async def run(self) -> None:
+        within = max(self.settings.metrics_interval, self.settings.connect_timeout)
         while True:
-            with contextlib.suppress(StorageUnavailableError):
-                await self.measure()
+            try:
+                async with asyncio.timeout(within):
+                    await self.measure()
+            except (StorageUnavailableError, TimeoutError) as exc:
+                self.backlog = None
+                if not self._failing:
+                    logger.warning(
+                        "cannot measure the backlog",
+                        error=repr(exc),
+                        retry_in=self.settings.metrics_interval,
+                    )
+                self._failing = True
+            else:
+                self._failing = False
             await asyncio.sleep(self.settings.metrics_interval)
 
 

@@ -10,6 +10,7 @@ relay runs them in test_relay_engine_ownership.py and test_relay_blocks.py.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
@@ -21,8 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
+from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
-from outboxkit.relay.records import TopicPartition
+from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
 from outboxkit.relay.storage import OutboxStorage
@@ -178,6 +180,52 @@ async def test_the_backlog_counts_pending_per_partition_and_names_the_stalled() 
 
     await until(stalled, "stalled once stall_after has passed")
     assert monitor.stalled == {tp(1)}
+
+
+class _Backlogs(SpyStorage):
+    """``outcomes``: how the next backlog reads go (``down``: unavailable; ``hang``: never
+    answers, as on a half-open link or a pool that never frees a connection); then they work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcomes: deque[str] = deque()
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        outcome = self.outcomes.popleft() if self.outcomes else "ok"
+        if outcome == "down":
+            raise StorageUnavailableError("PostgreSQL is unavailable (fake)")
+        if outcome == "hang":
+            await asyncio.Event().wait()
+        return await super().backlog()
+
+
+async def test_the_health_backlog_is_never_a_stale_measure() -> None:
+    """#44 item 17: /healthz kept showing a backlog long published (`relay status`: 0). A measure
+    that never answered held the monitor for good, and one that failed left the last counts
+    shown as current, silently. Now a measure is cut after the interval (or connect_timeout),
+    a failed one forgets its counts (pending: null) with one warning per streak, and the next
+    measure that works shows the truth."""
+    storage = _Backlogs()
+    await storage.register_topics({TOPIC: 2})
+    for key in keys_on(1, 2)[:3]:
+        storage.add(Ping(key=key))
+    monitor = BacklogMonitor(
+        storage, settings(metrics_interval=0.05, connect_timeout=0.05), metrics()[0]
+    )
+    task = asyncio.create_task(monitor.run())
+    try:
+        await until(lambda: monitor.pending({tp(1)}) == 3, "the backlog measured")
+        with structlog.testing.capture_logs() as logs:
+            storage.outcomes.extend(["hang", "down"])
+            storage.table.rows.clear()  # published meanwhile
+            await until(lambda: monitor.backlog is None, "the hung measure given up")
+            await until(lambda: not storage.outcomes, "the failing measures done")
+            await until(lambda: monitor.backlog == {}, "the truth once a measure works")
+        warnings = [e for e in logs if e["event"] == "cannot measure the backlog"]
+        assert len(warnings) == 1, logs
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_the_watch_logs_a_long_stage_once_per_interval_and_failures_with_their_backlog() -> (
