@@ -193,6 +193,33 @@ def assert_in_key_order(found: Sequence[dict[str, Any]]) -> None:
         assert seqs == sorted(seqs), f"{key} handled out of order: {seqs}"
 
 
+async def assert_split(
+    url: str,
+    kafka: str,
+    dlq: str,
+    events: Sequence[Event],
+    *,
+    handled: type[Event],
+    lettered: type[Event],
+    reason: str,
+    message: str,
+) -> None:
+    """The ``handled`` events took effect and exactly the ``lettered`` ones are dead letters,
+    each with ``reason`` and ``message``."""
+    found = await effects(url)
+    assert sorted(e["event_id"] for e in found) == sorted(
+        e.id for e in events if isinstance(e, handled)
+    )
+    letters = await read_all(kafka, dlq)
+    assert sorted(uuid.UUID(dict(r.headers)["ce_id"].decode()) for r in letters) == sorted(
+        e.id for e in events if isinstance(e, lettered)
+    )
+    for letter in letters:
+        headers = dict(letter.headers)
+        assert headers["outboxkit-error-reason"] == reason.encode()
+        assert message.encode() in headers["outboxkit-error-message"]
+
+
 async def setup(url: str, make_topic: MakeTopic) -> tuple[str, str]:
     topic = await make_topic("evolution", partitions=PARTITIONS)
     dlq = await make_topic(name=f"{topic}.dlq")
@@ -273,18 +300,16 @@ async def test_a_new_version_producer_first_dead_letters_only_what_the_consumer_
     events = stream(topic, old, v2, old)
     await produce(kafka_bootstrap, events)
     await consume(db_url, kafka_bootstrap, topic, consumer(topic, OrderOld), CollectorRegistry())
-    found = await effects(db_url)
-    assert sorted(e["event_id"] for e in found) == sorted(
-        e.id for e in events if isinstance(e, OrderOld)
+    await assert_split(
+        db_url,
+        kafka_bootstrap,
+        dlq,
+        events,
+        handled=OrderOld,
+        lettered=OrderV2,
+        reason="unsupported_version",
+        message="has no version 2; known versions: 1",
     )
-    letters = await read_all(kafka_bootstrap, dlq)
-    assert sorted(uuid.UUID(dict(r.headers)["ce_id"].decode()) for r in letters) == sorted(
-        e.id for e in events if isinstance(e, OrderV2)
-    )
-    for letter in letters:
-        headers = dict(letter.headers)
-        assert headers["outboxkit-error-reason"] == b"unsupported_version"
-        assert b"has no version 2; known versions: 1" in headers["outboxkit-error-message"]
 
 
 async def test_a_breaking_change_the_check_names_is_what_the_inbox_dead_letters(
@@ -303,15 +328,13 @@ async def test_a_breaking_change_the_check_names_is_what_the_inbox_dead_letters(
     await consume(
         db_url, kafka_bootstrap, topic, consumer(topic, OrderRequired), CollectorRegistry()
     )
-    found = await effects(db_url)
-    assert sorted(e["event_id"] for e in found) == sorted(
-        e.id for e in events if isinstance(e, OrderNew)
+    await assert_split(
+        db_url,
+        kafka_bootstrap,
+        dlq,
+        events,
+        handled=OrderNew,
+        lettered=OrderOld,
+        reason="invalid_payload",
+        message="coupon: Field required",
     )
-    letters = await read_all(kafka_bootstrap, dlq)
-    assert sorted(uuid.UUID(dict(r.headers)["ce_id"].decode()) for r in letters) == sorted(
-        e.id for e in events if isinstance(e, OrderOld)
-    )
-    for letter in letters:
-        headers = dict(letter.headers)
-        assert headers["outboxkit-error-reason"] == b"invalid_payload"
-        assert b"coupon: Field required" in headers["outboxkit-error-message"]
