@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -130,9 +131,11 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
         async with run.fault("relay-0's Kafka link slow") as fault:
             fault.detail = "LINK0 latency 300±200 ms downstream"
             await link.add_toxic("latency", latency=300, jitter=200)
-            # Events still flow through the slow link: what is committed in its first second
+            # Events still flow through the slow link: what is committed once it is slow
             # reaches Kafka while it is slow (one per key per transaction: a few per second).
-            await asyncio.sleep(1)
+            await wait_for(
+                committed_since(run, fault.started, 50), within=30, what="50 events committed"
+            )
             first = [e for e, at in list(run.writers.committed_at.items()) if at >= fault.started]
             await wait_for(
                 lambda: all(e in run.arrivals.arrivals for e in first),
@@ -151,6 +154,15 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     quick = [g for g in report.faults if "slow" not in g.name]
     assert all(g.delivery < MAX_GAP for g in quick), str(report)
     assert (rebalances, fenced) == (0, 0), "latency set off a rebalance or a fence"
+
+
+def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[], bool]:
+    """Whether the writers have committed ``count`` events since ``moment`` (wall clock)."""
+
+    def check() -> bool:
+        return sum(1 for at in list(run.writers.committed_at.values()) if at >= moment) >= count
+
+    return check
 
 
 async def _rebalances(run: FailoverRun) -> float:
@@ -216,7 +228,8 @@ async def test_database_links_cut_and_half_open(
             # Held until everything committed meanwhile has taken effect, the link still cut:
             # relay-1 removed relay-0 from the group once its database sessions ended.
             await relay_link.disable()
-            await asyncio.sleep(1)
+            cut = time.time()
+            await wait_for(committed_since(run, cut, 50), within=30, what="50 events committed")
             await taken_effect(run, time.time(), within=30)
             took["relay-0 cut: its partitions moved and drained"] = time.time() - fault.started
             fault.detail = "cut until drained by relay-1"
@@ -234,6 +247,8 @@ async def test_database_links_cut_and_half_open(
         async with run.fault("inbox-0's database link lost mid-commit") as fault:
             # Replies stop first (the database commits, inbox-0 never hears it), then the link
             # is cut: every transaction in flight ends with its outcome unknown to inbox-0.
+            # A fault's schedule, not a wait for a condition: replies dropped for 1 s (the
+            # commits in flight finish on the server unheard), then the link cut for 2 s.
             fault.detail = "replies dropped 1 s, then cut 2 s"
             await inbox_link.add_toxic("timeout", stream="downstream", timeout=0)
             await asyncio.sleep(1)
