@@ -3,7 +3,7 @@ throughput into each sink and its ratio to the raw rate, SparkSession start, and
 to end with a driver killed mid-stream, checked against a batch recount.
 
     python bench/spark.py [--events 1000000] [--partitions 4] [--master local[2]]
-    python bench/spark.py --events 300000 --phases compare --rounds 6   # issue #31's setup
+    python bench/spark.py --events 300000 --phases compare --rounds 3   # issue #42: three jobs
 
 Starts its own PostgreSQL and one Apache Kafka node (or uses --postgres URL / --kafka HOST:PORT)
 and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on the same topic:
@@ -170,7 +170,7 @@ def main() -> None:  # noqa: PLR0915 (one script, phase after phase)
     )
     parser.add_argument(
         "--jobs",
-        default="hand-written,pipeline",
+        default="hand-written,same-work,pipeline",
         help="comma-separated jobs of the compare phase: hand-written, pipeline, and the "
         f"diagnostic variants {', '.join(JOB_VARIANTS)} (modifiers combine: "
         "pipeline:no-quarantine:no-persist)",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.spark_same_work import SAME_WORK_VARIANTS, same_work, validated
 from outboxkit.core.maven import copy_dependencies
 from outboxkit.demo.events import OrderPlaced
 
@@ -77,6 +78,9 @@ JOB_VARIANTS = {
     "pipeline:no-python-pass": "the decoder's Python pass replaced by a null (every row still "
     "decoded, deduplicated, cached and totalled: what the pass costs in the pipeline)",
     "hand-written:pipeline-decode": "the hand-written job with the pipeline's decoder",
+    "hand-written:same-work-decode": "the hand-written job with the same-work job's decode and "
+    "validation (its valid rows)",
+    **SAME_WORK_VARIANTS,
     "hand-written:scalars": "the hand-written job without the order lines (not parsed then)",
     "hand-written:headers": "the hand-written job reading the headers too (their count)",
     "hand-written:pipeline-decode:no-python-pass": "… without the decoder's Python pass",
@@ -142,6 +146,9 @@ class _Run:
         return self.cpu / max(self.rows, 1) * 1e6
 
 
+_DECODERS = {"pipeline-decode", "same-work-decode", "headers"}
+
+
 def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
     """readStream kafka → from_json → foreachBatch JDBC append (Spark's default options)."""
     from pyspark.sql import functions as F  # noqa: PLC0415
@@ -155,10 +162,12 @@ def _hand_written(ctx: Compare, name: str, modifiers: list[str]) -> Any:
         .option("subscribe", ctx.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", ctx.batch)
-        .option("includeHeaders", str(bool({"pipeline-decode", "headers"} & {*modifiers})).lower())
+        .option("includeHeaders", str(bool(_DECODERS & {*modifiers})).lower())
         .load()
     )
-    if "pipeline-decode" in modifiers:
+    if "same-work-decode" in modifiers:
+        orders = validated(records).where("reason IS NULL").select("o")
+    elif "pipeline-decode" in modifiers:
         from outboxkit.demo.events import registry  # noqa: PLC0415
         from outboxkit.pipeline import decode, event_column, valid_events  # noqa: PLC0415
 
@@ -298,7 +307,11 @@ def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
     cpu = tree_cpu(ctx.jvm)
     started = time.perf_counter()
     try:
-        report = (_hand_written if kind == "hand-written" else _pipeline)(ctx, name, modifiers)
+        if kind == "same-work":
+            report = same_work(ctx, name, modifiers, _jdbc(ctx.pg_url))
+        else:
+            job = _hand_written if kind == "hand-written" else _pipeline
+            report = job(ctx, name, modifiers)
     finally:
         for key, value in before.items():
             if value is None:
@@ -325,19 +338,36 @@ def compare_phase(ctx: Compare, jobs: list[str], rounds: int) -> None:
             )
             print(breakdown(r.report))
     warm = slice(1, None) if rounds > 1 else slice(None)
-    print(f"compare, medians of rounds {'2' if rounds > 1 else '1'}-{rounds}:")
-    base = runs.get("hand-written", [])
+    first = "2" if rounds > 1 else "1"
+    print(
+        f"compare, medians of rounds {first}-{rounds} (round 1 in brackets), "
+        f"order rotated each round, load average {os.getloadavg()[0]:.1f} at the end:"
+    )
+    bases = [b for b in ("hand-written", "same-work") if b in runs]
+    header = f"  {'job':<44} {'events/s':>18} {'us/event':>13}"
+    print(header + "".join(f"  {'x ' + b + ' (ev/s, CPU)':>30}" for b in bases))
     for job, done in runs.items():
         rate = statistics.median(r.rate for r in done[warm])
         us = statistics.median(r.us for r in done[warm])
-        line = f"  {job}: {rate:,.0f} events/s, {us:.1f} us of Spark's CPU per event"
-        if base and job != "hand-written":
-            rates = [r.rate / b.rate for r, b in zip(done[warm], base[warm], strict=True)]
-            cpus = [r.us / b.us for r, b in zip(done[warm], base[warm], strict=True)]
-            line += (
-                f"; x hand-written, same round: events/s {statistics.median(rates):.2f} "
-                f"({min(rates):.2f}-{max(rates):.2f}), CPU per event "
-                f"{statistics.median(cpus):.2f} ({min(cpus):.2f}-{max(cpus):.2f})"
-            )
+        line = f"  {job:<44} {rate:>8,.0f} ({done[0].rate:>7,.0f}) {us:>5.1f} ({done[0].us:>5.1f})"
+        for b in bases:
+            line += "  " + (f"{'':>30}" if job == b else f"{_ratios(done, runs[b], warm):>30}")
         print(line)
-    print("  targets (#31): pipeline >= 0.8x the hand-written job's events/s, <= 1.5x its CPU")
+    if "pipeline" in runs and "same-work" in runs:
+        print(
+            "  outboxkit ÷ same-work, same round (median, range): "
+            + _ratios(runs["pipeline"], runs["same-work"], warm, ranges=True)
+        )
+        print("  targets (#42): outboxkit >= 0.9x the same-work job's events/s, <= 1.2x its CPU")
+
+
+def _ratios(done: list[_Run], base: list[_Run], warm: slice, *, ranges: bool = False) -> str:
+    """Median ratios of events/s and CPU per event to ``base``'s run of the same round."""
+    rates = [r.rate / b.rate for r, b in zip(done[warm], base[warm], strict=True)]
+    cpus = [r.us / b.us for r, b in zip(done[warm], base[warm], strict=True)]
+    if not ranges:
+        return f"{statistics.median(rates):.2f}x, {statistics.median(cpus):.2f}x"
+    return (
+        f"events/s {statistics.median(rates):.2f}x ({min(rates):.2f}-{max(rates):.2f}), "
+        f"CPU per event {statistics.median(cpus):.2f}x ({min(cpus):.2f}-{max(cpus):.2f})"
+    )
