@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psycopg
 import structlog
 from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
 
@@ -26,7 +26,7 @@ from outboxkit.check import (
     DEV_HINT,
     CheckResult,
     check_kafka,
-    explain_database_error,
+    first_line,
 )
 from outboxkit.core.exceptions import (
     ConfigurationError,
@@ -76,11 +76,6 @@ class PreflightError(OutboxkitError):
         self.problems = list(problems)
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0].strip()
-
-
 def explain(exc: BaseException) -> list[Problem] | None:
     """The problems ``exc`` stands for, or ``None`` when it is not an expected failure."""
     if isinstance(exc, PreflightError):
@@ -92,8 +87,9 @@ def explain(exc: BaseException) -> list[Problem] | None:
     if isinstance(exc, CoordinatorNotReadyError):
         return [Problem(str(exc), _COORDINATOR_FIX)]
     cause = _root_cause(exc)
-    if isinstance(cause, psycopg.Error):
-        return [_database_problem(cause)]
+    database_error = _explain_postgres_error(cause)
+    if database_error is not None:
+        return [Problem(*database_error)]
     if isinstance(cause, AUTHORIZATION_ERRORS):
         return [Problem(f"Kafka does not allow this client {denied(cause)}", _ACL_FIX)]
     if isinstance(cause, UnknownTopicOrPartitionError):
@@ -138,9 +134,15 @@ def _root_cause(exc: BaseException) -> BaseException:
     return seen
 
 
-def _database_problem(exc: psycopg.Error) -> Problem:
-    what, fix = explain_database_error(exc)
-    return Problem(what, fix)
+def _explain_postgres_error(exc: BaseException) -> tuple[str, str | None] | None:
+    """What a psycopg error means and what to do, or None if ``exc`` is not one. A process that
+    never loaded psycopg (a MongoDB service) cannot have raised one, and does not load it now."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return None
+    from outboxkit.backends.postgres import explain_database_error  # noqa: PLC0415 - see above
+
+    return explain_database_error(exc)
 
 
 def _problems(results: Sequence[CheckResult]) -> list[Problem]:

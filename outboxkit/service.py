@@ -26,9 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
-import psycopg
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 from typing_extensions import TypeVar as DefaultTypeVar
@@ -55,8 +54,14 @@ from outboxkit.schemas import Event
 T = TypeVar("T")
 
 #: The service database's transaction type: a psycopg connection (the default), a pymongo
-#: ``AsyncClientSession`` for ``Outboxkit[AsyncClientSession]`` on MongoDB.
-TX = DefaultTypeVar("TX", default=psycopg.AsyncConnection[Any])
+#: ``AsyncClientSession`` for ``Outboxkit[AsyncClientSession]`` on MongoDB. The default is for
+#: type checkers only: at run time a MongoDB service never imports psycopg.
+if TYPE_CHECKING:
+    import psycopg
+
+    TX = DefaultTypeVar("TX", default=psycopg.AsyncConnection[Any])
+else:
+    TX = DefaultTypeVar("TX", default=Any)
 
 logger = structlog.get_logger("outboxkit.service")
 

@@ -9,17 +9,11 @@ import sys
 import traceback
 from typing import Annotated
 
-import psycopg
 import typer
-from pymongo.errors import PyMongoError
 
 from outboxkit.backends import backend_for
 from outboxkit.check import (
     CheckResult,
-    check_mongodb_server,
-    explain_database_error,
-    explain_mongodb_error,
-    mongodb_user,
     run_checks,
 )
 from outboxkit.cli import common
@@ -33,7 +27,6 @@ from outboxkit.diagnose import Problem, named_by, permission_problems
 from outboxkit.inbox import InboxSettings
 from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
-from outboxkit.migrations.postgres import script
 from outboxkit.relay import RelaySettings
 
 
@@ -143,6 +136,8 @@ def migrate_command(
     """Create or upgrade outboxkit's tables (PostgreSQL) or collections and indexes (MongoDB).
     Safe to run again and concurrently."""
     if sql:
+        from outboxkit.migrations.postgres import script  # noqa: PLC0415 - loads psycopg
+
         typer.echo(script(load_migrations()), nl=False)
         return
     settings = load(ConnectionSettings, database_url=database_url)
@@ -151,21 +146,17 @@ def migrate_command(
         _refuse_what_workers_refuse(settings)
     try:
         applied = asyncio.run(backend.migrate(settings.connect_timeout))
-    except psycopg.Error as exc:
-        what, fix = explain_database_error(exc, redact(settings.database_url))
-        typer.echo(f"error: migrating failed: {what}", err=True)
-        if fix:
-            typer.echo(f"  → {fix}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
-    except PyMongoError as exc:
-        url = settings.database_url
-        what, fix = explain_mongodb_error(exc, redact(url), mongodb_user(url))
-        typer.echo(f"error: migrating failed: {what}", err=True)
-        if fix:
-            typer.echo(f"  → {fix}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
     except MigrationError as exc:
         typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except Exception as exc:
+        explained = backend.explain(exc)
+        if explained is None:
+            raise
+        what, fix = explained
+        typer.echo(f"error: migrating failed: {what}", err=True)
+        if fix:
+            typer.echo(f"  → {fix}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     if applied:
         typer.echo("applied " + ", ".join(applied))
@@ -177,6 +168,8 @@ def _refuse_what_workers_refuse(settings: ConnectionSettings) -> None:
     """MongoDB: a server the workers would refuse (a standalone mongod, which has neither
     transactions nor change streams; a refused login) is refused before anything is created,
     with the line ``check`` and the workers print, rather than migrated as if it would do."""
+    from outboxkit.backends.mongodb import check_mongodb_server  # noqa: PLC0415 - MongoDB only
+
     server = asyncio.run(check_mongodb_server(settings))
     if not server.ok:
         typer.echo(f"error: {server.summary}", err=True)

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 import pytest_asyncio
 
@@ -250,6 +249,8 @@ def outboxkit_template(
     every test's database is cloned from."""
     import asyncio  # noqa: PLC0415
 
+    import psycopg  # noqa: PLC0415 - PostgreSQL's fixtures only: a MongoDB suite never loads it
+
     name = f"outboxkit_template_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(outboxkit_postgres, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -266,6 +267,8 @@ def outboxkit_template(
 @pytest.fixture
 def outboxkit_database_url(outboxkit_postgres: str, outboxkit_template: str) -> Iterator[str]:
     """A fresh database for this test: outboxkit's tables and yours, nothing in them."""
+    import psycopg  # noqa: PLC0415 - as above
+
     name = f"test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(outboxkit_postgres, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{outboxkit_template}"')

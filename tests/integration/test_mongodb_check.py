@@ -8,7 +8,7 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from outboxkit.check import check_mongodb_server
+from outboxkit.backends.mongodb import check_mongodb_server
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded import free_port
 from tests.helpers import run_cli

@@ -13,7 +13,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from outboxkit.backends import backend_for
-from outboxkit.check import REPLICA_SET_FIX
+from outboxkit.backends.mongodb import REPLICA_SET_FIX
 from outboxkit.embedded._process import free_port
 from outboxkit.relay.mongodb import MongoOutboxStorage
 from outboxkit.relay.records import TopicPartition
