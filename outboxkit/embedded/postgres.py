@@ -19,8 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Literal, Self
 
-import psycopg
-
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
     ManagedServer,
@@ -142,6 +140,8 @@ class EmbeddedPostgres(ManagedServer, ServerProcess):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def _accepts_connections(self) -> bool:
+        import psycopg  # noqa: PLC0415 - a MongoDB user's fixtures never load PostgreSQL's driver
+
         try:
             with psycopg.connect(self.url(), connect_timeout=1):
                 return True

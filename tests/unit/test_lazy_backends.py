@@ -1,7 +1,8 @@
-"""The engines load no database driver: a service on PostgreSQL never imports pymongo, and the
-relay and inbox engines (and the in-memory backends of fast tests) import neither driver. The
-backends' public names stay importable from ``outboxkit.relay`` / ``outboxkit.inbox``, loaded
-on first use."""
+"""No database driver is loaded before a URL names it: a service on PostgreSQL never imports
+pymongo, nor one on MongoDB psycopg. The command line, the service, the testing plugin, the relay
+and inbox engines (and the in-memory backends of fast tests) import neither driver; the backends'
+public names stay importable from ``outboxkit.relay`` / ``outboxkit.inbox``, loaded on first
+use."""
 
 from __future__ import annotations
 
@@ -52,3 +53,29 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="NoSuchOutbox"):
         _ = outboxkit.relay.NoSuchOutbox  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import outboxkit.cli",  # every `outboxkit` command imports it before it starts
+        "import outboxkit.backends, outboxkit.check, outboxkit.diagnose",
+        "import outboxkit.service",
+        "import outboxkit.testing",
+        "from outboxkit.backends import backend_for; backend_for('memory://x')",
+    ],
+)
+def test_the_applications_import_no_database_driver(statement: str) -> None:
+    assert _loaded_after(statement) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "loaded"),
+    [
+        ("postgresql://localhost/db", ["psycopg"]),
+        ("mongodb://localhost/db?replicaSet=rs0", ["pymongo"]),
+    ],
+)
+def test_a_url_loads_its_own_driver_and_not_the_other(url: str, loaded: list[str]) -> None:
+    statement = f"from outboxkit.backends import backend_for; backend_for({url!r})"
+    assert _loaded_after(statement) == loaded

@@ -6,12 +6,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-from pymongo import MongoClient
-from pymongo.errors import PyMongoError
+from typing import TYPE_CHECKING, Any, Literal
 
 from outboxkit.embedded._process import ServerProcess, spawn, stop_process, wait_until
+
+if TYPE_CHECKING:  # pymongo is imported when a mongod starts, not with the testing plugin
+    from pymongo import MongoClient
 
 #: Stop modes, named as :class:`~outboxkit.embedded.postgres.EmbeddedPostgres` names them:
 #: ``fast`` is SIGTERM (a clean shutdown), ``immediate`` is SIGKILL (a crash; the journal is
@@ -105,6 +105,8 @@ class Mongod(ServerProcess):
 
     def client(self) -> MongoClient[dict[str, Any]]:
         """A client of this mongod alone (not of its set), quick to give up."""
+        from pymongo import MongoClient  # noqa: PLC0415 - see the imports
+
         return MongoClient(
             self.address,
             directConnection=True,
@@ -154,6 +156,8 @@ class Mongod(ServerProcess):
 
 
 def _hello(client: MongoClient[dict[str, Any]]) -> Hello | None:
+    from pymongo.errors import PyMongoError  # noqa: PLC0415 - see the imports
+
     try:
         return client.admin.command("hello")
     except PyMongoError:

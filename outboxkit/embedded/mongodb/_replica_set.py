@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
 
-from pymongo.errors import PyMongoError
-
 from outboxkit.embedded._process import ManagedServer, ServerStartError, free_port
 from outboxkit.embedded.mongodb._binary import find_mongod
 from outboxkit.embedded.mongodb._mongod import Hello, Mongod, StopMode, mongod_parameters
@@ -178,6 +176,8 @@ class EmbeddedMongoReplicaSet(ManagedServer):
         back to it). Returns (the member that stepped down, the new primary). The hand-over
         picks any caught-up secondary; a higher-priority one takes over from it a few seconds
         later (:meth:`wait_for_primary`)."""
+        from pymongo.errors import PyMongoError  # noqa: PLC0415 - loaded by old.client() already
+
         old = self.primary(timeout=timeout)
         with old.client() as client:
             try:
