@@ -90,12 +90,27 @@ def database_name(url: str) -> str:
     return str(name)
 
 
-def make_client(url: str, *, connect_timeout: float, app_name: str, **options: Any) -> Client:
+def make_client(
+    url: str,
+    *,
+    connect_timeout: float,
+    app_name: str,
+    read_timeout: float | None = None,
+    **options: Any,
+) -> Client:
     """A client that reads UUIDs as :class:`uuid.UUID` and dates as aware datetimes, and whose
     unreachable server surfaces within ``connect_timeout``. ``app_name`` shows in mongod's logs
     and ``currentOp``, like ``application_name`` on PostgreSQL; ``options`` are more of
-    pymongo's."""
+    pymongo's.
+
+    ``read_timeout`` is pymongo's ``socketTimeoutMS``: a read that gets nothing for that long
+    fails with a ``NetworkTimeout`` (a ``ConnectionFailure``: "database unavailable") and its
+    connection is closed. Without it a half-open link (data stops, the socket stays open)
+    leaves an operation waiting for good. Keep it above the longest operation and above a
+    change stream's await time (1 s)."""
     timeout_ms = int(connect_timeout * 1000)
+    if read_timeout is not None:
+        options["socketTimeoutMS"] = int(read_timeout * 1000)
     client: Client = AsyncMongoClient(
         url,
         appname=app_name,
@@ -141,8 +156,17 @@ class MongoConnection:
     """A client of its own to the database named by ``url``, closed on leaving ``async with``:
     the base of outboxkit's MongoDB stores."""
 
-    def __init__(self, url: str, *, connect_timeout: float, app_name: str) -> None:
-        self._client: Client = make_client(url, connect_timeout=connect_timeout, app_name=app_name)
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        app_name: str,
+        read_timeout: float | None = None,
+    ) -> None:
+        self._client: Client = make_client(
+            url, connect_timeout=connect_timeout, app_name=app_name, read_timeout=read_timeout
+        )
         self.database: Database = self._client.get_database(database_name(url))
 
     @property

@@ -379,6 +379,16 @@ class WorkerSettings(ConnectionSettings):
     retry_backoff_max: float = Field(
         default=5.0, gt=0, description="Longest wait between retries after an error"
     )
+    database_timeout: float = Field(
+        default=45.0,
+        ge=1.0,
+        description="Seconds a worker waits for the database to send anything while a "
+        "statement, commit or other operation waits for it; past that it closes the connection "
+        'and retries ("database unavailable"). Ends the hang of a half-open link (data '
+        "stops, the socket stays open), which TCP may take 15 minutes or more to notice. Keep "
+        "it above the longest statement (outboxkit's connections run with a 30 s "
+        "statement_timeout) and MongoDB operation; it is MongoDB's socketTimeoutMS",
+    )
     startup_grace: float = Field(
         default=60.0,
         ge=0,

@@ -73,8 +73,11 @@ class MongoInboxStore(MongoConnection):
         connect_timeout: float = 10.0,
         retention: timedelta = timedelta(days=7),
         app_name: str = "outboxkit-inbox",
+        read_timeout: float | None = None,
     ) -> None:
-        super().__init__(url, connect_timeout=connect_timeout, app_name=app_name)
+        super().__init__(
+            url, connect_timeout=connect_timeout, app_name=app_name, read_timeout=read_timeout
+        )
         self._records = collection(self.database, "inbox", write_concern=MAJORITY_WRITE)
         self.retention = retention
         self._limit = CachedLimit(self._read_limit)

@@ -72,9 +72,20 @@ class PostgresInboxStore(PooledStore):
 
     unavailable = InboxStorageUnavailableError
 
-    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = None,
+    ) -> None:
         super().__init__(
-            url, pool_size=pool_size, connect_timeout=connect_timeout, name="outboxkit-inbox"
+            url,
+            pool_size=pool_size,
+            connect_timeout=connect_timeout,
+            name="outboxkit-inbox",
+            read_timeout=read_timeout,
         )
         self._limit = CachedLimit(self._read_limit)
 

@@ -55,7 +55,13 @@ class MongoPresence:
     """This relay's presence client, and the check for the presence of others."""
 
     def __init__(
-        self, url: str, database: Database, *, app_name: str, connect_timeout: float
+        self,
+        url: str,
+        database: Database,
+        *,
+        app_name: str,
+        connect_timeout: float,
+        read_timeout: float | None = None,
     ) -> None:
         self._url = url
         self._client_of: Client = database.client
@@ -66,6 +72,7 @@ class MongoPresence:
         self._beats = collection(database, "relay_members", write_concern=WriteConcern(w=1))
         self._prefix = f"{app_name}-presence-"
         self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._presence: Client | None = None
         #: (group, member id) announced with the current presence client.
         self._announced: tuple[str, str] | None = None
@@ -88,6 +95,7 @@ class MongoPresence:
             client = make_client(
                 self._url,
                 connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout,
                 app_name=self._app_name(group, member_id),
                 heartbeatFrequencyMS=PRESENCE_HEARTBEAT_MS,
             )

@@ -65,15 +65,22 @@ class MongoOutboxStorage(MongoConnection):
         connect_timeout: float = 10.0,
         retention: timedelta | None = None,
         app_name: str = "outboxkit-relay",
+        read_timeout: float | None = None,
     ) -> None:
-        super().__init__(url, connect_timeout=connect_timeout, app_name=app_name)
+        super().__init__(
+            url, connect_timeout=connect_timeout, app_name=app_name, read_timeout=read_timeout
+        )
         self._retention = retention
         self.outbox = collection(
             self.database, "outbox", read_concern=MAJORITY_READ, write_concern=MAJORITY_WRITE
         )
         self._topics = collection(self.database, "topics", write_concern=MAJORITY_WRITE)
         self._presence = MongoPresence(
-            url, self.database, app_name=app_name, connect_timeout=connect_timeout
+            url,
+            self.database,
+            app_name=app_name,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
         )
         self.heads = HeadReader(self._client, self.outbox)
         self._barrier = OrderBarrier()

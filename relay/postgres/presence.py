@@ -30,10 +30,18 @@ def member_lock_key(group: str, member_id: str) -> int:
 class PostgresPresence:
     """This relay's presence session, and the check for the sessions of others."""
 
-    def __init__(self, url: str, *, application_name: str, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str,
+        connect_timeout: float,
+        read_timeout: float | None = None,
+    ) -> None:
         self._url = url
         self._application_name = application_name
         self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._opened_at = 0.0
         #: (group, member id, lock key) announced on the current session.
@@ -116,6 +124,7 @@ class PostgresPresence:
             self._url,
             application_name=f"{self._application_name}-presence",
             connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
         )
         self._conn, self._opened_at = conn, time.monotonic()
         return conn

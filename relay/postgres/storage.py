@@ -63,15 +63,20 @@ class PostgresOutboxStorage(NamedStatements):
         connect_timeout: float = 10.0,
         listen_check_interval: float = 5.0,
         application_name: str = "outboxkit-relay",
+        read_timeout: float | None = None,
     ) -> None:
         self._url = url
         self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._listen_check_interval = listen_check_interval
         #: Per partition, the transaction-id horizon of the relay's last idle declaration.
         self._horizons: dict[TopicPartition, str] = {}
         self._application_name = application_name
         self._presence = PostgresPresence(
-            url, application_name=application_name, connect_timeout=connect_timeout
+            url,
+            application_name=application_name,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
         )
         super().__init__(
             url,
@@ -83,6 +88,7 @@ class PostgresOutboxStorage(NamedStatements):
             # while it was empty ran for minutes on the first backlog (queries.sql,
             # settle_and_claim).
             custom_plans=True,
+            read_timeout=read_timeout,
         )
 
     async def _close_own_connections(self) -> None:
@@ -208,6 +214,7 @@ class PostgresOutboxStorage(NamedStatements):
                     self._url,
                     application_name=f"{self._application_name}-listener",
                     connect_timeout=self._connect_timeout,
+                    read_timeout=self._read_timeout,
                 )
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)
