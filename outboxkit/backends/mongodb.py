@@ -263,7 +263,10 @@ class MongoBackend:
     @contextlib.asynccontextmanager
     async def relay(self, settings: RelaySettings) -> AsyncIterator[RelayParts]:
         async with MongoOutboxStorage(
-            self.url, connect_timeout=settings.connect_timeout, retention=settings.retention
+            self.url,
+            connect_timeout=settings.connect_timeout,
+            retention=settings.retention,
+            read_timeout=settings.database_timeout,
         ) as storage:
             yield storage, MongoWakeups(storage.outbox)
 
@@ -280,7 +283,10 @@ class MongoBackend:
     @contextlib.asynccontextmanager
     async def inbox_store(self, settings: InboxSettings) -> AsyncIterator[InboxStore[Any]]:
         async with MongoInboxStore(
-            self.url, connect_timeout=settings.connect_timeout, retention=settings.inbox_retention
+            self.url,
+            connect_timeout=settings.connect_timeout,
+            retention=settings.inbox_retention,
+            read_timeout=settings.database_timeout,
         ) as store:
             yield store
 

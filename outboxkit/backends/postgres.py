@@ -178,7 +178,10 @@ class PostgresBackend:
     @contextlib.asynccontextmanager
     async def relay(self, settings: RelaySettings) -> AsyncIterator[RelayParts]:
         async with PostgresOutboxStorage(
-            self.url, pool_size=settings.pool_size, connect_timeout=settings.connect_timeout
+            self.url,
+            pool_size=settings.pool_size,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.database_timeout,
         ) as storage:
             yield storage, storage  # LISTEN/NOTIFY lives with the storage's connections
 
@@ -197,7 +200,10 @@ class PostgresBackend:
     @contextlib.asynccontextmanager
     async def inbox_store(self, settings: InboxSettings) -> AsyncIterator[InboxStore[Any]]:
         async with PostgresInboxStore(
-            self.url, pool_size=settings.pool_size, connect_timeout=settings.connect_timeout
+            self.url,
+            pool_size=settings.pool_size,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.database_timeout,
         ) as store:
             yield store
 
