@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, settings
 
 # pytester runs outboxkit.testing the way a user's project does (tests/integration);
 # tests.scheduling spreads the suite over the xdist workers (its docstring says how);
-# tests.network.fixtures gives Toxiproxy and a broker reached through it.
-pytest_plugins = ["pytester", "tests.scheduling", "tests.network.fixtures"]
+# tests.network.fixtures gives Toxiproxy and a broker reached through it; tests.gotools the
+# promtool and helm fixtures (Go tools built on first use).
+pytest_plugins = ["pytester", "tests.scheduling", "tests.gotools", "tests.network.fixtures"]
 
 settings.register_profile("default", deadline=None, max_examples=200)
 settings.register_profile(

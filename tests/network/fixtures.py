@@ -24,6 +24,7 @@ from typing import ClassVar
 import pytest
 
 from outboxkit.embedded.kafka import KafkaCluster
+from tests.gotools import GoBuildError
 from tests.network.toxiproxy import Proxy, Toxiproxy, ToxiproxyError, ToxiproxyServer
 
 #: Proxied Kafka listeners: one per process a test may cut off.
@@ -65,7 +66,7 @@ class Links:
 def toxiproxy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToxiproxyServer]:
     try:
         server = ToxiproxyServer(tmp_path_factory.mktemp("toxiproxy")).start()
-    except ToxiproxyError as exc:
+    except (ToxiproxyError, GoBuildError) as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         yield server

@@ -18,18 +18,14 @@ Proxies used here:
   (``timeout`` ms, then a TCP RST), ``slicer`` (``average_size``, ``size_variation``,
   ``delay`` µs).
 
-``python -m tests.network.toxiproxy build`` builds the server if it is not cached (``.ci/run``
-does, before the tests) and prints its path.
+The server is built like the tests' other Go tools (:mod:`tests.gotools`: ``python -m
+tests.gotools build toxiproxy-server``, which ``.ci/run`` runs before the tests).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
@@ -37,47 +33,14 @@ from typing import Literal, Self
 import httpx
 
 from outboxkit.embedded._process import free_port, port_is_open, spawn, stop_process, wait_until
-
-VERSION = "v2.5.0"
-MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
-CACHED = Path.home() / ".cache" / "outboxkit" / f"toxiproxy-server-{VERSION}"
+from tests.gotools import TOXIPROXY
 
 Stream = Literal["upstream", "downstream"]
 ToxicType = Literal["timeout", "latency", "bandwidth", "reset_peer", "slicer", "slow_close"]
 
 
 class ToxiproxyError(RuntimeError):
-    """The Toxiproxy server refused a request, or could not be built or started."""
-
-
-def server_binary() -> Path:
-    """The cached ``toxiproxy-server``, built with ``go install`` first if it is missing
-    (about 40 s on 2 cores with an empty module cache)."""
-    if os.access(CACHED, os.X_OK):
-        return CACHED
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    if not Path(go).exists():
-        raise ToxiproxyError(
-            f"toxiproxy-server is not in {CACHED} and there is no Go to build it with: "
-            "install Go (https://go.dev/doc/install) or run .ci/run"
-        )
-    CACHED.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="toxiproxy-build-", dir=CACHED.parent) as gobin:
-        result = subprocess.run(
-            [go, "install", f"{MODULE}@{VERSION}"],
-            env={**os.environ, "GOBIN": gobin, "CGO_ENABLED": "0"},
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=600,
-        )
-        if result.returncode != 0:
-            raise ToxiproxyError(
-                f"building toxiproxy-server {VERSION} failed:\n{result.stdout}{result.stderr}"
-            )
-        # Atomic: a parallel worker building too replaces it with the same binary.
-        os.replace(Path(gobin) / "server", CACHED)
-    return CACHED
+    """The Toxiproxy server refused a request, or could not be started."""
 
 
 @dataclass
@@ -93,7 +56,7 @@ class ToxiproxyServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Self:
-        binary = server_binary()
+        binary = TOXIPROXY.path()
         self.port = self.port or free_port()
         log_path = self.log_dir / "toxiproxy.log"
         self._process = spawn(
@@ -224,9 +187,3 @@ class Toxiproxy:
 
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["build"]:
-        sys.exit("usage: python -m tests.network.toxiproxy build")
-    print(server_binary())
