@@ -57,6 +57,10 @@ class Ownership(Protocol):
     async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
         """Whether this member is in the group's current generation and owns ``partitions``."""
 
+    def lapsed(self) -> float | None:
+        """Seconds the group coordinator has not answered this member, once the group has
+        surely dropped it (it then publishes nothing until a new assignment); else None."""
+
     @property
     def member_id(self) -> str | None:
         """This member's id in the group, once joined."""
@@ -192,11 +196,14 @@ class Relay:
             self._departed.assigned()
         if self._ownership is not None:
             # Kafka rebalances when a subscribed topic gains partitions: writers must learn the
-            # new count. Best effort; the next rebalance or restart tries again.
+            # new count. Best effort; the next rebalance or restart tries again. Bounded well
+            # within the session timeout: aiokafka sends no heartbeat until this callback
+            # returns, and a database that does not answer would cost the relay its membership.
             counts = self._ownership.partition_counts()
             self._partitions.counts.update(counts)
             try:
-                await self.storage.register_topics(counts)
+                async with asyncio.timeout(self.settings.session_timeout / 3):
+                    await self.storage.register_topics(counts)
             except Exception as exc:  # never keep the workers below from starting
                 logger.warning("could not record the partition counts", error=repr(exc))
         await self._partitions.assign(partitions)
@@ -218,6 +225,9 @@ class Relay:
             member_id=self._ownership.member_id if self._ownership is not None else None,
             partitions=partition_statuses(owned, self._partitions.worker_of, self._backlog.backlog),
             crashed=sorted(str(tp) for tp in self._partitions.crashed),
+            membership_lapsed_for=(
+                None if self._ownership is None else _rounded(self._ownership.lapsed())
+            ),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:
@@ -236,3 +246,7 @@ class Relay:
                 logger.warning("cannot record the topics' partition counts yet", error=repr(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_backoff_max)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)

@@ -39,7 +39,9 @@ class PartitionStatus:
 @dataclass
 class RelayHealth:
     """What a liveness/readiness probe reports. ``healthy`` is false when the relay is not
-    running or an owned partition has had pending records for longer than ``stall_after``."""
+    running, an owned partition has had pending records for longer than ``stall_after``, a
+    worker crashed, or the group coordinator has not answered for longer than the session
+    timeout (``membership_lapsed_for``)."""
 
     running: bool
     owned: list[str]
@@ -53,10 +55,19 @@ class RelayHealth:
     partitions: list[PartitionStatus] = field(default_factory=list)
     #: Owned partitions whose worker failed unexpectedly and waits to be restarted.
     crashed: list[str] = field(default_factory=list)
+    #: Seconds the group coordinator has not answered this relay, once longer than the session
+    #: timeout: the group has given its partitions to others, and it publishes none until it
+    #: rejoins (a half-open link to Kafka). None while the membership holds.
+    membership_lapsed_for: float | None = None
 
     @property
     def healthy(self) -> bool:
-        return self.running and not self.stalled and not self.crashed
+        return (
+            self.running
+            and not self.stalled
+            and not self.crashed
+            and self.membership_lapsed_for is None
+        )
 
 
 class Progress:

@@ -18,6 +18,15 @@ every partition is revoked and drained before the rebalance continues, as Kafka 
 aiokafka awaits the rebalance callbacks but logs and swallows what they raise, so they never
 raise: a failure to drain is logged, and correctness rests on fencing, not on the callback.
 
+A member that cannot reach the group coordinator (a half-open link: its requests go unanswered,
+its sockets stay open) is dropped by the coordinator after the session timeout, and the group
+gives its partitions to others, while aiokafka's consumer still lists them as assigned (its
+heartbeat request waits ``request_timeout_ms``, 40 s, before it even fails). So the relay keeps
+its own clock of the coordinator's answers (:meth:`KafkaOwnership.lapsed`): once none came for
+longer than the session timeout (longer still while a join is pending), the membership has
+lapsed — the relay stops publishing every partition, as on a revocation, and reports itself
+unhealthy until a new assignment arrives. Kafka fences whatever it still had in flight.
+
 A dead member is waited for until its session times out; a relay that learns of the death
 sooner (from the database, :meth:`OutboxStorage.departed_members`) removes it with
 :meth:`KafkaOwnership.evict`: a LeaveGroup sent on its behalf, which Kafka accepts from any
@@ -105,6 +114,11 @@ class KafkaOwnership:
         self._admin: AIOKafkaAdminClient | None = None
         self._closing = contextlib.AsyncExitStack()
         self._confirming = asyncio.Lock()
+        #: Monotonic time the group coordinator last answered this member (a heartbeat, a
+        #: completed join); None before the first join.
+        self._heard_at: float | None = None
+        #: Monotonic time the membership lapsed (:meth:`lapsed`), until the next assignment.
+        self._lapsed_at: float | None = None
 
     @property
     def member_id(self) -> str | None:
@@ -118,6 +132,7 @@ class KafkaOwnership:
         self._consumer.subscribe(self._settings.topics, listener=_Listener(self))
         # start() fetches the metadata of the subscribed topics before it returns.
         await self._consumer.start()
+        self._hear_heartbeats()
         partitions: dict[str, int] = {}
         missing = []
         for topic in self._settings.topics:
@@ -140,7 +155,8 @@ class KafkaOwnership:
         return counts
 
     async def run(self) -> None:
-        """Stay in the group: poll (nothing comes back, every partition is paused)."""
+        """Stay in the group: poll (nothing comes back, every partition is paused); stop
+        publishing everything once the membership has lapsed (:meth:`lapsed`)."""
         while True:
             try:
                 await self._consumer.getmany(timeout_ms=500)
@@ -152,6 +168,58 @@ class KafkaOwnership:
             assigned = self._consumer.assignment()
             if assigned - self._consumer.paused():
                 self._consumer.pause(*assigned)
+            await self._check_membership()
+
+    def lapsed(self) -> float | None:
+        """Seconds since the group coordinator last answered this member, once the group has
+        surely dropped it: no answer for longer than the session timeout (the coordinator's own
+        limit), or, while a join is pending (which the coordinator may hold until every member
+        has joined), longer than the rebalance timeout as well. None while the membership holds.
+        """
+        heard = self._heard_at
+        if heard is None:
+            return None
+        silent = time.monotonic() - heard
+        limit = self._settings.session_timeout
+        if self._rejoining():
+            limit += self._settings.revoke_timeout + self._settings.session_timeout
+        return silent if silent > limit else None
+
+    async def _check_membership(self) -> None:
+        """Once the membership has lapsed, stop publishing every partition (they are
+        someone else's now) until the group assigns this relay partitions again."""
+        silent = self.lapsed()
+        if silent is None or not self.owned:
+            return
+        lost, self.owned = self.owned, frozenset()
+        self._lapsed_at = time.monotonic()
+        logger.warning(
+            "no answer from the group coordinator: the group has given this relay's "
+            "partitions to others; publishing none until it rejoins",
+            silent_for=round(silent, 1),
+            partitions=sorted(map(str, lost)),
+        )
+        await self._on_revoked(lost)
+
+    def _hear_heartbeats(self) -> None:
+        """Note every heartbeat the coordinator answers. aiokafka keeps the time of the last
+        one to itself (a local of its heartbeat task), so its coordinator's heartbeat is
+        wrapped; with an aiokafka that has none, no membership ever lapses here (Kafka still
+        fences what the relay sends)."""
+        coordinator: Any = getattr(self._consumer, "_coordinator", None)
+        beat = getattr(coordinator, "_do_heartbeat", None)
+        self._heard_at = time.monotonic()
+        if beat is None:
+            self._heard_at = None
+            return
+
+        async def heartbeat() -> bool:
+            answered = bool(await beat())
+            if answered:  # also while the group rebalances: the member is still in it
+                self._heard_at = time.monotonic()
+            return answered
+
+        coordinator._do_heartbeat = heartbeat
 
     def _refused(self) -> None:
         now = time.monotonic()
@@ -244,6 +312,15 @@ class KafkaOwnership:
         old, self.owned = self.owned, new
         self.rebalances += 1
         self.assigned_at = time.monotonic()
+        if self._heard_at is not None:
+            self._heard_at = self.assigned_at  # the coordinator answered the join
+        if self._lapsed_at is not None:
+            logger.info(
+                "rejoined the group",
+                after=round(self.assigned_at - self._lapsed_at, 1),
+                partitions=sorted(map(str, new)),
+            )
+            self._lapsed_at = None
         gained, lost = new - old, old - new
         if lost:
             logger.info("partitions revoked", partitions=sorted(map(str, lost)))

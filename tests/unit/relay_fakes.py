@@ -251,6 +251,8 @@ class ManualOwnership:
         self.evicted: list[str] = []
         #: What evict_process() raises instead, while set (the broker is down).
         self.evict_error: Exception | None = None
+        #: What lapsed() answers: seconds without an answer from the coordinator, or None.
+        self.lapsed_for: float | None = None
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
 
@@ -297,6 +299,9 @@ class ManualOwnership:
     async def confirm(self, partitions: frozenset[TopicPartition]) -> bool:
         self.confirmations.append(partitions)
         return self.confirms(partitions)
+
+    def lapsed(self) -> float | None:
+        return self.lapsed_for
 
     async def run(self) -> None:
         await self._ended.wait()

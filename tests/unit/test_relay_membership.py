@@ -1,0 +1,87 @@
+"""A relay's membership lapses when the group coordinator stops answering it (issue #41,
+finding 2: a relay behind a half-open Kafka link kept /healthz 200 listing partitions the group
+had moved): :meth:`KafkaOwnership.lapsed`, on a clock of the test's and a stand-in for aiokafka's
+group coordinator, whose heartbeats the relay notes."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition as KafkaTP
+
+from outboxkit.relay import ownership
+from outboxkit.relay.ownership import KafkaOwnership
+from outboxkit.relay.records import TopicPartition
+from tests.unit.relay_parts import settings
+
+OWNED = frozenset({TopicPartition("t", 0), TopicPartition("t", 1)})
+
+
+class Coordinator:
+    """What the relay reads of aiokafka's coordinator: its member, and a heartbeat that the
+    coordinator answers (``answers``) or not."""
+
+    def __init__(self) -> None:
+        self.member_id = "member-1"
+        self.generation = 1
+        self._rejoin_needed_fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.answers = True
+
+    async def _do_heartbeat(self) -> bool:
+        return self.answers
+
+
+async def test_a_member_the_coordinator_stops_answering_lapses_after_the_session_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Would catch a relay that keeps publishing (and reporting healthy) partitions the group
+    has surely given away, one that gives them up while heartbeats are answered or while its
+    join may still be held by the coordinator, or one that stays lapsed after rejoining."""
+    now = [1000.0]
+    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    revoked: list[frozenset[TopicPartition]] = []
+
+    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
+        revoked.append(partitions)
+
+    async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
+        pass
+
+    member = KafkaOwnership(
+        settings(session_timeout=10, heartbeat_interval=1, revoke_timeout=20),
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+    )
+    consumer: Any = member._consumer
+    coordinator = consumer._coordinator = Coordinator()
+    monkeypatch.setattr(consumer, "pause", lambda *tps: None)
+    member._hear_heartbeats()
+    member.owned = OWNED
+
+    now[0] += 9.0
+    assert await coordinator._do_heartbeat()  # answered: heard now
+    coordinator.answers = False
+    now[0] += 9.9
+    assert not await coordinator._do_heartbeat()
+    await member._check_membership()
+    assert (member.lapsed(), revoked, member.owned) == (None, [], OWNED)
+
+    # While a join is pending the coordinator may hold it until every member joined.
+    now[0] += 0.6  # 10.5 s without an answer
+    coordinator._rejoin_needed_fut.set_result(None)
+    assert member.lapsed() is None
+    coordinator._rejoin_needed_fut = asyncio.get_running_loop().create_future()
+
+    assert member.lapsed() == pytest.approx(10.5)
+    await member._check_membership()
+    assert (revoked, member.owned) == ([OWNED], frozenset())
+    await member._check_membership()  # nothing more to give up
+    assert revoked == [OWNED]
+
+    # The link heals: the group assigns partitions again (the join was answered).
+    await member._assigned({KafkaTP("t", 1)})
+    assert member.lapsed() is None
+    assert member.owned == {TopicPartition("t", 1)}
