@@ -196,14 +196,15 @@ class Relay:
             self._departed.assigned()
         if self._ownership is not None:
             # Kafka rebalances when a subscribed topic gains partitions: writers must learn the
-            # new count. Best effort; the next rebalance or restart tries again. Bounded well
-            # within the session timeout: aiokafka sends no heartbeat until this callback
-            # returns, and a database that does not answer would cost the relay its membership.
+            # new count. Best effort; the next rebalance or restart tries again. Not bounded
+            # below the session timeout, on purpose: aiokafka sends no heartbeat until this
+            # callback returns, so a relay whose database does not answer (connection refused,
+            # or silent for OUTBOXKIT_DATABASE_TIMEOUT) loses its membership again each time it
+            # rejoins, and the relays that reach the database publish its partitions.
             counts = self._ownership.partition_counts()
             self._partitions.counts.update(counts)
             try:
-                async with asyncio.timeout(self.settings.session_timeout / 3):
-                    await self.storage.register_topics(counts)
+                await self.storage.register_topics(counts)
             except Exception as exc:  # never keep the workers below from starting
                 logger.warning("could not record the partition counts", error=repr(exc))
         await self._partitions.assign(partitions)
