@@ -4,6 +4,7 @@
     ├── ConfigurationError              settings that cannot work; the message says what to fix
     │   └── MissingTopicsError          topics the settings name do not exist on Kafka
     ├── CoordinatorNotReadyError        Kafka's coordinator of a consumer group does not answer yet
+    ├── TopicsNotDescribedError         Kafka will not describe topics to this client (an ACL)
     ├── outboxkit.schemas.SchemaError   events, registry, wire format
     ├── outboxkit.relay.RelayError      outbox → Kafka
     └── outboxkit.inbox.InboxError      Kafka → handler
@@ -11,6 +12,10 @@
 Each error's docstring is its default message. ``retriable`` tells a retry loop whether trying
 the same operation again may succeed.
 """
+
+from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class OutboxkitError(Exception):
@@ -28,6 +33,19 @@ class ConfigurationError(OutboxkitError):
 
 class MissingTopicsError(ConfigurationError):
     """Topics do not exist on Kafka: create them with `outboxkit topics create`."""
+
+
+class TopicsNotDescribedError(OutboxkitError):
+    """Kafka will not describe topics to this client: it lacks DESCRIBE on them (READ, WRITE and
+    ALTER imply DESCRIBE; CREATE does not, so a client may create topics it cannot see)."""
+
+    def __init__(self, topics: Sequence[str], *, created: Sequence[str] = ()) -> None:
+        #: The topics Kafka refused to describe.
+        self.topics = list(topics)
+        #: Of those, the ones this client has just created (``ensure_topics``).
+        self.created = list(created)
+        names = ", ".join(f"Topic:{topic}" for topic in self.topics)
+        super().__init__(f"Kafka does not allow this client DESCRIBE on {names}")
 
 
 class CoordinatorNotReadyError(OutboxkitError):

@@ -31,6 +31,7 @@ from outboxkit.core.exceptions import (
     ConfigurationError,
     CoordinatorNotReadyError,
     MissingTopicsError,
+    TopicsNotDescribedError,
 )
 from outboxkit.core.settings import KafkaConnectionSettings
 
@@ -208,6 +209,10 @@ async def ensure_topics(
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.1)
+            except TopicsNotDescribedError as exc:
+                raise TopicsNotDescribedError(
+                    exc.topics, created=[t for t in exc.topics if t in created]
+                ) from None
     return [
         TopicState(s.name, s.partitions, s.replication_factor, s.name in created) for s in states
     ]
@@ -243,6 +248,13 @@ async def describe_topics(
 
 async def _describe(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> list[TopicState]:
     described = {t["topic"]: t for t in await admin.describe_topics(list(topics))}
+    refused = [
+        t
+        for t in topics
+        if t in described and described[t]["error_code"] == TopicAuthorizationFailedError.errno
+    ]
+    if refused:  # with an authorizer, such a topic may exist or not: said as what it is
+        raise TopicsNotDescribedError(refused)
     missing = [
         t
         for t in topics

@@ -11,14 +11,14 @@ import asyncio
 import json
 import logging
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from aiokafka.errors import KafkaError
 
 from outboxkit.cli.common import EXIT_FAILED, fail_config, load, run_storage
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, DlqSuffix, JsonOutput, Topics
-from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.exceptions import ConfigurationError, TopicsNotDescribedError
 from outboxkit.core.kafka import (
     TopicSpec,
     TopicState,
@@ -30,6 +30,7 @@ from outboxkit.core.kafka import (
 )
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
 from outboxkit.diagnose import preflight
+from outboxkit.kafka_permissions import principal
 
 topics_app = typer.Typer(
     help="Kafka topics: create them (with their dead-letter topics), describe them, record "
@@ -130,7 +131,14 @@ def create(
     specs = [
         TopicSpec(name, partitions, replication_factor, configs) for name in dict.fromkeys(names)
     ]
-    states = asyncio.run(ensure_topics(settings, specs, request_timeout=settings.connect_timeout))
+    try:
+        states = asyncio.run(
+            ensure_topics(settings, specs, request_timeout=settings.connect_timeout)
+        )
+    except TopicsNotDescribedError as exc:
+        if exc.created:
+            typer.echo(f"created {', '.join(exc.created)} (Kafka will not show them: see below)")
+        _refused_describe(settings, exc)
     if json_output:
         typer.echo(json.dumps([asdict(s) for s in states], indent=2))
         return
@@ -140,6 +148,17 @@ def create(
             f"{verb} {state.name}: {state.partitions} partitions, "
             f"replication factor {state.replication_factor}"
         )
+
+
+def _refused_describe(settings: KafkaSettings, exc: TopicsNotDescribedError) -> NoReturn:
+    names = ", ".join(f"Topic:{topic}" for topic in exc.topics)
+    typer.echo(f"error: Kafka does not allow {principal(settings)} DESCRIBE on {names}", err=True)
+    typer.echo(
+        "  → Grant DESCRIBE on them (READ, WRITE and ALTER imply it, CREATE does not; "
+        "docs/security.md lists the ACLs each worker needs).",
+        err=True,
+    )
+    raise typer.Exit(EXIT_FAILED)
 
 
 @topics_app.command("describe")
@@ -164,7 +183,10 @@ def describe(
         states = await describe_topics(settings, found, request_timeout=settings.connect_timeout)
         return states, [t for t in dlqs if t not in existing]
 
-    states, missing_dlqs = asyncio.run(run())
+    try:
+        states, missing_dlqs = asyncio.run(run())
+    except TopicsNotDescribedError as exc:
+        _refused_describe(settings, exc)
     if json_output:
         typer.echo(
             json.dumps(

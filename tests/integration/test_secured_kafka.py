@@ -463,3 +463,32 @@ async def test_an_inbox_missing_its_only_acl_on_a_topic_names_read_or_write(
             assert line in output, output
         assert "DESCRIBE" not in output, output
         assert password not in output
+
+
+async def test_topics_create_without_describe_says_created_and_names_the_missing_acl(
+    secured_kafka: SecuredKafkaCluster,
+) -> None:
+    """#44's finding: a principal allowed to CREATE topics but not to DESCRIBE them (CREATE does
+    not imply DESCRIBE; READ, WRITE and ALTER do) had its topics created, then was told they did
+    not exist and to create them. It must be told they were created, and which ACL is missing
+    to show them; with DESCRIBE as well, the same command shows them."""
+    topic = f"acl-create-{uuid.uuid4().hex[:8]}"
+    user, password = await principal(
+        secured_kafka, [Acl("TOPIC", "acl-create-", ("CREATE",), "create", "PREFIXED")]
+    )
+    env = {**secured_kafka.environment(user), "OUTBOXKIT_CONNECT_TIMEOUT": "5"}
+    created = run_cli("topics", "create", topic, "--partitions", "2", env=env)
+    output = created.stdout + created.stderr
+    assert created.returncode == 1, output
+    assert "does not exist" not in output, output
+    assert "Traceback" not in output, output
+    assert password not in output
+    assert f"created {topic}, {topic}.dlq" in output, output
+    assert f"Kafka does not allow User:{user} DESCRIBE on Topic:{topic}" in output, output
+
+    await secured_kafka.grant(
+        f"User:{user}", "TOPIC", "acl-create-", ("DESCRIBE",), pattern="PREFIXED"
+    )
+    again = run_cli("topics", "create", topic, "--partitions", "2", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"exists  {topic}: 2 partitions" in again.stdout, again.stdout
