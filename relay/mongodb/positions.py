@@ -18,7 +18,7 @@ like any other pending record (G3): the relay never keeps a "last position seen"
 Each record also carries ``previous``: the position of its key's record just before it (the
 last one of the key's previous transaction, or the one before it in the same transaction). A
 key's records thus form a chain with no link missing, which the relay checks before it publishes
-(:mod:`.storage`, the order barrier): a record whose predecessor it has not seen settled is held
+(the order barrier, :mod:`.barrier`): a record whose predecessor it has not seen settled is held
 back until it has. ``previous`` is ``None`` for a key's first record (no document yet).
 
 Positions of different keys may interleave, even within a millisecond (``$$NOW`` has millisecond

@@ -39,3 +39,32 @@ def test_every_module_of_the_foundation_and_the_engines_is_on_the_map() -> None:
     ]
     missing = [module for module in modules if module not in named]
     assert not missing, f"docs/architecture.md does not place {missing}"
+
+
+#: ``relay/lease.py`` (`ProducerLease`: `acquire`, `drop`) — a file, then the names it holds.
+_ANCHORED = re.compile(r"`((?:" + "|".join(_FOLDERS) + r")/[\w./-]+)` \(([^)]*)\)")
+
+
+def _anchors() -> list[tuple[str, str]]:
+    """(file, name) for each name the map says a file holds, in backticks after the file."""
+    pairs = set()
+    for path, names in _ANCHORED.findall(DOCUMENT.read_text()):
+        for name in re.findall(r"`([A-Za-z_][\w.]*)(?:\([^`]*\))?`", names):
+            pairs.add((path, name.split(".")[-1]))
+    return sorted(pairs)
+
+
+def test_the_map_anchors_names_in_files() -> None:
+    assert len(_anchors()) > 20, _anchors()
+
+
+@pytest.mark.parametrize(("path", "name"), _anchors())
+def test_every_name_the_map_places_in_a_file_is_there(path: str, name: str) -> None:
+    """The glossary's anchors (`relay/lease.py` (`ProducerLease`)) cannot drift from the code
+    either: a renamed class or function fails here until the map follows it."""
+    where = REPO / path
+    files = sorted(where.rglob("*.py")) if where.is_dir() else [where]
+    text = "\n".join(file.read_text() for file in files)
+    assert re.search(rf"\b{re.escape(name)}\b", text), (
+        f"docs/architecture.md places `{name}` in {path}, which does not define or use it"
+    )
