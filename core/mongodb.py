@@ -30,6 +30,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConfigurationError as DriverConfigurationError
 from pymongo.errors import (
     ConnectionFailure,
+    NetworkTimeout,
     OperationFailure,
     PyMongoError,
     ServerSelectionTimeoutError,
@@ -273,7 +274,14 @@ async def in_transaction(
     an exception it raises aborts the transaction and propagates. Server and network failures
     that outlast the retries raise ``unavailable``. A transaction that mongod aborted after it
     ran ``lifetime`` seconds or more (``transactionLifetimeLimitSeconds``) raises
-    ``too_long(seconds it ran)`` instead of being run again: it would only be aborted again."""
+    ``too_long(seconds it ran)`` instead of being run again: it would only be aborted again.
+
+    A transaction given up on a silent server (a ``NetworkTimeout``: ``socketTimeoutMS``) is
+    not retried here, and may still be open on mongod, holding its write locks until
+    ``transactionLifetimeLimitSeconds`` (60 s): its session is killed (``killSessions``) before
+    the next transaction on ``client``, once the server answers again, so that the retry does
+    not meet write conflicts with it for that long."""
+    await _kill_abandoned(client)
     async with client.start_session() as session:
         deadline = time.monotonic() + TRANSACTION_TIME_LIMIT
         attempt = 0
@@ -291,6 +299,9 @@ async def in_transaction(
                 if _is_stale_connection(exc):
                     await _drop_connections()  # nothing reached mongod: run it again
                     continue
+                if isinstance(exc, NetworkTimeout):  # see _commit
+                    _abandon(client, session)
+                    raise unavailable(f"MongoDB is unavailable: {describe(exc)}") from exc
                 if is_transient(exc):
                     await _backoff(attempt)
                     continue
@@ -300,6 +311,8 @@ async def in_transaction(
             try:
                 await _commit(session)
             except PyMongoError as exc:
+                if isinstance(exc, NetworkTimeout):
+                    _abandon(client, session)
                 _raise_if_outlived(exc, time.monotonic() - started, lifetime, too_long)
                 if is_transient(exc):
                     await _backoff(attempt)
@@ -311,6 +324,30 @@ async def in_transaction(
                 raise
             return result
     raise unavailable(f"MongoDB transaction still conflicting after {TRANSACTION_TIME_LIMIT:.0f} s")
+
+
+#: Per client, the sessions (``lsid``) of transactions given up on a silent server, to kill.
+_abandoned: weakref.WeakKeyDictionary[Client, list[Document]] = weakref.WeakKeyDictionary()
+
+
+def _abandon(client: Client, session: AsyncClientSession) -> None:
+    _abandoned.setdefault(client, []).append(dict(session.session_id))
+
+
+async def _kill_abandoned(client: Client) -> None:
+    """Kill the sessions of transactions given up on a silent server (:func:`in_transaction`):
+    mongod aborts what they left open and releases its locks. Committed ones are not undone (a
+    committed transaction is no longer the session's). Kept for the next time while the server
+    does not answer; dropped if it refuses (a user may kill its own sessions, so it should not)."""
+    lsids = _abandoned.pop(client, None)
+    if not lsids:
+        return
+    try:
+        await client.admin.command({"killSessions": lsids})
+    except ConnectionFailure:
+        _abandoned.setdefault(client, []).extend(lsids)
+    except PyMongoError:
+        pass  # refused: mongod aborts them at their transaction lifetime
 
 
 def _raise_if_outlived(
@@ -330,13 +367,19 @@ def _raise_if_outlived(
 
 
 async def _commit(session: AsyncClientSession) -> None:
+    """Commit, retrying an unknown result. Not after a read given up on a silent server
+    (``socketTimeoutMS``, a ``NetworkTimeout``): each retry would wait as long again on what is
+    likely a dead link (five commits, or a whole transaction run again for
+    :data:`TRANSACTION_TIME_LIMIT`: 26 s behind a half-open link with a 3 s bound). The caller
+    gets its *unavailable* error at once and retries later; the transaction's own effects (a
+    dedupe record) say whether it committed."""
     for attempt in range(COMMIT_ATTEMPTS):
         try:
             await session.commit_transaction()
             return
         except PyMongoError as exc:
             if not _has_label(exc, "UnknownTransactionCommitResult") or isinstance(
-                exc, ServerSelectionTimeoutError
+                exc, (ServerSelectionTimeoutError, NetworkTimeout)
             ):
                 raise
             if attempt == COMMIT_ATTEMPTS - 1:

@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -33,6 +34,7 @@ from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy
+from tests.timeouts import SESSION_TIMEOUT
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
@@ -40,6 +42,10 @@ MAX_GAP = 20.0
 
 #: An inbox worker behind a half-open database link reports itself stalled after this long.
 INBOX_STALL_AFTER = 3.0
+
+#: OUTBOXKIT_DATABASE_TIMEOUT of the workers behind a database proxy: how long a read waits on
+#: a silent socket before the connection is given up.
+DATABASE_TIMEOUT = 3.0
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -100,7 +106,9 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     published by two producer sessions, interleaved: G4), a record lost between the two (G1)
     or published out of order (G2), partitions that never move, a relay that hangs on a dead
     socket for good or does not rejoin once the link heals (unhealthy, crashed, never owning a
-    partition again), or latency that sets off a rebalance loop."""
+    partition again), a half-open relay whose /healthz stays 200 listing partitions the group
+    gave to relay-1 (its membership lapsed: it must say so and stop publishing them), or
+    latency that sets off a rebalance loop."""
     link = kafka_links.proxies[0]
     async with run_on(
         kafka_links,
@@ -120,6 +128,16 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
                     lambda: _owners_are(run, 1), within=30, interval=0.2, what="one owner"
                 )
                 moved[name] = time.monotonic() - started
+                if name == "half-open":
+                    # The coordinator no longer answers relay-0: after the session timeout its
+                    # membership has lapsed; it owns nothing and says so.
+                    await wait_for(
+                        lambda: _lapsed(relay_0),
+                        within=SESSION_TIMEOUT + 10,
+                        interval=0.2,
+                        what="relay-0 unhealthy, owning nothing",
+                    )
+                    moved["half-open, relay-0 unhealthy"] = time.monotonic() - started
                 await run.settled()  # relay-1 published what relay-0 had claimed
                 await link.heal()
                 await wait_for(
@@ -194,12 +212,13 @@ async def test_database_links_cut_and_half_open(
     tmp_path: Path,
 ) -> None:
     """relay-0 and inbox-0 reach the database through proxies of their own, relay-1 and
-    inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut; inbox-0's
-    is made half-open; inbox-0's is cut while its transactions are in flight (commit outcome
-    unknown to it). Would catch an event lost or reordered (G1, G2), two publishers of a
-    partition (G4), an effect taken twice or never (G6: a commit whose outcome the worker never
-    learnt, retried), or a worker that hangs on a dead socket for good, crashes, or stays
-    unhealthy after the link heals."""
+    inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut, then made
+    half-open; inbox-0's is made half-open; inbox-0's is cut while its transactions are in
+    flight (commit outcome unknown to it). Would catch an event lost or reordered (G1, G2), two
+    publishers of a partition (G4), an effect taken twice or never (G6: a commit whose outcome
+    the worker never learnt, retried), a worker that hangs on a silent socket for good (it
+    never reports the database unavailable: OUTBOXKIT_DATABASE_TIMEOUT not applied), crashes,
+    or stays unhealthy after the link heals."""
     url = db_url
     upstream = urlsplit(url).netloc.rsplit("@", 1)[-1]
     relay_link = await toxiproxy.proxy("relay-db", upstream)
@@ -215,15 +234,20 @@ async def test_database_links_cut_and_half_open(
         entities=12,
         recovery_timeout=40.0,
         worker_env={
-            "relay-0": {"OUTBOXKIT_DATABASE_URL": via(relay_link, url)},
+            "relay-0": {
+                "OUTBOXKIT_DATABASE_URL": via(relay_link, url),
+                "OUTBOXKIT_DATABASE_TIMEOUT": f"{DATABASE_TIMEOUT:g}",
+            },
             "inbox-0": {
                 "OUTBOXKIT_DATABASE_URL": via(inbox_link, url),
                 "OUTBOXKIT_STALL_AFTER": f"{INBOX_STALL_AFTER:g}",
+                "OUTBOXKIT_DATABASE_TIMEOUT": f"{DATABASE_TIMEOUT:g}",
             },
         },
     ) as run:
         took: dict[str, float] = {}
         inbox_0 = next(w for w in run.workers if w.name == "inbox-0")
+        relay_0 = next(w for w in run.workers if w.name == "relay-0")
         async with run.fault("relay-0's database link cut") as fault:
             # Held until everything committed meanwhile has taken effect, the link still cut:
             # relay-1 removed relay-0 from the group once its database sessions ended.
@@ -234,15 +258,37 @@ async def test_database_links_cut_and_half_open(
             took["relay-0 cut: its partitions moved and drained"] = time.time() - fault.started
             fault.detail = "cut until drained by relay-1"
             await relay_link.heal()
+        async with run.fault("relay-0's database link half-open") as fault:
+            # relay-0's reads give up after OUTBOXKIT_DATABASE_TIMEOUT ("database unavailable",
+            # retried); once the link heals it publishes its partitions again by itself.
+            fault.detail = (
+                f"timeout=0 until relay-0 reports it (database timeout {DATABASE_TIMEOUT:g} s)"
+            )
+            silences = _silences(relay_0)
+            await relay_link.half_open()
+            await wait_for(
+                lambda: _silences(relay_0) > silences,
+                within=30,
+                interval=0.2,
+                what="relay-0 giving up a read on the silent database",
+            )
+            took["relay-0 half-open: database unavailable"] = time.time() - fault.started
+            await relay_link.heal()
         async with run.fault("inbox-0's database link half-open") as fault:
-            # Nothing bounds a read on a silent socket: inbox-0 keeps its partitions and waits;
-            # its /healthz turns 503 once a partition made no progress for stall_after.
-            fault.detail = f"timeout=0 until /healthz 503 (stall_after {INBOX_STALL_AFTER:g} s)"
+            # inbox-0's reads and commits give up after OUTBOXKIT_DATABASE_TIMEOUT: /healthz
+            # says the database is unavailable; once the link heals it handles its partitions
+            # again by itself, its dedupe records deciding what had committed.
+            fault.detail = (
+                f"timeout=0 until inbox-0 reports it (database timeout {DATABASE_TIMEOUT:g} s)"
+            )
             await inbox_link.half_open()
             await wait_for(
-                lambda: _unhealthy(inbox_0), within=30, interval=0.2, what="inbox-0 unhealthy"
+                lambda: _database_unavailable(inbox_0),
+                within=30,
+                interval=0.2,
+                what="inbox-0 reporting the database unavailable",
             )
-            took["inbox-0 half-open: /healthz 503"] = time.time() - fault.started
+            took["inbox-0 half-open: database unavailable"] = time.time() - fault.started
             await inbox_link.heal()
         async with run.fault("inbox-0's database link lost mid-commit") as fault:
             # Replies stop first (the database commits, inbox-0 never hears it), then the link
@@ -272,5 +318,39 @@ async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> Non
     await wait_for(effective, within=within, interval=0.5, what="every event's effect")
 
 
-async def _unhealthy(worker: Worker) -> bool:
-    return worker.alive() and not await worker.healthy()
+async def _lapsed(worker: Worker) -> bool:
+    """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
+    health = await _health(worker)
+    return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
+
+
+async def _health(worker: Worker) -> dict[str, Any]:
+    try:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)
+            return dict(response.json())
+    except (httpx.HTTPError, OSError, ValueError):
+        return {}
+
+
+#: How a read cut by OUTBOXKIT_DATABASE_TIMEOUT is reported: by outboxkit's psycopg
+#: connection, and by pymongo (which names its configured timeouts in every network error).
+_SILENCE = ("sent nothing for", "timed out (configured timeouts: socketTimeoutMS")
+
+
+def _silences(worker: Worker) -> int:
+    """How many reads the worker has given up on a silent database, as its log says."""
+    log = worker.process.log()
+    return sum(log.count(words) for words in _SILENCE)
+
+
+async def _reports_silence(worker: Worker) -> bool:
+    """The worker's last error is a read given up on a silent database."""
+    error = (await _health(worker)).get("last_error") or ""
+    return any(words in error for words in _SILENCE)
+
+
+async def _database_unavailable(worker: Worker) -> bool:
+    """An inbox worker's /healthz says the database is unavailable, for a silent read."""
+    health = await _health(worker)
+    return health.get("database_available") is False and await _reports_silence(worker)
