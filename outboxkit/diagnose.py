@@ -140,9 +140,9 @@ def _explain_postgres_error(exc: BaseException) -> tuple[str, str | None] | None
     psycopg = sys.modules.get("psycopg")
     if psycopg is None or not isinstance(exc, psycopg.Error):
         return None
-    from outboxkit.backends.postgres import explain_database_error  # noqa: PLC0415 - see above
+    from outboxkit.backends.postgres import explain_error  # noqa: PLC0415 - see above
 
-    return explain_database_error(exc)
+    return explain_error(exc)
 
 
 def _problems(results: Sequence[CheckResult]) -> list[Problem]:

@@ -45,14 +45,14 @@ from outboxkit.relay import (
 
 T = TypeVar("T")
 
-#: Seconds the direct probe of each MongoDB host waits at most (check_mongodb).
+#: Seconds the direct probe of each MongoDB host waits at most (check_database).
 _PROBE_SECONDS = 2.0
 
 
 # -- checks and errors ---------------------------------------------------------------------------
 
 
-async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResult | None:
+async def _probe_hosts(settings: ConnectionSettings, where: str) -> CheckResult | None:
     """Each host of the URL asked directly, within a couple of seconds: a failure that the
     replica-set client would only report after its whole timeout, as a dump of its topology,
     named instead — nothing answers, a standalone mongod, another replica set's name. None
@@ -136,28 +136,28 @@ async def _probe_mongodb(settings: ConnectionSettings, where: str) -> CheckResul
 
 
 #: mongod's AuthenticationFailed, and its words when a driver reports it otherwise.
-_MONGO_AUTH_FAILED = 18
+_AUTH_FAILED = 18
 
 
-def _mongo_login_refused(exc: PyMongoError) -> bool:
-    if isinstance(exc, OperationFailure) and exc.code == _MONGO_AUTH_FAILED:
+def _login_refused(exc: PyMongoError) -> bool:
+    if isinstance(exc, OperationFailure) and exc.code == _AUTH_FAILED:
         return True
     return "Authentication failed" in str(exc)
 
 
-def mongodb_user(url: str) -> str | None:
+def login_user(url: str) -> str | None:
     """The user a MongoDB URL logs in as, if any."""
     with contextlib.suppress(PyMongoError, ValueError):
         return parse_uri(url, validate=False, warn=True)["username"] or None
     return None
 
 
-def explain_mongodb_error(
+def explain_error(
     exc: PyMongoError, where: str, user: str | None = None
 ) -> tuple[str, str | None]:
     """What failed at MongoDB ``where`` and what to do: a refused login named as such (as
     ``user``), a server that does not answer, or the driver's first line."""
-    if _mongo_login_refused(exc):
+    if _login_refused(exc):
         details = exc.details if isinstance(exc, OperationFailure) else None
         reason = details.get("errmsg") if details else None
         check = "the user, password and authSource in OUTBOXKIT_DATABASE_URL"
@@ -172,11 +172,11 @@ def explain_mongodb_error(
     return f"MongoDB at {where} failed: {first_line(exc)}", None
 
 
-async def check_mongodb(settings: ConnectionSettings) -> list[CheckResult]:
-    server = await check_mongodb_server(settings)
+async def check_database(settings: ConnectionSettings) -> list[CheckResult]:
+    server = await check_server(settings)
     if not server.ok:
         return [server]
-    return [server, await _mongodb_migrations(settings)]
+    return [server, await _check_migrations(settings)]
 
 
 #: Why outboxkit needs a replica set, and how to make one: the same words wherever it refuses a
@@ -187,10 +187,10 @@ REPLICA_SET_FIX = (
 )
 
 
-async def check_mongodb_server(settings: ConnectionSettings) -> CheckResult:
+async def check_server(settings: ConnectionSettings) -> CheckResult:
     """MongoDB answers, lets this user in, and is a replica set (``database``)."""
     where = redact(settings.database_url)
-    probed = await _probe_mongodb(settings, where)
+    probed = await _probe_hosts(settings, where)
     if probed is not None:
         return probed
     client = make_client(
@@ -199,8 +199,8 @@ async def check_mongodb_server(settings: ConnectionSettings) -> CheckResult:
     try:
         hello = await client.admin.command("hello")
     except PyMongoError as exc:
-        summary, fix = explain_mongodb_error(exc, where, mongodb_user(settings.database_url))
-        unreachable = isinstance(exc, ConnectionFailure) and not _mongo_login_refused(exc)
+        summary, fix = explain_error(exc, where, login_user(settings.database_url))
+        unreachable = isinstance(exc, ConnectionFailure) and not _login_refused(exc)
         return CheckResult("database", False, summary, fix, unreachable=unreachable, error=exc)
     finally:
         await client.close()
@@ -211,7 +211,7 @@ async def check_mongodb_server(settings: ConnectionSettings) -> CheckResult:
     return CheckResult("database", True, f"MongoDB replica set {hello['setName']} at {where}")
 
 
-async def _mongodb_migrations(settings: ConnectionSettings) -> CheckResult:
+async def _check_migrations(settings: ConnectionSettings) -> CheckResult:
     client = make_client(
         settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
     )
@@ -307,9 +307,9 @@ class MongoBackend:
             return [m.label for m in await migrate_mongodb(conn.database)]
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
-        return await check_mongodb(settings)
+        return await check_database(settings)
 
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         if isinstance(exc, PyMongoError):
-            return explain_mongodb_error(exc, redact(self.url), mongodb_user(self.url))
+            return explain_error(exc, redact(self.url), login_user(self.url))
         return None

@@ -42,13 +42,13 @@ T = TypeVar("T")
 
 
 #: What PostgreSQL (or libpq, before asking it) says when it will not let this user in.
-_PG_LOGIN_REFUSED = re.compile(
+_LOGIN_REFUSED = re.compile(
     r"authentication failed|role .* does not exist|no pg_hba|no password supplied|"
     r"not permitted to log in"
 )
 
 
-def _pg_user(message: str, where: str | None) -> str | None:
+def _refused_user(message: str, where: str | None) -> str | None:
     """The user PostgreSQL refused: named in its message, else the URL's."""
     named = re.search(r'(?:user|role) "([^"]+)"', message)
     if named:
@@ -60,7 +60,7 @@ def _pg_user(message: str, where: str | None) -> str | None:
     return None
 
 
-def _pg_reason(message: str) -> str:
+def _server_words(message: str) -> str:
     """The server's (or libpq's) own words, without the connection preamble."""
     for marker in ("FATAL:", "failed: "):
         if marker in message:
@@ -68,7 +68,7 @@ def _pg_reason(message: str) -> str:
     return message
 
 
-def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tuple[str, str | None]:
+def explain_error(exc: psycopg.Error, where: str | None = None) -> tuple[str, str | None]:
     """What failed (naming the server ``where``, if given) and what to do, for a driver error."""
     message = first_line(exc)
     at = f" at {where}" if where else ""
@@ -82,13 +82,13 @@ def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tupl
             f"PostgreSQL{at} refused: {message}",
             "Grant this user USAGE on schema outboxkit and read/write on its tables.",
         )
-    if _PG_LOGIN_REFUSED.search(message):
+    if _LOGIN_REFUSED.search(message):
         return refused_login(
             f"PostgreSQL{at}",
-            _pg_user(message, where),
+            _refused_user(message, where),
             "the user and password in OUTBOXKIT_DATABASE_URL"
             + (", and pg_hba.conf" if "pg_hba" in message else ""),
-            _pg_reason(message),
+            _server_words(message),
         ), None
     if re.search(r"database .* does not exist", message):
         return (
@@ -104,7 +104,7 @@ def explain_database_error(exc: psycopg.Error, where: str | None = None) -> tupl
     return f"PostgreSQL{at} failed: {message}", None
 
 
-async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
+async def check_database(settings: ConnectionSettings) -> list[CheckResult]:
     where = redact(settings.database_url)
     try:
         conn = await psycopg.AsyncConnection.connect(
@@ -114,11 +114,11 @@ async def check_postgresql(settings: ConnectionSettings) -> list[CheckResult]:
             application_name="outboxkit-check",
         )
     except psycopg.Error as exc:
-        summary, fix = explain_database_error(exc, where)
+        summary, fix = explain_error(exc, where)
         unreachable = summary.startswith("cannot connect")
         return [CheckResult("database", False, summary, fix, unreachable=unreachable, error=exc)]
     except OSError as exc:
-        summary, fix = explain_database_error(psycopg.OperationalError(str(exc)), where)
+        summary, fix = explain_error(psycopg.OperationalError(str(exc)), where)
         return [CheckResult("database", False, summary, fix, unreachable=True, error=exc)]
     async with conn:
         cur = await conn.execute("SHOW server_version")
@@ -230,9 +230,9 @@ class PostgresBackend:
             return [m.label for m in await migrate_postgresql(conn)]
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
-        return await check_postgresql(settings)
+        return await check_database(settings)
 
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         if isinstance(exc, psycopg.Error):
-            return explain_database_error(exc, redact(self.url))
+            return explain_error(exc, redact(self.url))
         return None

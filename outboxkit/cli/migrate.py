@@ -168,9 +168,9 @@ def _refuse_what_workers_refuse(settings: ConnectionSettings) -> None:
     """MongoDB: a server the workers would refuse (a standalone mongod, which has neither
     transactions nor change streams; a refused login) is refused before anything is created,
     with the line ``check`` and the workers print, rather than migrated as if it would do."""
-    from outboxkit.backends.mongodb import check_mongodb_server  # noqa: PLC0415 - MongoDB only
+    from outboxkit.backends.mongodb import check_server  # noqa: PLC0415 - MongoDB only
 
-    server = asyncio.run(check_mongodb_server(settings))
+    server = asyncio.run(check_server(settings))
     if not server.ok:
         typer.echo(f"error: {server.summary}", err=True)
         if server.fix:

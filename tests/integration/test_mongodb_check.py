@@ -8,7 +8,7 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from outboxkit.backends.mongodb import check_mongodb_server
+from outboxkit.backends.mongodb import check_server
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded import free_port
 from tests.helpers import run_cli
@@ -76,7 +76,7 @@ async def test_the_hosts_are_asked_at_once(mongo_server_url: str) -> None:
                 database_url=f"mongodb://{','.join(hosts)}/x?replicaSet=rs0", connect_timeout=10
             )
             started = time.monotonic()
-            result = await check_mongodb_server(settings)
+            result = await check_server(settings)
             took = time.monotonic() - started
             assert result.ok is ok, result
             assert took < within, f"{took:.1f} s: {result}"
