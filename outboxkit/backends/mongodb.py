@@ -152,9 +152,7 @@ def login_user(url: str) -> str | None:
     return None
 
 
-def explain_error(
-    exc: PyMongoError, where: str, user: str | None = None
-) -> tuple[str, str | None]:
+def explain_error(exc: PyMongoError, where: str, user: str | None = None) -> tuple[str, str | None]:
     """What failed at MongoDB ``where`` and what to do: a refused login named as such (as
     ``user``), a server that does not answer, or the driver's first line."""
     if _login_refused(exc):

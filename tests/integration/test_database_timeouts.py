@@ -94,4 +94,3 @@ def _works(operation: Operation) -> Callable[[], Awaitable[bool]]:
         return True
 
     return check
-
