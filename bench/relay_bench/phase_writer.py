@@ -26,11 +26,11 @@ from bench.relay_bench.harness import SOURCE, Ctx, Result, make_event, say
 from bench.relay_bench.outbox import PostgresBenchOutbox, create_database, q
 from outboxkit.embedded.postgres import postgres_bin_dir
 from outboxkit.migrations import load_migrations
+from outboxkit.relay.postgres.storage import CHANNEL
 from outboxkit.schemas import encode
 
 WRITER_DB = "outboxkit_bench_writer"
 WRITER_TOPIC = "bench.orders"
-CHANNEL = "outboxkit_outbox"
 
 
 def postgres(ctx: Ctx) -> PostgresBenchOutbox:

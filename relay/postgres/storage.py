@@ -30,6 +30,8 @@ from outboxkit.relay.records import (
 logger = logging.getLogger(__name__)
 
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
+#: The channel the outbox's trigger NOTIFYs (migration 0002's ``outboxkit.wake_relay()``; a
+#: migration cannot change, so tests/unit/test_notify_channel.py holds the two together).
 CHANNEL = "outboxkit_outbox"
 
 #: settle_and_claim reads a window of a partition's first pending rows, twice as many as it may
