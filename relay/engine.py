@@ -229,6 +229,7 @@ class Relay:
             membership_lapsed_for=(
                 None if self._ownership is None else _rounded(self._ownership.lapsed())
             ),
+            database_unreadable_for=_rounded(self._backlog.unreadable_for()),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

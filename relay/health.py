@@ -40,8 +40,9 @@ class PartitionStatus:
 class RelayHealth:
     """What a liveness/readiness probe reports. ``healthy`` is false when the relay is not
     running, an owned partition has had pending records for longer than ``stall_after``, a
-    worker crashed, or the group coordinator has not answered for longer than the session
-    timeout (``membership_lapsed_for``)."""
+    worker crashed, the group coordinator has not answered for longer than the session
+    timeout (``membership_lapsed_for``), or the backlog could not be read for ``stall_after``
+    (``database_unreadable_for``)."""
 
     running: bool
     owned: list[str]
@@ -59,6 +60,9 @@ class RelayHealth:
     #: timeout: the group has given its partitions to others, and it publishes none until it
     #: rejoins (a half-open link to Kafka). None while the membership holds.
     membership_lapsed_for: float | None = None
+    #: Seconds every backlog measure has failed, once longer than ``stall_after``: the database
+    #: does not answer this relay (cut, or a half-open link), so its partitions wait, unseen.
+    database_unreadable_for: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -67,6 +71,7 @@ class RelayHealth:
             and not self.stalled
             and not self.crashed
             and self.membership_lapsed_for is None
+            and self.database_unreadable_for is None
         )
 
 

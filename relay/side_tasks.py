@@ -68,7 +68,8 @@ class BacklogMonitor:
     longer), is given up until the next: the counts it would have replaced are forgotten
     (``/healthz`` shows ``pending: null``, not numbers that may be long gone), ``stalled`` is
     kept (a database that cannot be read is no reason to answer healthy), and a warning says so
-    once per streak."""
+    once per streak. Measures failing for ``stall_after`` make the relay unhealthy
+    (:meth:`unreadable_for`): whatever is pending has waited at least that long, unseen."""
 
     storage: OutboxStorage
     settings: RelaySettings
@@ -77,6 +78,16 @@ class BacklogMonitor:
     backlog: dict[TopicPartition, PartitionBacklog] | None = field(default=None, init=False)
     stalled: set[TopicPartition] = field(default_factory=set, init=False)
     _failing: bool = field(default=False, init=False)
+    #: Monotonic time of the first failed measure of the current streak.
+    _failing_since: float | None = field(default=None, init=False)
+
+    def unreadable_for(self) -> float | None:
+        """Seconds every measure has failed, once that is ``stall_after`` or longer (a relay
+        whose database does not answer, or not within the interval); else None."""
+        if self._failing_since is None:
+            return None
+        failing = time.monotonic() - self._failing_since
+        return failing if failing >= self.settings.stall_after else None
 
     def pending(self, tps: set[TopicPartition]) -> int:
         """Records pending in ``tps``, as last measured."""
@@ -109,8 +120,11 @@ class BacklogMonitor:
                         retry_in=self.settings.metrics_interval,
                     )
                 self._failing = True
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
             else:
                 self._failing = False
+                self._failing_since = None
             await asyncio.sleep(self.settings.metrics_interval)
 
 

@@ -228,6 +228,31 @@ async def test_the_health_backlog_is_never_a_stale_measure() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_database_unreadable_for_stall_after_makes_the_relay_unhealthy() -> None:
+    """#41: a relay whose database stops answering (a half-open link) kept /healthz 200 while
+    its partitions waited, unseen: the stalls it had measured were kept, and it had measured
+    none. Measures failing for stall_after now say so, until one works again."""
+    storage = _Backlogs()
+    await storage.register_topics({TOPIC: 2})
+    monitor = BacklogMonitor(
+        storage,
+        settings(metrics_interval=0.02, connect_timeout=0.05, stall_after=0.3),
+        metrics()[0],
+    )
+    task = asyncio.create_task(monitor.run())
+    try:
+        await until(lambda: monitor.backlog == {}, "the backlog measured")
+        storage.outcomes.extend(["down"] * 1000)
+        await until(lambda: monitor.backlog is None, "a failed measure")
+        assert monitor.unreadable_for() is None  # not for stall_after yet
+        await until(lambda: monitor.unreadable_for() is not None, "unreadable for stall_after")
+        storage.outcomes.clear()
+        await until(lambda: monitor.unreadable_for() is None, "readable again")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_the_watch_logs_a_long_stage_once_per_interval_and_failures_with_their_backlog() -> (
     None
 ):
