@@ -49,6 +49,8 @@ class GoTool:
     version: str
     #: Linker flags, e.g. the version string the binary prints.
     ldflags: str = ""
+    #: Build tags (``go install -tags``).
+    tags: str = ""
 
     @property
     def cached(self) -> Path:
@@ -83,6 +85,8 @@ class GoTool:
         command = [go, "install"]
         if self.ldflags:
             command.append(f"-ldflags={self.ldflags}")
+        if self.tags:
+            command.append(f"-tags={self.tags}")
         command.append(f"{self.package}@{self.version}")
         with tempfile.TemporaryDirectory(prefix=f"{self.name}-build-", dir=CACHE) as gobin:
             started = time.monotonic()
@@ -104,12 +108,15 @@ class GoTool:
 
 
 TOXIPROXY = GoTool("toxiproxy-server", "github.com/Shopify/toxiproxy/v2/cmd/server", "v2.5.0")
-#: Prometheus 3.x's promtool (the Go module's versions are v0.<major><minor>.<patch>).
+#: Prometheus 3.x's promtool (the Go module's versions are v0.<major><minor>.<patch>), without
+#: the service discoveries (``remove_all_sd``: the cloud SDKs they pull in are most of a full
+#: build, and the tests only check and test rules).
 PROMTOOL = GoTool(
     "promtool",
     "github.com/prometheus/prometheus/cmd/promtool",
     "v0.316.0",
     ldflags="-X github.com/prometheus/common/version.Version=3.16.0",
+    tags="remove_all_sd",
 )
 HELM = GoTool(
     "helm",

@@ -24,9 +24,9 @@ from tests.docs_snippets import REPO
 _VARIABLE = re.compile(r"OUTBOXKIT_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_{])")
 _SCANNED = [
     *("outboxkit", "core", "relay", "inbox", "pipeline", "schemas"),
-    *("examples", "compose", "docs", "tests", "bench"),
+    *("examples", "compose", "docs", "tests", "bench", "deploy"),
 ]
-_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".example", ".env"}
+_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".example", ".env", ".tpl", ".json"}
 
 
 def _named_variables() -> dict[str, str]:
