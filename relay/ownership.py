@@ -187,9 +187,26 @@ class KafkaOwnership:
 
     async def _check_membership(self) -> None:
         """Once the membership has lapsed, stop publishing every partition (they are
-        someone else's now) until the group assigns this relay partitions again."""
+        someone else's now) until the group assigns this relay partitions again — or until the
+        coordinator answers a heartbeat again without a rebalance (it moved to another broker
+        and kept the group as it was): the member's assignment then still holds, and it takes
+        its partitions back (each block confirms the generation before it publishes)."""
         silent = self.lapsed()
-        if silent is None or not self.owned:
+        if silent is None:
+            if self._lapsed_at is not None and not self._rejoining():
+                self._lapsed_at = None
+                kept = frozenset(
+                    TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()
+                )
+                self.owned = kept
+                logger.info(
+                    "the group coordinator answers again; this relay's assignment holds",
+                    partitions=sorted(map(str, kept)),
+                )
+                if kept:
+                    await self._on_assigned(kept)
+            return
+        if not self.owned:
             return
         lost, self.owned = self.owned, frozenset()
         self._lapsed_at = time.monotonic()

@@ -6,6 +6,7 @@ group coordinator, whose heartbeats the relay notes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,8 +35,19 @@ class Coordinator:
         return self.answers
 
 
+@pytest.fixture
+async def members() -> AsyncIterator[list[KafkaOwnership]]:
+    """The members a test makes, their (never started) consumers closed afterwards."""
+    made: list[KafkaOwnership] = []
+    yield made
+    for member in made:
+        consumer: Any = member._consumer
+        consumer._coordinator = None  # the stand-in has nothing to close
+        await consumer.stop()
+
+
 async def test_a_member_the_coordinator_stops_answering_lapses_after_the_session_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
 ) -> None:
     """Would catch a relay that keeps publishing (and reporting healthy) partitions the group
     has surely given away, one that gives them up while heartbeats are answered or while its
@@ -43,18 +55,20 @@ async def test_a_member_the_coordinator_stops_answering_lapses_after_the_session
     now = [1000.0]
     monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
     revoked: list[frozenset[TopicPartition]] = []
+    assigned: list[frozenset[TopicPartition]] = []
 
     async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
         revoked.append(partitions)
 
     async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
-        pass
+        assigned.append(partitions)
 
     member = KafkaOwnership(
         settings(session_timeout=10, heartbeat_interval=1, revoke_timeout=20),
         on_assigned=on_assigned,
         on_revoked=on_revoked,
     )
+    members.append(member)
     consumer: Any = member._consumer
     coordinator = consumer._coordinator = Coordinator()
     monkeypatch.setattr(consumer, "pause", lambda *tps: None)
@@ -85,3 +99,39 @@ async def test_a_member_the_coordinator_stops_answering_lapses_after_the_session
     await member._assigned({KafkaTP("t", 1)})
     assert member.lapsed() is None
     assert member.owned == {TopicPartition("t", 1)}
+    assert assigned == [{TopicPartition("t", 1)}]
+
+
+async def test_a_lapsed_member_answered_again_without_a_rebalance_takes_back_its_partitions(
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
+) -> None:
+    """A coordinator that moved to another broker keeps the group as it was: no rebalance
+    comes, and a relay whose membership lapsed meanwhile must take back the partitions it
+    still owns, or they would wait for good."""
+    now = [1000.0]
+    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    assigned: list[frozenset[TopicPartition]] = []
+
+    async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
+        assigned.append(partitions)
+
+    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
+        pass
+
+    member = KafkaOwnership(
+        settings(session_timeout=10, heartbeat_interval=1),
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+    )
+    members.append(member)
+    consumer: Any = member._consumer
+    coordinator = consumer._coordinator = Coordinator()
+    monkeypatch.setattr(consumer, "assignment", lambda: {KafkaTP("t", 0), KafkaTP("t", 1)})
+    member._hear_heartbeats()
+    member.owned = OWNED
+    now[0] += 11.0
+    await member._check_membership()
+    assert member.owned == frozenset()
+    assert await coordinator._do_heartbeat()  # the coordinator answers: same generation
+    await member._check_membership()
+    assert (member.owned, assigned, member.lapsed()) == (OWNED, [OWNED], None)
