@@ -6,15 +6,17 @@ tests/unit needs no server. tests/integration uses real servers (tests/integrati
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.gotools import HELM, PROMTOOL, GoBuildError, GoTool
+
 # pytester runs outboxkit.testing the way a user's project does (tests/integration);
 # tests.scheduling spreads the suite over the xdist workers (its docstring says how);
-# tests.network.fixtures gives Toxiproxy and a broker reached through it; tests.gotools the
-# promtool and helm fixtures (Go tools built on first use).
-pytest_plugins = ["pytester", "tests.scheduling", "tests.gotools", "tests.network.fixtures"]
+# tests.network.fixtures gives Toxiproxy and a broker reached through it.
+pytest_plugins = ["pytester", "tests.scheduling", "tests.network.fixtures"]
 
 settings.register_profile("default", deadline=None, max_examples=200)
 settings.register_profile(
@@ -36,3 +38,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             callspec is not None and "mongodb" in callspec.params.values()
         ):
             item.add_marker(pytest.mark.mongodb)
+
+
+def _built(tool: GoTool) -> Path:
+    """``tool``'s path for a test: built first if it is not cached (tests/gotools.py); a build
+    that fails fails the test, saying why — never a skip."""
+    try:
+        return tool.path()
+    except GoBuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    return _built(PROMTOOL)
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return _built(HELM)

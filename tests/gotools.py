@@ -7,10 +7,11 @@ built on first use (never a skip: a build that fails fails the test), under a lo
 test that needs a tool while another process builds it — ``.ci/run``'s background build, the
 other pytest-xdist worker — waits for that build instead of starting a second one.
 
-``python -m tests.gotools build [NAME ...]`` builds the named tools (all of them by default)
+``python3 -m tests.gotools build [NAME ...]`` builds the named tools (all of them by default)
 if they are not cached, one after the other, and prints their paths: ``.ci/run`` runs it in
-the background while it installs the rest. The fixtures ``promtool`` and ``helm`` (session)
-give a binary's path.
+the background first thing, with the system's Python (this module needs nothing else), while
+it installs the rest. The fixtures ``promtool`` and ``helm`` (tests/conftest.py) give a
+binary's path.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 CACHE = Path.home() / ".cache" / "outboxkit"
 
@@ -125,26 +124,6 @@ HELM = GoTool(
     ldflags="-X helm.sh/helm/v3/internal/version.version=v3.22.0",
 )
 TOOLS = {tool.name: tool for tool in (TOXIPROXY, PROMTOOL, HELM)}
-
-
-def built(tool: GoTool) -> Path:
-    """``tool``'s path for a test: a build that fails fails the test, saying why."""
-    try:
-        return tool.path()
-    except GoBuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    """promtool, built first if it is not cached."""
-    return built(PROMTOOL)
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """helm, built first if it is not cached."""
-    return built(HELM)
 
 
 if __name__ == "__main__":
