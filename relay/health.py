@@ -40,8 +40,8 @@ class PartitionStatus:
 class RelayHealth:
     """What a liveness/readiness probe reports. ``healthy`` is false when the relay is not
     running, an owned partition has had pending records for longer than ``stall_after``, a
-    worker crashed, the group coordinator has not answered for longer than the session
-    timeout (``membership_lapsed_for``), or the backlog could not be read for ``stall_after``
+    worker crashed, the group coordinator has not answered for two session timeouts
+    (``membership_lapsed_for``), or the backlog could not be read for ``stall_after``
     (``database_unreadable_for``)."""
 
     running: bool
@@ -56,8 +56,8 @@ class RelayHealth:
     partitions: list[PartitionStatus] = field(default_factory=list)
     #: Owned partitions whose worker failed unexpectedly and waits to be restarted.
     crashed: list[str] = field(default_factory=list)
-    #: Seconds the group coordinator has not answered this relay, once longer than the session
-    #: timeout: the group has given its partitions to others, and it publishes none until it
+    #: Seconds the group coordinator has not answered this relay, once two session timeouts or
+    #: more: the group has given its partitions to others, and it publishes none until it
     #: rejoins (a half-open link to Kafka). None while the membership holds.
     membership_lapsed_for: float | None = None
     #: Seconds every backlog measure has failed, once longer than ``stall_after``: the database

@@ -23,7 +23,7 @@ its sockets stay open) is dropped by the coordinator after the session timeout, 
 gives its partitions to others, while aiokafka's consumer still lists them as assigned (its
 heartbeat request waits ``request_timeout_ms``, 40 s, before it even fails). So the relay keeps
 its own clock of the coordinator's answers (:meth:`KafkaOwnership.lapsed`): once none came for
-longer than the session timeout (longer still while a join is pending), the membership has
+twice the session timeout (longer still while a join is pending), the membership has
 lapsed — the relay stops publishing every partition, as on a revocation, and reports itself
 unhealthy until a new assignment arrives. Kafka fences whatever it still had in flight.
 
@@ -68,6 +68,10 @@ from outboxkit.relay.settings import RelaySettings
 logger = structlog.get_logger("outboxkit.relay")
 
 PartitionsCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
+
+#: A membership lapses after this many session timeouts without an answer from the coordinator
+#: (:meth:`KafkaOwnership.lapsed`).
+LAPSE_AFTER_SESSIONS = 2
 
 #: A refused join (another relay version holds the group) is logged at most this often.
 _REFUSED_LOG_EVERY = 30.0
@@ -172,15 +176,19 @@ class KafkaOwnership:
 
     def lapsed(self) -> float | None:
         """Seconds since the group coordinator last answered this member, once the group has
-        surely dropped it: no answer for longer than the session timeout (the coordinator's own
-        limit), or, while a join is pending (which the coordinator may hold until every member
+        surely dropped it: no answer for twice the session timeout (the coordinator's own limit
+        is one session timeout from the last heartbeat it received; a coordinator that moved to
+        another broker gives every member a new session when it takes over, so the second one
+        keeps a coordinator failover, 4-6 s on a loaded test cluster, from stopping every relay
+        at once), or, while a join is pending (which the coordinator may hold until every member
         has joined), longer than the rebalance timeout as well. None while the membership holds.
-        """
+        Lapsing late is safe, early costs a pause: a relay that lost its partitions is fenced by
+        their new owner's first transaction."""
         heard = self._heard_at
         if heard is None:
             return None
         silent = time.monotonic() - heard
-        limit = self._settings.session_timeout
+        limit = LAPSE_AFTER_SESSIONS * self._settings.session_timeout
         if self._rejoining():
             limit += self._settings.revoke_timeout + self._settings.session_timeout
         return silent if silent > limit else None
