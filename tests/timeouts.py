@@ -26,6 +26,15 @@ TRANSACTION_TIMEOUT = 5.0
 RETRY_BACKOFF_MAX = 0.5
 METRICS_INTERVAL = 1.0
 
+#: OUTBOXKIT_DATABASE_TIMEOUT of a worker behind a half-open database link
+#: (test_network_faults.py): how long a read waits on a silent socket before the connection is
+#: given up. Above any statement of the loaded test servers.
+DATABASE_TIMEOUT = 3.0
+#: The same bound, and the connect timeout, of the stores test_database_timeouts.py opens itself
+#: (one quick read each).
+STORE_READ_TIMEOUT = 1.0
+STORE_CONNECT_TIMEOUT = 1.0
+
 #: Group membership, as ``OUTBOXKIT_*`` variables: what every relay and inbox process takes.
 GROUP_ENV = {
     "OUTBOXKIT_SESSION_TIMEOUT": f"{SESSION_TIMEOUT:g}",

@@ -30,10 +30,11 @@ from outboxkit.relay.postgres.storage import PostgresOutboxStorage
 from tests.helpers import wait_for
 from tests.integration.test_network_faults import via
 from tests.network.fixtures import TestProxies
+from tests.timeouts import STORE_CONNECT_TIMEOUT, STORE_READ_TIMEOUT
 
 #: The bound under test, the stores' connect timeout, and the slack a loaded machine gets.
-READ_TIMEOUT = 1.0
-CONNECT_TIMEOUT = 1.0
+READ_TIMEOUT = STORE_READ_TIMEOUT
+CONNECT_TIMEOUT = STORE_CONNECT_TIMEOUT
 SLACK = 4.0
 
 Operation = Callable[[], Awaitable[object]]

@@ -34,7 +34,7 @@ from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy
-from tests.timeouts import SESSION_TIMEOUT
+from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
@@ -42,10 +42,6 @@ MAX_GAP = 20.0
 
 #: An inbox worker behind a half-open database link reports itself stalled after this long.
 INBOX_STALL_AFTER = 3.0
-
-#: OUTBOXKIT_DATABASE_TIMEOUT of the workers behind a database proxy: how long a read waits on
-#: a silent socket before the connection is given up.
-DATABASE_TIMEOUT = 3.0
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(120)]
 
