@@ -30,18 +30,31 @@ from outboxkit.demo.events import OrderPlaced
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live descendants, from ``/proc``: the
-    Spark JVM and its Python workers (Kafka and PostgreSQL are not counted)."""
-    total, pending = 0.0, [pid]
+    """CPU seconds (user + system) of ``pid`` and its descendants, from ``/proc``: the Spark JVM
+    and its Python workers (Kafka and PostgreSQL are not counted). A descendant that ended is
+    counted in its parent's children's times (its parent reaped it): Spark ends a Python worker
+    idle for a minute, and without those times that worker's CPU would vanish from the sum
+    during whichever job ran then (a job without Python then measured below its true cost)."""
+    return sum(_cpu(pid))
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself (its threads) and of its descendants, ended ones too."""
+    own, others, pending = 0.0, 0.0, [pid]
     ticks = os.sysconf("SC_CLK_TCK")
     while pending:
         current = pending.pop()
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            mine = (int(fields[11]) + int(fields[12])) / ticks
+            reaped = (int(fields[13]) + int(fields[14])) / ticks
+            if current == pid:
+                own, others = own + mine, others + reaped
+            else:
+                others += mine + reaped
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(c) for c in (task / "children").read_text().split()]
-    return total
+    return own, others
 
 
 def breakdown(report: Any) -> str:
@@ -136,6 +149,8 @@ class _Run:
     seconds: float
     cpu: float
     report: Any
+    python_cpu: float = 0.0
+    """Of ``cpu``, the Python workers' (the JVM's descendants)."""
 
     @property
     def rate(self) -> float:
@@ -304,7 +319,7 @@ def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
     before = {key: ctx.spark.conf.get(key, None) for key in confs}
     for key, value in confs.items():
         ctx.spark.conf.set(key, value)
-    cpu = tree_cpu(ctx.jvm)
+    cpu = _cpu(ctx.jvm)
     started = time.perf_counter()
     try:
         if kind == "same-work":
@@ -319,7 +334,8 @@ def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
             else:
                 ctx.spark.conf.set(key, value)
     seconds = time.perf_counter() - started
-    return _Run(job, report.input_rows, seconds, tree_cpu(ctx.jvm) - cpu, report)
+    own, python = (after - before for after, before in zip(_cpu(ctx.jvm), cpu, strict=True))
+    return _Run(job, report.input_rows, seconds, own + python, report, python)
 
 
 def compare_phase(ctx: Compare, jobs: list[str], rounds: int) -> None:
@@ -334,7 +350,8 @@ def compare_phase(ctx: Compare, jobs: list[str], rounds: int) -> None:
             print(
                 f"  round {round_} {job}: {r.rows:,} events in {r.seconds:.1f} s "
                 f"({r.report.batches} batches) = {r.rate:,.0f} events/s; "
-                f"Spark's CPU {r.us:.1f} us/event"
+                f"Spark's CPU {r.us:.1f} us/event "
+                f"(Python workers {r.python_cpu / max(r.rows, 1) * 1e6:.1f})"
             )
             print(breakdown(r.report))
     warm = slice(1, None) if rounds > 1 else slice(None)
