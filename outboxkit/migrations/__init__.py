@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from outboxkit._version import __version__
 from outboxkit.core.exceptions import OutboxkitError
+from outboxkit.migrations.compat import release
 
 _FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.(sql|json)$")
 
@@ -26,6 +29,8 @@ class Migration:
     version: int
     name: str
     sql: str
+    #: Which database's migration: its text is SQL (postgresql) or JSON commands (mongodb).
+    kind: Literal["postgresql", "mongodb"] = "postgresql"
 
     @property
     def checksum(self) -> str:
@@ -47,7 +52,8 @@ def load_migrations(backend: Literal["postgresql", "mongodb"] = "postgresql") ->
     for entry in folder.iterdir():
         match = _FILE_NAME.match(entry.name)
         if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+            text = entry.read_text(encoding="utf-8")
+            found.append(Migration(int(match[1]), match[2], text, backend))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
@@ -55,14 +61,30 @@ def load_migrations(backend: Literal["postgresql", "mongodb"] = "postgresql") ->
     return found
 
 
-def not_applied(known: list[Migration], applied: dict[int, str]) -> list[Migration]:
-    """Of ``known``, those not in ``applied`` (version → checksum); an applied migration this
-    version does not know, or one whose file changed since, is an error."""
+def not_applied(
+    known: list[Migration],
+    applied: dict[int, str],
+    runs_beside: Mapping[int, str | None] | None = None,
+) -> list[Migration]:
+    """Of ``known``, those not in ``applied`` (version → checksum). Migrations applied that this
+    version does not know (a newer release migrated: a rolling deploy, docs/upgrading.md) are
+    fine when ``runs_beside`` (version → the oldest release that runs beside it, as the newer
+    release recorded it) lets this release run beside them all; one whose file changed since
+    is an error."""
     unknown = sorted(set(applied) - {m.version for m in known})
-    if unknown:
+    if runs_beside is None:  # nothing says this release may run beside them
+        blocking: dict[int, str | None] = dict.fromkeys(unknown)
+    else:  # each recorded by the release that applied it (None: an expand-only migration)
+        blocking = {
+            v: oldest
+            for v in unknown
+            if (oldest := runs_beside.get(v)) is not None and release(oldest) > release(__version__)
+        }
+    if blocking:
+        needs = sorted({o for o in blocking.values() if o is not None}, key=release)
         raise MigrationError(
-            f"the database has migrations {unknown} that this outboxkit version does not know: "
-            "upgrade outboxkit"
+            f"the database has migrations {sorted(blocking)} that outboxkit {__version__} "
+            "cannot run beside: upgrade outboxkit" + (f" to {needs[-1]} or later" if needs else "")
         )
     changed = [m.label for m in known if m.version in applied and applied[m.version] != m.checksum]
     if changed:

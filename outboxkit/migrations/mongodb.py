@@ -18,20 +18,33 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from outboxkit.core.mongodb import Database, collection
 from outboxkit.migrations import Migration, load_migrations, not_applied
+from outboxkit.migrations.compat import runs_beside
 
 #: "NamespaceExists": the collection is there already; "IndexNotFound": a concurrent migrate
 #: dropped it first.
 _ALREADY_DONE = {48, 27}
 
 
-async def applied_versions(db: Database) -> dict[int, str]:
+async def applied_records(db: Database) -> dict[int, tuple[str, str | None]]:
+    """Applied migration versions → (checksum, the oldest release that runs beside it: the
+    record's ``runs_beside``, written by the release that applied it, absent when expand-only)."""
     return {
-        int(doc["_id"]): str(doc["checksum"]) async for doc in collection(db, "migrations").find()
+        int(doc["_id"]): (str(doc["checksum"]), doc.get("runs_beside"))
+        async for doc in collection(db, "migrations").find()
     }
 
 
+async def applied_versions(db: Database) -> dict[int, str]:
+    return {v: checksum for v, (checksum, _) in (await applied_records(db)).items()}
+
+
 async def pending_migrations(db: Database) -> list[Migration]:
-    return not_applied(load_migrations("mongodb"), await applied_versions(db))
+    records = await applied_records(db)
+    return not_applied(
+        load_migrations("mongodb"),
+        {v: checksum for v, (checksum, _) in records.items()},
+        {v: oldest for v, (_, oldest) in records.items()},
+    )
 
 
 async def migrate(db: Database) -> list[Migration]:
@@ -47,6 +60,7 @@ async def migrate(db: Database) -> list[Migration]:
                     "name": migration.name,
                     "checksum": migration.checksum,
                     "applied_at": datetime.now(UTC),
+                    "runs_beside": runs_beside(migration),
                 }
             )
         except DuplicateKeyError:

@@ -12,39 +12,74 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row
 
 from outboxkit.migrations import Migration, MigrationError, load_migrations, not_applied
+from outboxkit.migrations.compat import runs_beside
 
 #: Serializes concurrent `migrate` runs across processes (an arbitrary constant: "outboxkt").
 _ADVISORY_LOCK_KEY = 0x6F7574626F786B74
+
+
+def _record(m: Migration) -> tuple[str, list[object]]:
+    """The INSERT that records ``m`` as applied, and its parameters. ``runs_beside`` is named
+    only for a contract migration (the column exists from migration 0007 on, and every contract
+    migration comes later)."""
+    oldest = runs_beside(m)
+    if oldest is None:
+        return (
+            "INSERT INTO outboxkit.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+            [m.version, m.name, m.checksum],
+        )
+    return (
+        "INSERT INTO outboxkit.schema_migrations (version, name, checksum, runs_beside) "
+        "VALUES (%s, %s, %s, %s)",
+        [m.version, m.name, m.checksum, oldest],
+    )
 
 
 def script(migrations: list[Migration]) -> str:
     """One SQL script that applies ``migrations`` and records them, for external tools."""
     parts = []
     for m in migrations:
-        record = (
-            "INSERT INTO outboxkit.schema_migrations (version, name, checksum) "
-            f"VALUES ({m.version}, '{m.name}', '{m.checksum}');"
-        )
+        statement, values = _record(m)
+        record = statement.replace("%s", "{}").format(*(_literal(v) for v in values)) + ";"
         parts.append(f"-- outboxkit migration {m.label}\n{m.sql.rstrip()}\n{record}\n")
     return "\n".join(parts)
 
 
+def _literal(value: object) -> str:
+    return str(value) if isinstance(value, int) else f"'{value}'"
+
+
+async def applied_records(conn: psycopg.AsyncConnection[Any]) -> dict[int, tuple[str, str | None]]:
+    """Applied migration versions → (checksum, the oldest release that runs beside it); empty
+    on a database never migrated."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute("SELECT to_regclass('outboxkit.schema_migrations') IS NOT NULL AS t")
+        row = await cur.fetchone()
+        if row is None or not row["t"]:
+            return {}
+        # SELECT *: runs_beside exists from migration 0007 on.
+        await cur.execute("SELECT * FROM outboxkit.schema_migrations")
+        return {
+            int(r["version"]): (str(r["checksum"]), r.get("runs_beside"))
+            for r in await cur.fetchall()
+        }
+
+
 async def applied_versions(conn: psycopg.AsyncConnection[Any]) -> dict[int, str]:
     """Applied migration versions and their checksums (empty on a database never migrated)."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute("SELECT to_regclass('outboxkit.schema_migrations') IS NOT NULL")
-        row = await cur.fetchone()
-        if row is None or not row[0]:
-            return {}
-        await cur.execute("SELECT version, checksum FROM outboxkit.schema_migrations")
-        return {int(version): str(checksum) for version, checksum in await cur.fetchall()}
+    return {v: checksum for v, (checksum, _) in (await applied_records(conn)).items()}
 
 
 async def pending_migrations(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
-    return not_applied(load_migrations(), await applied_versions(conn))
+    records = await applied_records(conn)
+    return not_applied(
+        load_migrations(),
+        {v: checksum for v, (checksum, _) in records.items()},
+        {v: oldest for v, (_, oldest) in records.items()},
+    )
 
 
 async def migrate(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
@@ -64,9 +99,5 @@ async def migrate(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
                 return applied
             migration = pending[0]
             await conn.execute(migration.sql)
-            await conn.execute(
-                "INSERT INTO outboxkit.schema_migrations (version, name, checksum) "
-                "VALUES (%s, %s, %s)",
-                (migration.version, migration.name, migration.checksum),
-            )
+            await conn.execute(*_record(migration))
             applied.append(migration)
