@@ -17,6 +17,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import urllib.parse
 import zlib
@@ -30,31 +31,52 @@ from outboxkit.demo.events import OrderPlaced
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its descendants, from ``/proc``: the Spark JVM
-    and its Python workers (Kafka and PostgreSQL are not counted). A descendant that ended is
-    counted in its parent's children's times (its parent reaped it): Spark ends a Python worker
-    idle for a minute, and without those times that worker's CPU would vanish from the sum
-    during whichever job ran then (a job without Python then measured below its true cost)."""
-    return sum(_cpu(pid))
+    """CPU seconds (user + system) of ``pid`` and its live descendants, from ``/proc``: the
+    Spark JVM and its Python workers (Kafka and PostgreSQL are not counted)."""
+    return sum(_processes(pid).values())
 
 
-def _cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of ``pid`` itself (its threads) and of its descendants, ended ones too."""
-    own, others, pending = 0.0, 0.0, [pid]
+def _processes(pid: int) -> dict[int, float]:
+    """CPU seconds of ``pid`` and of each live descendant."""
+    found: dict[int, float] = {}
+    pending = [pid]
     ticks = os.sysconf("SC_CLK_TCK")
     while pending:
         current = pending.pop()
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            mine = (int(fields[11]) + int(fields[12])) / ticks
-            reaped = (int(fields[13]) + int(fields[14])) / ticks
-            if current == pid:
-                own, others = own + mine, others + reaped
-            else:
-                others += mine + reaped
+            found[current] = (int(fields[11]) + int(fields[12])) / ticks
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(c) for c in (task / "children").read_text().split()]
-    return own, others
+    return found
+
+
+class CpuMeter:
+    """Spark's CPU during a run: the JVM's and its Python workers', sampled every 0.2 s so that
+    a worker that ends during the run still counts (Spark ends a Python worker idle for a
+    minute, unreaped into any parent's times: summing the live processes at the start and at
+    the end made its CPU vanish during whichever job ran then, a job without Python then
+    measuring below its true cost, even below zero)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._first = _processes(pid)
+        self._last = dict(self._first)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.2):
+            self._last.update(_processes(self.pid))
+
+    def stop(self) -> tuple[float, float]:
+        """CPU seconds of the JVM and of its Python workers since the start."""
+        self._done.set()
+        self._thread.join()
+        self._last.update(_processes(self.pid))
+        used = {p: cpu - self._first.get(p, 0.0) for p, cpu in self._last.items()}
+        return used.pop(self.pid, 0.0), sum(used.values())
 
 
 def breakdown(report: Any) -> str:
@@ -319,7 +341,7 @@ def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
     before = {key: ctx.spark.conf.get(key, None) for key in confs}
     for key, value in confs.items():
         ctx.spark.conf.set(key, value)
-    cpu = _cpu(ctx.jvm)
+    meter = CpuMeter(ctx.jvm)
     started = time.perf_counter()
     try:
         if kind == "same-work":
@@ -334,7 +356,7 @@ def _run_job(ctx: Compare, job: str, round_: int) -> _Run:
             else:
                 ctx.spark.conf.set(key, value)
     seconds = time.perf_counter() - started
-    own, python = (after - before for after, before in zip(_cpu(ctx.jvm), cpu, strict=True))
+    own, python = meter.stop()
     return _Run(job, report.input_rows, seconds, own + python, report, python)
 
 
