@@ -70,6 +70,7 @@ PER_INVOCATION = frozenset(
         "debug",
         "json_output",
         "sql",
+        "check_only",
         "limit",
         "replay_all",
         "to",

@@ -38,6 +38,7 @@ from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_k
 if TYPE_CHECKING:
     from outboxkit.check import CheckResult
     from outboxkit.inbox import InboxSettings, InboxStore
+    from outboxkit.migrations import Migration
     from outboxkit.relay import (
         OutboxOperations,
         OutboxStorage,
@@ -107,6 +108,12 @@ class Backend(Protocol):
 
     async def migrate(self, connect_timeout: float) -> list[str]:
         """Apply pending migrations; return their labels."""
+
+    async def upgrade_plan(
+        self, connect_timeout: float
+    ) -> tuple[list[Migration], dict[str | None, int]]:
+        """The migrations ``migrate`` would apply, and the outboxkit release of each running
+        relay (from its presence; None: a release that recorded none) → how many."""
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]: ...
 

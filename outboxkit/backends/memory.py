@@ -24,6 +24,7 @@ from outboxkit.relay import (
 
 if TYPE_CHECKING:
     from outboxkit.backends import RelayParts, Transactions
+    from outboxkit.migrations import Migration
 
 T = TypeVar("T")
 
@@ -108,6 +109,11 @@ class MemoryBackend:
 
     async def migrate(self, connect_timeout: float) -> list[str]:
         return []  # nothing to create
+
+    async def upgrade_plan(
+        self, connect_timeout: float
+    ) -> tuple[list[Migration], dict[str | None, int]]:
+        return [], {}  # nothing to migrate, and no process but this one
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_memory(settings)

@@ -29,7 +29,7 @@ from outboxkit.core.mongodb import (
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind
 from outboxkit.inbox import InboxSettings, InboxStore, MongoInboxStore
-from outboxkit.migrations import MigrationError
+from outboxkit.migrations import Migration, MigrationError
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.mongodb import pending_migrations
 from outboxkit.relay import (
@@ -42,6 +42,7 @@ from outboxkit.relay import (
     RelaySettings,
     StorageUnavailableError,
 )
+from outboxkit.relay.mongodb.presence import running_versions
 
 T = TypeVar("T")
 
@@ -303,6 +304,15 @@ class MongoBackend:
             self.url, connect_timeout=connect_timeout, app_name="outboxkit-migrate"
         ) as conn:
             return [m.label for m in await migrate_mongodb(conn.database)]
+
+    async def upgrade_plan(
+        self, connect_timeout: float
+    ) -> tuple[list[Migration], dict[str | None, int]]:
+        async with MongoConnection(
+            self.url, connect_timeout=connect_timeout, app_name="outboxkit-migrate"
+        ) as conn:
+            pending = await pending_migrations(conn.database)
+            return pending, await running_versions(conn.database)
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_database(settings)

@@ -23,7 +23,7 @@ from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind
 from outboxkit.inbox import InboxSettings, InboxStore
 from outboxkit.inbox.postgres import PostgresInboxStore
-from outboxkit.migrations import MigrationError
+from outboxkit.migrations import Migration, MigrationError
 from outboxkit.migrations.postgres import migrate as migrate_postgresql
 from outboxkit.migrations.postgres import pending_migrations
 from outboxkit.relay import (
@@ -34,6 +34,7 @@ from outboxkit.relay import (
     PostgresOutboxStorage,
     RelaySettings,
 )
+from outboxkit.relay.postgres.presence import running_versions
 
 T = TypeVar("T")
 
@@ -228,6 +229,17 @@ class PostgresBackend:
             application_name="outboxkit-migrate",
         ) as conn:
             return [m.label for m in await migrate_postgresql(conn)]
+
+    async def upgrade_plan(
+        self, connect_timeout: float
+    ) -> tuple[list[Migration], dict[str | None, int]]:
+        async with await psycopg.AsyncConnection.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=max(1, round(connect_timeout)),
+            application_name="outboxkit-migrate",
+        ) as conn:
+            return await pending_migrations(conn), await running_versions(conn)
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_database(settings)

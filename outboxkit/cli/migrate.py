@@ -27,6 +27,7 @@ from outboxkit.diagnose import Problem, named_by, permission_problems
 from outboxkit.inbox import InboxSettings
 from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
+from outboxkit.migrations.compat import incompatible, runs_beside
 from outboxkit.relay import RelaySettings
 
 
@@ -132,9 +133,24 @@ def migrate_command(
     sql: Annotated[
         bool, typer.Option("--sql", help="Print the SQL instead of applying it (for Alembic & co).")
     ] = False,
+    check_only: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Apply nothing: list the pending migrations and the outboxkit versions of the "
+            "running relays, and exit 1 unless every one of them can run beside those "
+            "migrations (docs/upgrading.md).",
+        ),
+    ] = False,
 ) -> None:
     """Create or upgrade outboxkit's tables (PostgreSQL) or collections and indexes (MongoDB).
     Safe to run again and concurrently."""
+    if sql and check_only:
+        typer.echo("error: --sql and --check go alone", err=True)
+        raise typer.Exit(2)
+    if check_only:
+        _check_upgrade(database_url)
+        return
     if sql:
         from outboxkit.migrations.postgres import script  # noqa: PLC0415 - loads psycopg
 
@@ -162,6 +178,46 @@ def migrate_command(
         typer.echo("applied " + ", ".join(applied))
     else:
         typer.echo("schema is up to date")
+
+
+def _check_upgrade(database_url: str | None) -> None:
+    """``migrate --check``: whether the running relays can all run beside the pending
+    migrations (each migration's oldest release, outboxkit/migrations/compat.py)."""
+    settings = load(ConnectionSettings, database_url=database_url)
+    backend = backend_for(settings.database_url)
+    try:
+        pending, running = asyncio.run(backend.upgrade_plan(settings.connect_timeout))
+    except MigrationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except Exception as exc:
+        explained = backend.explain(exc)
+        if explained is None:
+            raise
+        typer.echo(f"error: {explained[0]}", err=True)
+        if explained[1]:
+            typer.echo(f"  → {explained[1]}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    for m in pending:
+        oldest = runs_beside(m)
+        beside = "every release" if oldest is None else f"outboxkit >= {oldest} only (contract)"
+        typer.echo(f"pending {m.label}: runs beside {beside}")
+    if not pending:
+        typer.echo("schema is up to date")
+    shown = ", ".join(
+        f"{version or 'unknown (a release that recorded no version)'}: {count}"
+        for version, count in sorted(running.items(), key=lambda v: str(v[0]))
+    )
+    typer.echo(f"running relays: {shown or 'none'}")
+    problems = incompatible(pending, running)
+    for problem in problems:
+        typer.echo(f"FAIL {problem}")
+    if problems:
+        typer.echo(
+            "  → Upgrade those relays first (docs/upgrading.md), then run `outboxkit migrate`."
+        )
+        raise typer.Exit(EXIT_FAILED)
+    typer.echo("ok: every running relay can run beside the pending migrations")
 
 
 def _refuse_what_workers_refuse(settings: ConnectionSettings) -> None:

@@ -27,6 +27,7 @@ import structlog
 from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
+from outboxkit._version import __version__
 from outboxkit.core.mongodb import Client, Database, collection, guarded, make_client
 from outboxkit.relay import presence
 from outboxkit.relay.exceptions import StorageUnavailableError
@@ -114,7 +115,16 @@ class MongoPresence:
         await _guard(
             members.update_one(
                 {"_id": _id(group, member_id)},
-                [{"$set": {"app_name": self._app_name(group, member_id), "at": "$$NOW"}}],
+                [
+                    {
+                        "$set": {
+                            "app_name": self._app_name(group, member_id),
+                            "at": "$$NOW",
+                            # `outboxkit migrate --check` reads it (running_versions).
+                            "version": {"$literal": __version__},
+                        }
+                    }
+                ],
                 upsert=True,
             )
         )
@@ -189,6 +199,23 @@ class MongoPresence:
         client, self._presence, self._announced = self._presence, None, None
         if client is not None:
             await client.close()
+
+
+#: A record is taken for a live relay's while its heartbeat is younger than this (relays beat
+#: every second): generous, so that a relay whose beats were held up is still counted.
+RUNNING_WITHIN_MS = 30_000
+
+
+async def running_versions(database: Database) -> dict[str | None, int]:
+    """The outboxkit release of every relay that beat in the last :data:`RUNNING_WITHIN_MS`
+    → how many; None for relays of a release that recorded no version. A relay that died
+    less than that ago is counted too: the answer errs towards "still running"."""
+    fresh = {"$expr": {"$gte": ["$at", {"$subtract": ["$$NOW", RUNNING_WITHIN_MS]}]}}
+    counts: dict[str | None, int] = {}
+    async for doc in collection(database, "relay_members").find(fresh, {"version": 1}):
+        version = doc.get("version")
+        counts[version] = counts.get(version, 0) + 1
+    return counts
 
 
 async def _guard(operation: Awaitable[T]) -> T:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from outboxkit._version import __version__
 from outboxkit.core.postgres import connect_session
 from outboxkit.core.sql import load_queries
 from outboxkit.relay import presence
@@ -73,6 +74,7 @@ class PostgresPresence:
                     "group": group,
                     "member": member_id,
                     "lock_key": key,
+                    "version": __version__,
                     "previous_group": previous[0] if previous else None,
                     "previous": previous[1] if previous else None,
                 },
@@ -144,3 +146,14 @@ class PostgresPresence:
         conn, self._conn, self._announced = self._conn, None, None
         if conn is not None:
             await conn.close()
+
+
+async def running_versions(conn: psycopg.AsyncConnection[Any]) -> dict[str | None, int]:
+    """The outboxkit release of every live relay (presence session open) → how many; None for
+    relays of a release that announced no version. Empty before migration 0006."""
+    cur = await conn.execute("SELECT to_regclass('outboxkit.relay_members') IS NOT NULL")
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return {}
+    cur = await conn.execute(_QUERIES["running_versions"])
+    return {version: int(count) for version, count in await cur.fetchall()}

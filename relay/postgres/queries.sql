@@ -164,13 +164,15 @@ ORDER BY topic, partition
 -- announce_member --
 -- Run on the relay's presence session, which holds the advisory lock %(lock_key)s from now on
 -- (migrations/files/postgres/0006_relay_members.sql); replaces the member id it announced before.
+-- version: this relay's outboxkit release, which `outboxkit migrate --check` reads (0007).
 WITH gone AS (
     DELETE FROM outboxkit.relay_members
     WHERE group_id = %(previous_group)s AND member_id = %(previous)s
 )
-INSERT INTO outboxkit.relay_members (group_id, member_id, lock_key)
-VALUES (%(group)s, %(member)s, %(lock_key)s)
-ON CONFLICT (group_id, member_id) DO UPDATE SET lock_key = EXCLUDED.lock_key
+INSERT INTO outboxkit.relay_members (group_id, member_id, lock_key, version)
+VALUES (%(group)s, %(member)s, %(lock_key)s, %(version)s)
+ON CONFLICT (group_id, member_id) DO UPDATE SET lock_key = EXCLUDED.lock_key,
+    version = EXCLUDED.version
 
 -- departed_members --
 -- Members of the group whose presence session has ended: nobody holds their lock, so this
@@ -186,3 +188,13 @@ WHERE group_id = %(group)s AND member_id <> %(own)s AND pg_try_advisory_xact_loc
 -- only lost its session and announced itself again since is alive, and keeps its row.
 DELETE FROM outboxkit.relay_members
 WHERE group_id = %(group)s AND member_id = ANY(%(members)s) AND pg_try_advisory_xact_lock(lock_key)
+
+-- running_versions --
+-- The outboxkit release of each relay whose presence session lives (its lock is held: this
+-- statement cannot take it), for `outboxkit migrate --check`. NULL: a relay of a release that
+-- announced no version, or of any release before migration 0007 added the column (the row as
+-- JSON has no such key then: the same query on either schema).
+SELECT to_jsonb(m) ->> 'version' AS version, count(*)
+FROM outboxkit.relay_members m
+WHERE NOT pg_try_advisory_xact_lock(m.lock_key)
+GROUP BY 1
