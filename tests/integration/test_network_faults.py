@@ -103,8 +103,10 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     or published out of order (G2), partitions that never move, a relay that hangs on a dead
     socket for good or does not rejoin once the link heals (unhealthy, crashed, never owning a
     partition again), a half-open relay whose /healthz stays 200 listing partitions the group
-    gave to relay-1 (its membership lapsed: it must say so and stop publishing them), or
-    latency that sets off a rebalance loop."""
+    gave to relay-1 (its membership lapsed: it must say so and stop publishing them), latency
+    that sets off a rebalance loop, or a connection reset in the middle of a send or a Kafka
+    transaction's commit (outcome unknown to the relay) that loses or reorders a record or lets
+    two producer sessions of a partition interleave."""
     link = kafka_links.proxies[0]
     async with run_on(
         kafka_links,
@@ -159,15 +161,68 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
             )
             flowed = time.time() - fault.started
             await link.heal()
+        narrow = await narrow_and_sliced(run, link, relay_0)
         rebalances = await _rebalances(run) - before
         fenced = relay_0.process.log().count("partitions fenced") - fenced
+        async with run.fault("relay-0's Kafka link reset") as fault:
+            # Connections reset in the middle of sends and transaction commits: the outcome of
+            # a commit cut this way is unknown to relay-0; its next producer's init settles it
+            # (committed, or aborted and published again).
+            fault.detail = f"reset_peer {RESETS} times, each once relay-0 had published again"
+            reset_published = await reset_repeatedly(link, relay_0)
         report = await run.finish()
     print(f"\n{report}\npartitions moved, relay-0 back (s after the fault): {moved}")
     print(f"slow link: {rebalances:g} rebalances, {fenced} fences; flowed after {flowed:.1f} s")
+    print(f"narrow, sliced link: {narrow}")
+    print(f"resets: relay-0 published {reset_published} records between them")
     assert report.ok, str(report)
-    quick = [g for g in report.faults if "slow" not in g.name]
+    quick = [g for g in report.faults if "slow" not in g.name and "narrow" not in g.name]
     assert all(g.delivery < MAX_GAP for g in quick), str(report)
-    assert (rebalances, fenced) == (0, 0), "latency set off a rebalance or a fence"
+    assert (rebalances, fenced) == (0, 0), "latency or a narrow link set off a rebalance or fence"
+
+
+#: KB/s each way on the narrow link: above relay-0's share of the load (half of 100 events/s of
+#: ~0.5 KB), so it keeps up, with every transaction's requests queued behind its records.
+NARROW_KBPS = 64
+
+
+async def narrow_and_sliced(run: FailoverRun, link: Proxy, relay: Worker) -> str:
+    """The link's bandwidth cut to :data:`NARROW_KBPS` each way and the broker's replies sliced
+    into small pieces (a ``slicer``) while 200 events are committed; what got through."""
+    async with run.fault("relay-0's Kafka link narrow and sliced") as fault:
+        fault.detail = f"LINK0 {NARROW_KBPS} KB/s each way, replies sliced in 64±32 B every 1 ms"
+        await link.add_toxic("bandwidth", stream="upstream", rate=NARROW_KBPS)
+        await link.add_toxic("bandwidth", stream="downstream", rate=NARROW_KBPS)
+        await link.add_toxic("slicer", average_size=64, size_variation=32, delay=1000)
+        await wait_for(
+            committed_since(run, fault.started, 200), within=30, what="200 events committed"
+        )
+        narrow = await delivered(run, relay, fault.started)
+        await link.heal()
+    return narrow
+
+
+async def delivered(run: FailoverRun, relay: Worker, since: float) -> str:
+    """Throughput and commit→Kafka delays (p50, p99, max) of the events of ``relay``'s
+    partitions committed since ``since`` (wall clock), once each has reached Kafka."""
+    owned = {int(p.rsplit("/", 1)[1]) for p in (await _health(relay)).get("owned", [])}
+    due = {e: at for e, at in list(run.writers.committed_at.items()) if at >= since}
+    await wait_for(
+        lambda: due.keys() <= run.arrivals.arrivals.keys(),
+        within=30,
+        interval=0.2,
+        what="events published through the narrow link",
+    )
+    arrivals = {e: run.arrivals.arrivals[e] for e in due}
+    mine = sorted(a.at - due[e] for e, a in arrivals.items() if a.partition in owned)
+    if not mine:
+        return "no event of relay-0's partitions"
+    took = max(a.at for e, a in arrivals.items() if a.partition in owned) - since
+    p50, p99 = mine[len(mine) // 2], mine[min(len(mine) - 1, int(len(mine) * 0.99))]
+    return (
+        f"{len(mine)} events of relay-0's partitions, {len(mine) / took:.0f}/s, commit→Kafka "
+        f"p50 {p50:.2f} s, p99 {p99:.2f} s, max {mine[-1]:.2f} s"
+    )
 
 
 def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[], bool]:
@@ -182,16 +237,51 @@ def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[],
 async def _rebalances(run: FailoverRun) -> float:
     """Assignments the relays received so far (``outboxkit_relay_rebalances_total``)."""
     total = 0.0
-    async with httpx.AsyncClient() as http:
-        for worker in run.workers:
-            if worker.name.startswith("relay"):
-                text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
-                total += sum(
-                    float(line.split()[-1])
-                    for line in text.splitlines()
-                    if line.startswith("outboxkit_relay_rebalances_total")
-                )
+    for worker in run.workers:
+        if worker.name.startswith("relay"):
+            total += await _metric(worker, "outboxkit_relay_rebalances_total")
     return total
+
+
+async def _metric(worker: Worker, name: str) -> float:
+    """The sum of ``name``'s samples on the worker's /metrics (0 while it does not answer)."""
+    try:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
+    except (httpx.HTTPError, OSError):
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+#: Connection resets per reset fault: the relay publishes all the time (100 events/s), so each
+#: reset cuts whatever is in flight — a send, a transaction's commit, a claim, a settle.
+RESETS = 4
+
+
+async def reset_repeatedly(link: Proxy, worker: Worker) -> int:
+    """Reset every connection through ``link`` (``reset_peer``), :data:`RESETS` times, each
+    once ``worker`` (a relay) has published again since the last; how many records it
+    published meanwhile."""
+    first = await _metric(worker, "outboxkit_relay_published_total")
+    published = first
+    for _ in range(RESETS):
+        await wait_for(
+            lambda count=published: _published_since(worker, count),
+            within=30,
+            interval=0.1,
+            what=f"{worker.name} publishing again",
+        )
+        published = await _metric(worker, "outboxkit_relay_published_total")
+        await link.add_toxic("reset_peer", stream="upstream", timeout=0)
+        # The toxic resets the links it is added to, and every new one: removed at once (a
+        # fault's schedule), the worker reconnects.
+        await asyncio.sleep(0.1)
+        await link.heal()
+    return int(published - first)
+
+
+async def _published_since(worker: Worker, count: float) -> bool:
+    return await _metric(worker, "outboxkit_relay_published_total") > count
 
 
 async def _owners_are(run: FailoverRun, count: int) -> bool:
@@ -208,9 +298,10 @@ async def test_database_links_cut_and_half_open(
     tmp_path: Path,
 ) -> None:
     """relay-0 and inbox-0 reach the database through proxies of their own, relay-1 and
-    inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut, then made
-    half-open; inbox-0's is made half-open; inbox-0's is cut while its transactions are in
-    flight (commit outcome unknown to it). Would catch an event lost or reordered (G1, G2), two
+    inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut, made
+    half-open, then reset again and again mid-claim and mid-settle; inbox-0's is made
+    half-open; inbox-0's is cut while its transactions are in flight (commit outcome unknown to
+    it). Would catch an event lost or reordered (G1, G2), two
     publishers of a partition (G4), an effect taken twice or never (G6: a commit whose outcome
     the worker never learnt, retried), a worker that hangs on a silent socket for good (it
     never reports the database unavailable: OUTBOXKIT_DATABASE_TIMEOUT not applied), crashes,
@@ -270,6 +361,12 @@ async def test_database_links_cut_and_half_open(
             )
             took["relay-0 half-open: database unavailable"] = time.time() - fault.started
             await relay_link.heal()
+        async with run.fault("relay-0's database link reset") as fault:
+            # Connections reset in the middle of claims and settles (each settle commits the
+            # deletion of what Kafka acknowledged): a settle whose outcome relay-0 never learnt
+            # is done again or its records published again, never lost or reordered.
+            fault.detail = f"reset_peer {RESETS} times, each once relay-0 had published again"
+            await reset_repeatedly(relay_link, relay_0)
         async with run.fault("inbox-0's database link half-open") as fault:
             # inbox-0's reads and commits give up after OUTBOXKIT_DATABASE_TIMEOUT: /healthz
             # says the database is unavailable; once the link heals it handles its partitions
