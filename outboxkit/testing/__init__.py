@@ -205,7 +205,7 @@ def outboxkit_kafka_cluster(tmp_path: Path) -> Iterator[KafkaCluster]:
     offsets topics replicated three times) for one test, which may ``kill()``, ``stop()`` and
     ``start()`` its ``nodes``; ``KafkaTopology(cluster.bootstrap_servers)`` finds the node that
     leads a partition or coordinates a transactional id or a group."""
-    with KafkaCluster(3, base_dir=tmp_path / "kafka-cluster") as cluster:
+    with KafkaCluster(3, base_dir=tmp_path / "kafka-cluster", quick_jvm=True) as cluster:
         yield cluster
 
 

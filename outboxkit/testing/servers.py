@@ -57,7 +57,8 @@ def embedded_broker(kind: str) -> Iterator[Broker]:
     from outboxkit.embedded import KafkaCluster  # noqa: PLC0415
     from outboxkit.embedded.kafka_jars import fetch_kafka_jars  # noqa: PLC0415
 
-    with KafkaCluster(1, jars_dir=fetch_kafka_jars()) as cluster:
+    # A test session's broker: started sooner and on a third less CPU with C1 only (quick_jvm).
+    with KafkaCluster(1, jars_dir=fetch_kafka_jars(), quick_jvm=True) as cluster:
         yield Broker(cluster.bootstrap_servers)
 
 
