@@ -24,7 +24,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "outboxkit-rules.yaml"
-RULES_TESTS = DEPLOY / "prometheus" / "outboxkit-rules.test.yaml"
+#: promtool's unit tests of the rules: minutes-scale alerts, and the one over days.
+RULES_TESTS = (
+    DEPLOY / "prometheus" / "outboxkit-rules.test.yaml",
+    DEPLOY / "prometheus" / "outboxkit-rules.days.test.yaml",
+)
 DASHBOARD = DEPLOY / "grafana" / "outboxkit.json"
 CHART = DEPLOY / "kubernetes" / "outboxkit"
 FULL_VALUES = DEPLOY / "kubernetes" / "values-full.yaml"

@@ -74,12 +74,13 @@ def test_every_alert_has_a_severity_a_duration_and_a_runbook_heading() -> None:
 
 
 def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_does_not() -> None:
-    tests = yaml.safe_load(deploy.RULES_TESTS.read_text())
-    assert tests["rule_files"] == [deploy.RULES.name]
     fired, silent = set(), set()
-    for group in tests["tests"]:
-        for case in group.get("alert_rule_test", []):
-            (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    for path in deploy.RULES_TESTS:
+        tests = yaml.safe_load(path.read_text())
+        assert tests["rule_files"] == [deploy.RULES.name]
+        for group in tests["tests"]:
+            for case in group.get("alert_rule_test", []):
+                (fired if case.get("exp_alerts") else silent).add(case["alertname"])
     names = {alert["alert"] for alert in _alerts()}
     assert fired == names, names ^ fired
     assert silent == names, names ^ silent
