@@ -111,9 +111,8 @@ def partition_statuses(
             measured = backlog.get(tp)
             status.pending = measured.pending if measured else 0
             status.failed = measured.failed if measured else 0
-            oldest = measured.oldest_created_at if measured else None
             status.oldest_pending_age = (
-                round(max(now - oldest.timestamp(), 0.0), 3) if oldest else 0.0
+                round(measured.age(now), 3) if measured and measured.pending else 0.0
             )
         if worker is not None:
             status.fenced = worker.fenced

@@ -127,6 +127,5 @@ class RelayMetrics:
         for b in backlog:
             labels = (b.topic, str(b.partition))
             self.backlog.labels(*labels).set(b.pending)
-            age = now_ts - b.oldest_created_at.timestamp() if b.oldest_created_at else 0.0
-            self.oldest_pending_age.labels(*labels).set(max(age, 0.0))
+            self.oldest_pending_age.labels(*labels).set(b.age(now_ts) if b.pending else 0.0)
             self.failed_records.labels(*labels).set(b.failed)

@@ -61,6 +61,18 @@ class PartitionBacklog:
     pending: int
     oldest_created_at: datetime | None
     failed: int = 0
+    #: Seconds the oldest pending record has waited, on the database's clock; None when the
+    #: storage does not say (then :meth:`age` uses this process's clock).
+    oldest_age: float | None = None
+
+    def age(self, now: float) -> float:
+        """Seconds the oldest pending record has waited (0 with none pending): the database's
+        measure, or else ``now`` (this process's wall clock) minus its creation."""
+        if self.oldest_age is not None:
+            return self.oldest_age
+        if self.oldest_created_at is None:
+            return 0.0
+        return max(now - self.oldest_created_at.timestamp(), 0.0)
 
 
 @dataclass(slots=True)

@@ -101,8 +101,7 @@ class BacklogMonitor:
         self.stalled = {
             TopicPartition(b.topic, b.partition)
             for b in backlog
-            if b.oldest_created_at is not None
-            and now - b.oldest_created_at.timestamp() > self.settings.stall_after
+            if b.pending and b.age(now) > self.settings.stall_after
         }
 
     async def run(self) -> None:

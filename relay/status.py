@@ -129,14 +129,13 @@ def _statuses(
     statuses = {}
     for tp in tps:
         b = by_tp.get(tp)
-        oldest = b.oldest_created_at if b else None
         published = last.get(tp)
         statuses[tp] = PartitionStatus(
             partition=str(tp),
             block="",
             pending=b.pending if b else 0,
             failed=b.failed if b else 0,
-            oldest_pending_age=round((now - oldest).total_seconds(), 3) if oldest else 0.0,
+            oldest_pending_age=round(b.age(now.timestamp()), 3) if b and b.pending else 0.0,
             last_publish_at=(
                 datetime.fromtimestamp(published, UTC).isoformat() if published else None
             ),

@@ -33,7 +33,7 @@ def outbox_pending(database_url: DatabaseUrl = None, json_output: JsonOutput = F
         typer.echo("nothing pending")
     now = datetime.now(UTC)
     for b in backlog:
-        age = f"{(now - b.oldest_created_at).total_seconds():.1f} s" if b.oldest_created_at else "-"
+        age = f"{b.age(now.timestamp()):.1f} s" if b.pending else "-"
         typer.echo(
             f"{printable(b.topic)}/{b.partition}: {b.pending} pending (oldest {age}), "
             f"{b.failed} failed"

@@ -188,7 +188,14 @@ class MongoOutboxStorage(MongoConnection):
             self._aggregate(
                 [
                     {"$match": {"state": "pending"}},
-                    {"$group": {**by_partition, "n": {"$sum": 1}, "oldest": {"$min": "$position"}}},
+                    {
+                        "$group": {
+                            **by_partition,
+                            "n": {"$sum": 1},
+                            "oldest": {"$min": "$position"},
+                            "now": {"$max": "$$NOW"},  # mongod's clock, as the positions
+                        }
+                    },
                 ],
                 hint=HEAD_INDEX,
             )
@@ -203,7 +210,10 @@ class MongoOutboxStorage(MongoConnection):
         for row in pending:
             tp = (row["_id"]["topic"], row["_id"]["partition"])
             oldest = datetime.fromtimestamp(row["oldest"] / 1_000_000, UTC)
-            rows[tp] = PartitionBacklog(*tp, pending=row["n"], oldest_created_at=oldest)
+            age = max(row["now"].timestamp() - row["oldest"] / 1_000_000, 0.0)
+            rows[tp] = PartitionBacklog(
+                *tp, pending=row["n"], oldest_created_at=oldest, oldest_age=age
+            )
         for row in failed:
             tp = (row["_id"]["topic"], row["_id"]["partition"])
             found = rows.get(tp, PartitionBacklog(*tp, pending=0, oldest_created_at=None))

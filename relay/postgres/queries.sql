@@ -151,11 +151,15 @@ WHERE id IN (
 )
 
 -- backlog --
--- Pending rows come from the partial index; failed rows are few by construction.
+-- Pending rows come from the partial index; failed rows are few by construction. The oldest
+-- pending row's age is measured on the server's clock (created_at is the writer's now()), so a
+-- relay whose own clock is off never takes a partition for stalled early, or late.
 SELECT topic, partition,
        count(*) FILTER (WHERE state = 'pending') AS pending,
        min(created_at) FILTER (WHERE state = 'pending') AS oldest,
-       count(*) FILTER (WHERE state = 'failed') AS failed
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE state = 'pending'))
+           AS oldest_age
 FROM outboxkit.outbox
 WHERE state IN ('pending', 'failed')
 GROUP BY topic, partition

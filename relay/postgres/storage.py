@@ -251,8 +251,10 @@ class PostgresOutboxStorage(NamedStatements):
     async def backlog(self) -> list[PartitionBacklog]:
         rows = await self._fetch("backlog", {})
         return [
-            PartitionBacklog(t, p, pending, oldest, failed)
-            for t, p, pending, oldest, failed in rows
+            PartitionBacklog(
+                t, p, pending, oldest, failed, None if age is None else max(float(age), 0.0)
+            )
+            for t, p, pending, oldest, failed, age in rows
         ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -226,6 +226,37 @@ async def test_the_health_backlog_is_never_a_stale_measure() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class _Measured:
+    """A storage whose backlog is ``rows``, as given."""
+
+    def __init__(self, rows: list[PartitionBacklog]) -> None:
+        self.rows = rows
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        return self.rows
+
+
+async def test_a_partition_is_stalled_by_the_databases_clock_not_the_relays() -> None:
+    """#41: a relay whose clock ran 45 s fast reported a partition stalled 45 s early (its now
+    minus the record's created_at, written on the database's clock). The database now measures
+    the age itself; only a storage that does not falls back to the relay's clock."""
+    written = datetime.now(UTC) - timedelta(seconds=45)  # as a relay 45 s fast sees it
+    rows = [
+        PartitionBacklog(TOPIC, 0, 1, written, oldest_age=2.0),  # 2 s old by the database
+        PartitionBacklog(TOPIC, 1, 1, written),  # no age given: the relay's clock
+    ]
+    registry = CollectorRegistry()
+    monitor = BacklogMonitor(
+        cast(OutboxStorage, _Measured(rows)), settings(stall_after=30), RelayMetrics(registry)
+    )
+    await monitor.measure()
+    assert monitor.stalled == {tp(1)}
+    age = registry.get_sample_value(
+        "outboxkit_relay_oldest_pending_age_seconds", {"topic": TOPIC, "partition": "0"}
+    )
+    assert age == 2.0
 
 
 async def test_a_database_unreadable_for_stall_after_makes_the_relay_unhealthy() -> None:
