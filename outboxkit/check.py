@@ -63,6 +63,31 @@ def first_line(exc: BaseException) -> str:
 DEV_HINT = 'on a laptop, `eval "$(outboxkit dev up)"` starts PostgreSQL and Kafka'
 
 
+#: A clock this far from the database's (seconds) is worth fixing (NTP), though no guarantee
+#: depends on it.
+CLOCK_SKEW_WARN = 5.0
+
+
+def clock_result(server: str, skew: float, round_trip: float) -> CheckResult:
+    """``clock``: how far this host's wall clock is from the database server's (``skew``,
+    the server's minus this host's, read at the middle of a ``round_trip``). Never a failure:
+    what must agree between workers (dedupe expiry, stall checks, MongoDB positions) runs on
+    the database's clock; a worker's own stamps only each record's Kafka timestamp."""
+    side = "ahead of" if skew < 0 else "behind"
+    summary = (
+        f"this host's clock is {abs(skew):.3f} s {side} {server}'s "
+        f"(±{round_trip / 2:.3f} s, the round trip's half)"
+    )
+    if abs(skew) < CLOCK_SKEW_WARN:
+        return CheckResult("clock", True, summary)
+    return CheckResult(
+        "clock",
+        True,
+        summary + ": Kafka record timestamps (CreateTime) written here are off by as much",
+        "Synchronise this host's clock (NTP, chrony).",
+    )
+
+
 def migrations_result(pending: list[Migration], where: str) -> CheckResult:
     """``migrations``: whether ``pending`` (of the database ``where``) leaves anything to do."""
     if not pending:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, TypeVar
 
 from pymongo import AsyncMongoClient
@@ -17,7 +19,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_uri
 
 from outboxkit.backends import RelayParts, Transactions
-from outboxkit.check import CheckResult, first_line, migrations_result
+from outboxkit.check import CheckResult, clock_result, first_line, migrations_result
 from outboxkit.core.login import refused_login
 from outboxkit.core.mongodb import (
     MongoConnection,
@@ -175,7 +177,25 @@ async def check_database(settings: ConnectionSettings) -> list[CheckResult]:
     server = await check_server(settings)
     if not server.ok:
         return [server]
-    return [server, await _check_migrations(settings)]
+    return [server, await _check_clock(settings), await _check_migrations(settings)]
+
+
+async def _check_clock(settings: ConnectionSettings) -> CheckResult:
+    """``clock``: this host's wall clock against the primary's (``hello``'s ``localTime``)."""
+    client = make_client(
+        settings.database_url, connect_timeout=settings.connect_timeout, app_name="outboxkit"
+    )
+    try:
+        await client.admin.command("ping")  # connected: the next round trip is one
+        before = time.time()
+        hello = await client.admin.command("hello")
+        after = time.time()
+    except PyMongoError as exc:
+        return CheckResult("clock", True, f"cannot read MongoDB's clock: {first_line(exc)}")
+    finally:
+        await client.close()
+    server = hello["localTime"].replace(tzinfo=UTC).timestamp()  # naive UTC, to the ms
+    return clock_result("MongoDB", server - (before + after) / 2, after - before)
 
 
 #: Why outboxkit needs a replica set, and how to make one: the same words wherever it refuses a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from outboxkit.backends import RelayParts, Transactions
-from outboxkit.check import DEV_HINT, CheckResult, first_line, migrations_result
+from outboxkit.check import DEV_HINT, CheckResult, clock_result, first_line, migrations_result
 from outboxkit.core.login import refused_login
 from outboxkit.core.postgres import make_pool
 from outboxkit.core.redact import redact
@@ -125,6 +126,13 @@ async def check_database(settings: ConnectionSettings) -> list[CheckResult]:
         cur = await conn.execute("SHOW server_version")
         row = await cur.fetchone()
         results = [CheckResult("database", True, f"PostgreSQL {row[0] if row else '?'} at {where}")]
+        before = time.time()
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())")
+        [(server_time,)] = await cur.fetchall()
+        after = time.time()
+        results.append(
+            clock_result("PostgreSQL", float(server_time) - (before + after) / 2, after - before)
+        )
         try:
             pending = await pending_migrations(conn)
         except MigrationError as exc:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 from outboxkit.embedded._process import free_port
 from tests.helpers import run_cli
 from tests.integration.conftest import MakeTopic
+from tests.integration.test_clock_skew import skewed
 
 
 def _env(database_url: str, bootstrap: str, topics: str = "") -> dict[str, str]:
@@ -25,6 +27,19 @@ async def test_all_good(pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic
     assert "ok   database" in result.stdout
     assert "ok   migrations  schema is up to date" in result.stdout
     assert f"ok   topics      found {topic}" in result.stdout
+    assert "ok   clock       this host's clock is 0.0" in result.stdout
+
+
+def test_check_reports_the_clock_skew_to_the_database(db_url: str, kafka_bootstrap: str) -> None:
+    """#41: `check` says how far this host's clock is from the database's, and what it still
+    affects (a worker's own clock stamps only Kafka's CreateTime): here 45 s behind, under
+    libfaketime."""
+    result = run_cli("check", env={**_env(db_url, kafka_bootstrap), **skewed("-45s")})
+    found = re.search(r"ok   clock       this host's clock is (\d+\.\d+) s behind", result.stdout)
+    assert found, result.stdout + result.stderr
+    assert 44 < float(found.group(1)) < 46
+    assert "Kafka record timestamps (CreateTime) written here are off" in result.stdout
+    assert "Synchronise this host's clock" in result.stdout
 
 
 def test_unreachable_database_and_broker(pg_url: str) -> None:
