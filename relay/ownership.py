@@ -135,7 +135,14 @@ class KafkaOwnership:
         """Join the group; return each topic's partition count from Kafka's metadata."""
         self._consumer.subscribe(self._settings.topics, listener=_Listener(self))
         # start() fetches the metadata of the subscribed topics before it returns.
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except InconsistentGroupProtocolError:
+            # The group's members run a relay of another assignor protocol (a rolling upgrade
+            # across a protocol change, docs/upgrading.md): wait in run() until they have
+            # stopped, as after a refused rejoin, instead of exiting (a crash loop whose
+            # back-off would outlast the old relays' stop).
+            self._refused()
         self._hear_heartbeats()
         partitions: dict[str, int] = {}
         missing = []
