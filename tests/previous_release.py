@@ -1,14 +1,14 @@
 """Release N-1, built into a wheel and installed into a virtualenv of its own, for the
 side-by-side upgrade test (tests/integration/test_upgrade_side_by_side.py, docs/upgrading.md).
 
-N-1 is the last ``v*`` tag or, until there is one, the parent of the newest commit that added a
-migration file (the code just before the newest schema change). Its tree comes out of git
-(``git archive``: symlinks kept), its wheel is built by ``python -m build`` (isolated, as
-RELEASING.md builds it: setuptools from the index), and it is installed with ``--no-deps``
-into ``~/.cache/outboxkit/release-<commit>``, whose ``.pth`` adds this environment's
-site-packages after its own: N-1's code, this
-environment's dependencies (the same versions for a release of recent months; an old one would
-need its own, installed from the index). Built once per commit, under a lock file.
+N-1 is the last ``v*`` tag (other than one on the commit under test) or, until there is one,
+the parent of the newest commit that added a migration file (the code just before the newest
+schema change). Its tree comes out of git (``git archive``: symlinks kept), its wheel is built
+by ``python -m build`` (isolated, as RELEASING.md builds it: setuptools from the index), and it
+is installed with ``--no-deps`` into ``~/.cache/outboxkit/release-<commit>``, whose ``.pth``
+adds this environment's site-packages after its own: N-1's code, this environment's
+dependencies (the same versions for a release of recent months; an old one would need its own,
+installed from the index). Built once per commit, under a lock file.
 
 ``run_dir`` holds only N-1's ``tests`` package, for ``PYTHONPATH``: the inbox test app and the
 writers of N-1. Processes of N-1 must start outside the repository, or ``python -m`` would put
@@ -53,7 +53,13 @@ def _git(*args: str) -> str:
 
 def previous_release() -> tuple[str, str]:
     """(commit, label) of release N-1."""
-    tags = _git("tag", "--list", "v*", "--sort=-v:refname").split()
+    head = _git("rev-parse", "HEAD")
+    # A tag on the commit under test is release N itself (the tagged commit's own CI run).
+    tags = [
+        tag
+        for tag in _git("tag", "--list", "v*", "--sort=-v:refname").split()
+        if _git("rev-list", "-n", "1", tag) != head
+    ]
     if tags:
         return _git("rev-list", "-n", "1", tags[0]), tags[0]
     newest = _git(
