@@ -214,3 +214,14 @@ def test_the_prometheus_rule_holds_the_rules_file(helm: Path) -> None:
                 url = entry["annotations"]["runbook_url"]
                 entry["annotations"]["runbook_url"] = base + url
     assert rule["spec"]["groups"] == groups
+
+
+def test_the_relays_may_be_stopped_before_new_ones_start(helm: Path) -> None:
+    """``relay.strategy.type=Recreate``: for a release whose relays cannot share a group with
+    the old ones (docs/upgrading.md)."""
+    objects = render(helm, None, "--set", "relay.strategy.type=Recreate")
+    [relay] = [
+        deployment for component, deployment in _deployments(objects) if component == "relay"
+    ]
+    assert relay["spec"]["strategy"] == {"type": "Recreate"}
+    kubernetes_validate.validate(relay, KUBE_VERSION, strict=True)
