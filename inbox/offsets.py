@@ -74,13 +74,16 @@ class OffsetCommitter:
         return self.partitions.setdefault(tp, PartitionProgress())
 
     def forget(self, revoked: set[TopicPartition]) -> None:
-        """Drop revoked partitions: their next owner starts from their last commit."""
+        """Drop revoked partitions: their next owner starts from their last commit. Their
+        gauges here read 0: the next owner exports them now (a dashboard's max over workers
+        would otherwise show the lag this worker last saw, for good)."""
         for tp in revoked:
             self.partitions.pop(tp, None)
             self._committed.pop(tp, None)
             labels = (self._inbox, tp.topic, str(tp.partition))
             self._metrics.parked.labels(*labels).set(0)
             self._metrics.stalled.labels(*labels).set(0)
+            self._metrics.lag.labels(*labels).set(0)
 
     async def skip_invisible(self) -> None:
         """Move each caught-up partition's offset past the transaction markers (and aborted

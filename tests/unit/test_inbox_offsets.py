@@ -177,3 +177,21 @@ async def test_a_partition_with_records_pending_and_no_progress_is_reported_stal
     assert (stalled("0"), stalled("1")) == (1, 0)
     [state] = troubled(committer.partitions, committer.pending(), 1.0, time.time())
     assert (state.partition, state.offset, state.pending) == (f"{TOPIC}/0", 4, 6)
+
+
+async def test_a_revoked_partition_exports_no_lag_stall_or_park_of_this_worker() -> None:
+    """A partition another worker now owns: this worker's gauges for it read 0, not the lag it
+    last saw, which a dashboard's max over workers would show for good (the gauge is never
+    set again here) — found by #45's dashboard review."""
+    log = CommitLog(ends={TP: 10})
+    registry = CollectorRegistry()
+    committer = OffsetCommitter(log, settings(), inbox="payments", metrics=InboxMetrics(registry))
+    committer.partition(TP).advance(4)
+    labels = {"inbox": "payments", "topic": TOPIC, "partition": "0"}
+    assert committer.pending() == {TP: 6}
+    assert registry.get_sample_value("outboxkit_inbox_lag", labels) == 6
+
+    committer.forget({TP})
+
+    for gauge in ("outboxkit_inbox_lag", "outboxkit_inbox_stalled", "outboxkit_inbox_parked"):
+        assert registry.get_sample_value(gauge, labels) == 0, gauge
