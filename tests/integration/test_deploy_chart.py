@@ -197,6 +197,10 @@ async def test_the_probes_ask_what_a_worker_serves(
                     assert response.status_code == 200, (component, probe, get["path"])
                 readiness = container["readinessProbe"]["httpGet"]["path"]
                 assert readiness == "/healthz", component
+                # /healthz is 503 through a database or broker outage, which a restart does
+                # not end: a liveness probe on it would crash-loop every worker through one.
+                liveness = container["livenessProbe"]["httpGet"]["path"]
+                assert liveness == "/metrics", component
     finally:
         server.close()
         with contextlib.suppress(asyncio.CancelledError):
