@@ -51,8 +51,23 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def _whole_history() -> None:
+    """N-1 is found in the history: a shallow clone (CI systems often make one) fetches the rest
+    from where it was cloned, or says why it cannot."""
+    if _git("rev-parse", "--is-shallow-repository") != "true":
+        return
+    try:
+        _git("fetch", "--quiet", "--unshallow", "--tags")
+    except subprocess.CalledProcessError as exc:
+        raise AssertionError(
+            "release N-1 is found in git history, and this clone is shallow and could not fetch "
+            f"the rest (git fetch --unshallow: {exc.stderr.strip()}): clone with full history"
+        ) from None
+
+
 def previous_release() -> tuple[str, str]:
     """(commit, label) of release N-1."""
+    _whole_history()
     head = _git("rev-parse", "HEAD")
     # A tag on the commit under test is release N itself (the tagged commit's own CI run).
     tags = [
