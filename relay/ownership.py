@@ -184,19 +184,21 @@ class KafkaOwnership:
     def lapsed(self) -> float | None:
         """Seconds since the group coordinator last answered this member, once the group has
         surely dropped it: no answer for twice the session timeout (the coordinator's own limit
-        is one session timeout from the last heartbeat it received; a coordinator that moved to
-        another broker gives every member a new session when it takes over, so the second one
-        keeps a coordinator failover, 4-6 s on a loaded test cluster, from stopping every relay
-        at once), or, while a join is pending (which the coordinator may hold until every member
-        has joined), longer than the rebalance timeout as well. None while the membership holds.
-        Lapsing late is safe, early costs a pause: a relay that lost its partitions is fenced by
-        their new owner's first transaction."""
+        is one session timeout from the last heartbeat it received), or longer by the session
+        and rebalance timeouts while a join is pending (which the coordinator may hold until
+        every member has joined) or while the coordinator is being looked for (its broker
+        refused or dropped the connection: a coordinator that moves to another broker gives every
+        member a new session when it takes over, and a failover took 6+ s on a loaded test
+        cluster, which stopped every relay for nothing). A half-open link leaves the
+        coordinator known (the heartbeat waits for its answer): the short limit applies. None
+        while the membership holds. Lapsing late is safe, early costs a pause: a relay that lost
+        its partitions is fenced by their new owner's first transaction."""
         heard = self._heard_at
         if heard is None:
             return None
         silent = time.monotonic() - heard
         limit = LAPSE_AFTER_SESSIONS * self._settings.session_timeout
-        if self._rejoining():
+        if self._rejoining() or self._coordinator_unknown():
             limit += self._settings.revoke_timeout + self._settings.session_timeout
         return silent if silent > limit else None
 
@@ -292,6 +294,10 @@ class KafkaOwnership:
                 logger.info("membership not confirmed", error=repr(exc))
                 return False
         return True
+
+    def _coordinator_unknown(self) -> bool:
+        coordinator: Any = getattr(self._consumer, "_coordinator", None)
+        return coordinator is None or getattr(coordinator, "coordinator_id", None) is None
 
     def _rejoining(self) -> bool:
         coordinator: Any = getattr(self._consumer, "_coordinator", None)
