@@ -22,10 +22,12 @@ and produces ``--events`` OrderPlaced events (1,000 customers). Phases, all on t
    → ``foreachBatch(df.write.jdbc(..., mode="append"))`` with Spark's default JDBC options (no
    validation, no dedupe, no quarantine), and the demo's job into PostgreSQL only; both
    available-now with the same records per micro-batch on fresh checkpoints and tables, order
-   alternated, ``--rounds`` rounds; prints each run's events/s and Spark's CPU per event, then
-   the medians and the ratios pipeline/hand-written (the first round, which warms both up, left
-   out when there are more). ``--jobs`` adds diagnostic variants of the pipeline to each round
-   (``pipeline:no-quarantine``, ``:no-dedupe``… see ``JOB_VARIANTS``);
+   alternated, ``--rounds`` rounds; and (issue #42) the same-work hand-written job, which gives
+   itself the pipeline's guarantees in plain Spark SQL (bench/spark_same_work.py); prints each
+   run's events/s and Spark's CPU per event, then the three-job table: warm medians (the first
+   round, which warms the JVM up, in brackets) and the ratios to both hand-written jobs, round by
+   round. ``--jobs`` adds diagnostic variants to each round (``pipeline:no-dedupe``,
+   ``same-work:no-dedupe``… see ``JOB_VARIANTS``), to price each part against its twin;
 4. kill/restart: the same job as ``python -m outboxkit.pipeline run`` with a 1 s trigger and
    100K records per batch, SIGKILLed after two committed batches, then resumed from its
    checkpoint (available-now); both sinks are compared with a batch recount of the distinct
