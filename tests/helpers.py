@@ -51,3 +51,31 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         env={**os.environ, **(env or {})},
         timeout=120,
     )
+
+
+#: The worker processes (relays, inboxes) the running test started: killed when it ends,
+#: whatever became of the code that should have stopped them (:func:`kill_leftover_workers`).
+_started: list[subprocess.Popen[bytes]] = []
+
+
+def started_worker(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Note a worker process the running test started (see :func:`kill_leftover_workers`)."""
+    _started.append(process)
+    return process
+
+
+def kill_leftover_workers() -> list[str]:
+    """Kill the worker processes the test started and left running; their command lines.
+
+    A test that times out (pytest-timeout raises out of the event loop) or fails before its
+    cleanup leaves its ``async with`` blocks unfinished: their relays and inboxes would keep
+    retrying against servers the test has stopped, on the CPU of every later test of the run
+    (a failover test's five processes ran for 20 minutes so)."""
+    left = []
+    for process in _started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+            left.append(" ".join(map(str, process.args)))  # type: ignore[arg-type]
+    _started.clear()
+    return left

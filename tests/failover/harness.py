@@ -198,14 +198,21 @@ class FailoverRun:
         self.workers.append(Worker(name, process, port))
 
     async def close(self) -> None:
-        """Stops everything (idempotent): writers, processes, the arrival reader."""
-        if self._writing:
-            self._writing = False
-            await self.writers.stop()
-        for worker in self.workers:
-            worker.process.kill()
-        await self.arrivals.stop()
-        await self._exit.aclose()
+        """Stops everything (idempotent): writers, processes, the arrival reader. The processes
+        are killed whatever else fails (a writer's error, a timeout cancelling this): left
+        running, they would keep retrying against servers the test has stopped, on the CPU of
+        every later test of the run."""
+        try:
+            if self._writing:
+                self._writing = False
+                await self.writers.stop()
+        finally:
+            for worker in self.workers:
+                worker.process.kill()
+            try:
+                await self.arrivals.stop()
+            finally:
+                await self._exit.aclose()
 
     # -- faults -------------------------------------------------------------------------------
 

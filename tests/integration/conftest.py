@@ -57,7 +57,7 @@ from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
 from outboxkit.embedded.spark_cluster import SparkCluster
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.postgres import migrate
-from tests.helpers import wait_for
+from tests.helpers import kill_leftover_workers, wait_for
 from tests.integration.backends import BACKENDS, BackendCase, open_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +83,16 @@ def collect_leaks() -> Iterator[None]:
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """Kills the relays and inboxes a test left running (a timeout, a failure before its
+    cleanup), saying so: a leftover worker would burn the CPU of every later test of the run,
+    retrying against servers its test stopped."""
+    yield
+    for command in kill_leftover_workers():
+        print(f"killed a worker process the test left running: {command}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")

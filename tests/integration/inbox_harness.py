@@ -28,6 +28,7 @@ from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests import timeouts
+from tests.helpers import started_worker
 from tests.integration.inbox_app import EFFECTS_DDL
 from tests.raw_batches import RawRecord, raw_batch
 
@@ -55,13 +56,15 @@ class InboxProcess:
 
     def start(self) -> InboxProcess:
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, *self._command],
-                env=self._env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+            self.process = started_worker(
+                subprocess.Popen(
+                    [sys.executable, *self._command],
+                    env=self._env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+                )
             )
         return self
 

@@ -25,6 +25,7 @@ from outboxkit.backends import backend_for
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, EventRegistry
+from tests.helpers import started_worker
 from tests.integration.step_writers import DatabaseAwayError, StepWriter, step_writer
 from tests.timeouts import RELAY_ENV
 
@@ -57,12 +58,14 @@ class RelayProcess:
 
     def start(self) -> RelayProcess:
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "outboxkit", "relay"],
-                env=self._env,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            self.process = started_worker(
+                subprocess.Popen(
+                    [sys.executable, "-m", "outboxkit", "relay"],
+                    env=self._env,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
         return self
 

@@ -31,7 +31,7 @@ from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.embedded._process import die_with_parent, free_port
 from outboxkit.relay.ownership import describe_group
 from tests.failover.harness import FailoverRun, Worker
-from tests.helpers import wait_for
+from tests.helpers import started_worker, wait_for
 from tests.integration.inbox_harness import INBOX_ENV, InboxProcess
 from tests.integration.relay_harness import RelayProcess
 from tests.previous_release import Release, build_release
@@ -81,13 +81,15 @@ class OldProcess:
 
     def start(self) -> OldProcess:
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self._args,
-                env=self._env,
-                cwd=self._cwd,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            self.process = started_worker(
+                subprocess.Popen(
+                    self._args,
+                    env=self._env,
+                    cwd=self._cwd,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
         return self
 
