@@ -7,11 +7,12 @@ import json
 import logging
 import sys
 import traceback
-from typing import Annotated
+from collections.abc import Coroutine
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-from outboxkit.backends import backend_for
+from outboxkit.backends import Backend, backend_for
 from outboxkit.check import (
     CheckResult,
     run_checks,
@@ -29,6 +30,8 @@ from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
 from outboxkit.migrations.compat import incompatible, runs_beside
 from outboxkit.relay import RelaySettings
+
+T = TypeVar("T")
 
 
 def check(
@@ -160,24 +163,41 @@ def migrate_command(
     backend = backend_for(settings.database_url)
     if backend.kind == "mongodb":
         _refuse_what_workers_refuse(settings)
+    applied = _run(
+        backend,
+        backend.migrate(settings.connect_timeout),
+        migration_failed=f"migrating {redact(settings.database_url)} failed: ",
+        driver_failed="migrating failed: ",
+    )
+    if applied:
+        typer.echo("applied " + ", ".join(applied))
+    else:
+        typer.echo("schema is up to date")
+
+
+def _run(
+    backend: Backend,
+    work: Coroutine[Any, Any, T],
+    *,
+    migration_failed: str = "",
+    driver_failed: str = "",
+) -> T:
+    """``work``'s result; a migration's error, or the database driver's (as the backend explains
+    it, with its fix), printed after ``error:`` and its prefix, and exit 1."""
     try:
-        applied = asyncio.run(backend.migrate(settings.connect_timeout))
+        return asyncio.run(work)
     except MigrationError as exc:
-        typer.echo(f"error: migrating {redact(settings.database_url)} failed: {exc}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        typer.echo(f"error: {migration_failed}{exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None  # raised here: --debug shows its context
     except Exception as exc:
         explained = backend.explain(exc)
         if explained is None:
             raise
         what, fix = explained
-        typer.echo(f"error: migrating failed: {what}", err=True)
+        typer.echo(f"error: {driver_failed}{what}", err=True)
         if fix:
             typer.echo(f"  → {fix}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
-    if applied:
-        typer.echo("applied " + ", ".join(applied))
-    else:
-        typer.echo("schema is up to date")
 
 
 def _check_upgrade(database_url: str | None) -> None:
@@ -185,19 +205,7 @@ def _check_upgrade(database_url: str | None) -> None:
     migrations (each migration's oldest release, outboxkit/migrations/compat.py)."""
     settings = load(ConnectionSettings, database_url=database_url)
     backend = backend_for(settings.database_url)
-    try:
-        pending, running = asyncio.run(backend.upgrade_plan(settings.connect_timeout))
-    except MigrationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
-    except Exception as exc:
-        explained = backend.explain(exc)
-        if explained is None:
-            raise
-        typer.echo(f"error: {explained[0]}", err=True)
-        if explained[1]:
-            typer.echo(f"  → {explained[1]}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+    pending, running = _run(backend, backend.upgrade_plan(settings.connect_timeout))
     for m in pending:
         oldest = runs_beside(m)
         beside = "every release" if oldest is None else f"outboxkit >= {oldest} only (contract)"
