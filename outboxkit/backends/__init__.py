@@ -19,6 +19,10 @@ memory://     InMemoryOutboxStorage   in-process (same)         InMemoryInboxSto
 ============  ======================  ========================  ==========================
 
 ``memory://<name>`` is for tests: every user of one name in one process shares one database.
+
+One module per database (:mod:`.postgres`, :mod:`.mongodb`, :mod:`.memory`), each with its
+storage, transactions, migrations, checks and error explanations; :func:`backend_for` imports
+the one a URL names on first use, so a process loads only its own database's driver.
 """
 
 from __future__ import annotations
