@@ -45,6 +45,12 @@ _UNAUTHORIZED = 13
 #: live relay whose heartbeats had paused (a failover) was removed from the group as dead.
 PRESENCE_HEARTBEAT_MS = 1000
 
+#: Seconds of mongod's uptime before its connection list is trusted: the reconnect grace, plus
+#: two presence heartbeats for a live relay's monitor to find the restarted mongod (its next
+#: check comes up to one heartbeat after mongod answers, and a starved process runs it late:
+#: with the grace alone, a live relay was reported departed beside a loaded test run).
+_RESTART_GRACE = presence.RECONNECT_GRACE + 2 * PRESENCE_HEARTBEAT_MS / 1000
+
 #: Milliseconds without a heartbeat after which a member is a suspect (relays renew theirs at
 #: every check, every OUTBOXKIT_DEPARTED_CHECK_INTERVAL, 1 s by default).
 STALE_AFTER = 2500
@@ -171,7 +177,7 @@ class MongoPresence:
             if status.get("process") == "mongos":
                 self._off("connected through mongos, which lists only its own connections")
                 return None
-            if float(status.get("uptime", 0)) < presence.RECONNECT_GRACE:
+            if float(status.get("uptime", 0)) < _RESTART_GRACE:
                 return None
             cursor = await _guard(
                 admin.aggregate(
