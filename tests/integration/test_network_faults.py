@@ -351,6 +351,14 @@ async def test_database_links_cut_and_half_open(
             fault.detail = (
                 f"timeout=0 until relay-0 reports it (database timeout {DATABASE_TIMEOUT:g} s)"
             )
+            # Only a relay that reads its partitions has a read to give up: relay-0 must have
+            # rejoined since the cut (under load it may not have when the cut's fault ended).
+            await wait_for(
+                lambda: _owns_partitions(relay_0),
+                within=60,
+                interval=0.2,
+                what="relay-0 to own partitions again",
+            )
             silences = _silences(relay_0)
             await relay_link.half_open()
             await wait_for(
@@ -415,6 +423,10 @@ async def _lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
     health = await _health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
+
+
+async def _owns_partitions(worker: Worker) -> bool:
+    return bool((await _health(worker)).get("owned"))
 
 
 async def _health(worker: Worker) -> dict[str, Any]:
