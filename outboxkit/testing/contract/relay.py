@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -87,6 +87,16 @@ async def _wait_for(condition: Callable[[], bool], *, within: float, what: str) 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {within} s")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _step_within(seconds: float, what: str) -> AsyncIterator[None]:
+    """Fail with ``what`` if the block takes longer than ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise AssertionError(f"{what}: not within {seconds} s") from None
 
 
 @contextlib.asynccontextmanager
@@ -348,6 +358,8 @@ class RelayStorageContract:
                 await tx.outbox.add(handle, Step(entity=A, seq=0))
 
     async def test_a_commit_wakes_a_waiting_partition_g5(self, relay: Relay) -> None:
+        """Every step is bounded and named: a backend whose stream, commit or close hangs fails
+        here saying which, not at the suite's timeout (a hang once took the whole 120 s)."""
         _storage, wakeups, tx = relay
         stream = wakeups.wakeups()
         woken: asyncio.Queue[TopicPartition | None] = asyncio.Queue()
@@ -358,22 +370,28 @@ class RelayStorageContract:
 
         listener = asyncio.create_task(listen())
         try:
-            await wakeups.set_waiting([TP0], True)
-            assert await wakeups.writers_settled([TP0])
+            async with _step_within(10, "declaring partition 0 waiting"):
+                await wakeups.set_waiting([TP0], True)
+                assert await wakeups.writers_settled([TP0])
             # A backend with a connection says "look everywhere" first, once connected.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1):
                     while (await woken.get()) is not None:
                         pass
-            await write(tx, Step(entity=A, seq=0))
-            async with asyncio.timeout(10):
+            async with _step_within(10, "committing one record"):
+                await write(tx, Step(entity=A, seq=0))
+            async with _step_within(10, f"a wake-up of {TP0} after the commit"):
                 while (tp := await woken.get()) != TP0:
                     assert tp is None, f"woke {tp}, not {TP0}"
         finally:
             listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
-            await wakeups.set_waiting([TP0], False)
+            async with _step_within(10, "closing the wake-up stream"):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
+            async with _step_within(10, "declaring partition 0 no longer waiting"):
+                await wakeups.set_waiting([TP0], False)
 
     async def test_a_claim_stops_adding_records_once_their_bytes_pass_the_bound(
         self, relay: Relay
