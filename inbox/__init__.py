@@ -7,7 +7,6 @@ import typing
 
 from outboxkit.core import lazy
 from outboxkit.core.memory import MemoryTransaction
-from outboxkit.inbox.consumer import InboxHealth, InboxWorker
 from outboxkit.inbox.deadletter_topic import (
     DeadLetter,
     ReplayTarget,
@@ -28,6 +27,7 @@ from outboxkit.inbox.memory import InMemoryInboxStore
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import BatchOutcome, Delivery, InboxStore
+from outboxkit.inbox.worker import InboxHealth, InboxWorker
 
 if typing.TYPE_CHECKING:
     from outboxkit.inbox.mongodb import MongoInboxStore

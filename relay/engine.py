@@ -6,7 +6,7 @@ keeps one :class:`~outboxkit.relay.worker.BlockWorker` (one transactional produc
 the partitions it owns as they come and go; side tasks (:mod:`outboxkit.relay.side_tasks`,
 :mod:`outboxkit.relay.departed`) route wake-ups, measure the backlog, watch for slow stages and
 failures, purge and evict departed relays, supervised by
-:class:`~outboxkit.relay.supervisor.SideTasks`: if one dies, the relay stops loudly instead of
+:class:`~outboxkit.core.supervisor.Supervisor`: if one dies, the relay stops loudly instead of
 running half-blind. Its health is :mod:`outboxkit.relay.health`.
 """
 
@@ -20,6 +20,7 @@ from typing import Protocol
 import structlog
 
 from outboxkit.core.kafka import leave_group
+from outboxkit.core.supervisor import Supervisor, unless_stopped
 from outboxkit.relay.batches import InFlightLimit
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
@@ -34,7 +35,6 @@ from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
-from outboxkit.relay.supervisor import SideTasks, unless_stopped
 from outboxkit.relay.worker import BlockWorker, WorkerContext
 
 logger = structlog.get_logger("outboxkit.relay")
@@ -144,7 +144,7 @@ class Relay:
             on_progress=self._progress.progressed,
             on_error=self._progress.failed,
         )
-        tasks = SideTasks()
+        tasks = Supervisor("relay")
         if DepartedCheck.wanted(self.settings):
             # Announced before joining, so that a relay killed while its join is pending can be
             # removed for it; and checking while this relay joins, since its join cannot complete

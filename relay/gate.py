@@ -143,7 +143,7 @@ class IdleGate:
         delay, deadline = 0.002, time.monotonic() + WRITERS_WAIT_MAX
         while not self.stop.is_set() and time.monotonic() < deadline:
             try:
-                if await self.wakeups.writers_settled(self.tps):
+                if await self.wakeups.earlier_writers_ended(self.tps):
                     return
             except StorageUnavailableError:
                 return  # the next read fails too and is retried

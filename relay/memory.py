@@ -178,7 +178,7 @@ class InMemoryOutboxStorage:
         else:
             self._waiting.difference_update(tps)
 
-    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
+    async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         return True  # writes are atomic here: nothing is ever half-committed
 
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:

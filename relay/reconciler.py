@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import structlog
 
+from outboxkit.core.supervisor import await_cancelled
 from outboxkit.relay.blocks import Block, plan
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.supervisor import await_cancelled
 from outboxkit.relay.worker import BlockWorker
 
 logger = structlog.get_logger("outboxkit.relay")

@@ -1,6 +1,6 @@
 """The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge.
 
-Each runs until cancelled, under :class:`~outboxkit.relay.supervisor.SideTasks`; the check for
+Each runs until cancelled, under :class:`~outboxkit.core.supervisor.Supervisor`; the check for
 departed relays is :mod:`outboxkit.relay.departed`. None of them publishes: they route hints to
 the workers, measure, log and delete what outlived its retention.
 """

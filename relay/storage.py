@@ -128,12 +128,12 @@ class WakeupSource(Protocol):
 
     PostgreSQL sends a notification only to relays that declared themselves idle, so that busy
     relays cost writers nothing; a change stream costs writers nothing anyway, so there
-    :meth:`set_waiting` does nothing and :meth:`writers_settled` is always true."""
+    :meth:`set_waiting` does nothing and :meth:`earlier_writers_ended` is always true."""
 
     async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
         """Declare that a relay waits for new rows of ``tps`` (writers then wake it) or not."""
 
-    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
+    async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         """Whether every writer transaction that was open when ``tps``' relay last declared
         itself waiting has ended. Such a writer may have added its row before the declaration
         was visible to it, and then sent no wake-up; every later writer sees the declaration.

@@ -1,6 +1,6 @@
 -- The inbox's queries on PostgreSQL. Table: migrations/files/postgres/0003_inbox.sql.
 
--- claim_event --
+-- insert_dedupe_record --
 -- In the handler's transaction. A conflict means this consumer took effect for the event
 -- before (a relay re-send, a redelivery after a crash, a replay): nothing is inserted and the
 -- handler is skipped. The row lock of a concurrent insert of the same key makes the second
@@ -9,9 +9,9 @@ INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "
 VALUES (%(consumer)s, %(event_id)s, %(event_type)s, %(topic)s, %(partition)s, %(offset)s)
 ON CONFLICT (consumer, event_id) DO NOTHING
 
--- claim_events --
+-- insert_dedupe_records --
 -- A whole batch in one statement (one round trip instead of one per record). Sorted by event
--- id, so two workers claiming overlapping batches during a rebalance take the primary-key
+-- id, so two workers recording overlapping batches during a rebalance take the primary-key
 -- locks in the same order and cannot deadlock. A duplicate inside the batch conflicts with its
 -- first copy. RETURNING lists the events that are new for this consumer (as text: the
 -- worker compares them with the ids it sent, also text). The columns come as array literals.
@@ -25,9 +25,9 @@ ORDER BY e.event_id
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id::text
 
--- claim_partition_events --
--- claim_events for a batch of one topic-partition (what the worker sends): the topic and the
--- partition as two parameters instead of two arrays as long as the batch.
+-- insert_partition_dedupe_records --
+-- insert_dedupe_records for a batch of one topic-partition (what the worker sends): the topic
+-- and the partition as two parameters instead of two arrays as long as the batch.
 INSERT INTO outboxkit.inbox (consumer, event_id, event_type, topic, partition, "offset")
 SELECT %(consumer)s, e.event_id, e.event_type, %(topic)s, %(partition)s, e.record_offset
 FROM unnest(%(event_ids)s::uuid[], %(event_types)s::text[], %(offsets)s::bigint[])
@@ -36,10 +36,10 @@ ORDER BY e.event_id
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id::text
 
--- unclaim_events --
--- Takes back claims this transaction made for events whose handlers it did not run (the batch
--- stopped growing at its time budget): deleting rows the transaction inserted itself leaves the
--- table as it was, and the events go in the next transaction.
+-- delete_dedupe_records --
+-- Takes back the dedupe records this transaction inserted for events whose handlers it did not
+-- run (the batch stopped growing at its time budget): deleting rows the transaction inserted
+-- itself leaves the table as it was, and the events go in the next transaction.
 DELETE FROM outboxkit.inbox
 WHERE consumer = %(consumer)s AND event_id = ANY(%(event_ids)s::uuid[])
 

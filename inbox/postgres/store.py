@@ -90,10 +90,11 @@ class PostgresInboxStore(PooledStore):
         self._limit = CachedLimit(self._read_limit)
 
     async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
-        """Optimistically: one statement claims the whole batch, then the new events' handlers
-        run without savepoints, their statements pipelined (no round trip each), and one commit.
-        If a handler raises, that transaction rolls back and the batch is redone with a savepoint
-        per delivery, which gives the exact prefix that commits and the delivery that failed."""
+        """Optimistically: one statement inserts the whole batch's dedupe records, then the new
+        events' handlers run without savepoints, their statements pipelined (no round trip
+        each), and one commit. If a handler raises, that transaction rolls back and the batch is
+        redone with a savepoint per delivery, which gives the exact prefix that commits and the
+        delivery that failed."""
         limit = await self._limit.get()
         began: list[float] = []  # when the transaction began (after waiting for a connection)
         try:
@@ -118,30 +119,30 @@ class PostgresInboxStore(PooledStore):
         limit: TransactionLimit,
         began: list[float],
     ) -> BatchOutcome:
-        # Pipeline mode throughout: BEGIN and the claim go in one round trip, the handlers'
+        # Pipeline mode throughout: BEGIN and the dedupe records go in one round trip, the handlers'
         # statements are sent without waiting for each result, and COMMIT follows them; an error
         # surfaces at the latest when the pipeline syncs, before the transaction commits.
         ids = [str(d.event.id) for d in deliveries]
         async with self._connection() as conn, conn.pipeline(), conn.transaction():
             began.append(time.monotonic())
             deadline = limit.deadline(began[-1])
-            cur = await conn.execute(*_claim_batch(consumer, deliveries, ids))
-            claimed = {row[0] for row in await cur.fetchall()}
+            cur = await conn.execute(*_dedupe_batch(consumer, deliveries, ids))
+            new_ids = {row[0] for row in await cur.fetchall()}
             ran = []
             new: list[Indexed[psycopg.AsyncConnection[Any]]] = []
             for index, (d, event_id) in enumerate(zip(deliveries, ids, strict=True)):
-                first = event_id in claimed
+                first = event_id in new_ids
                 if first:
-                    claimed.discard(event_id)  # a second copy in the batch is a duplicate
+                    new_ids.discard(event_id)  # a second copy in the batch is a duplicate
                     new.append((index, d))
                 ran.append(first)
             done = await run_calls(
                 handler_calls(new), conn, deadline=deadline, size=len(deliveries)
             )
             unrun = [ids[index] for index, _ in new if index >= done]
-            if unrun:  # claimed, not run: take the claims back
+            if unrun:  # recorded, not run: take their dedupe records back
                 params = {"consumer": consumer, "event_ids": "{" + ",".join(unrun) + "}"}
-                await conn.execute(_QUERIES["unclaim_events"], params)
+                await conn.execute(_QUERIES["delete_dedupe_records"], params)
         return BatchOutcome(ran=ran[:done])
 
     async def _process_with_savepoints(
@@ -159,7 +160,7 @@ class PostgresInboxStore(PooledStore):
                 try:
                     async with conn.transaction():  # a savepoint per delivery
                         cur = await conn.execute(
-                            _QUERIES["claim_event"], _claim_params(consumer, d)
+                            _QUERIES["insert_dedupe_record"], _dedupe_params(consumer, d)
                         )
                         if cur.rowcount:
                             await d.handler(d.event, conn)
@@ -199,7 +200,7 @@ class PostgresInboxStore(PooledStore):
             return int(row[0]) if row else 0
 
 
-def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
+def _dedupe_params(consumer: str, d: Delivery) -> dict[str, object]:
     return {
         "consumer": consumer,
         "event_id": d.event.id,
@@ -210,12 +211,13 @@ def _claim_params(consumer: str, d: Delivery) -> dict[str, object]:
     }
 
 
-def _claim_batch(
+def _dedupe_batch(
     consumer: str, deliveries: Sequence[Delivery], ids: Sequence[str]
 ) -> tuple[str, dict[str, object]]:
-    """The claim statement for ``deliveries`` (whose event ids are ``ids``, as text) and its
-    parameters. The columns go as array literals (one text parameter each, which PostgreSQL
-    parses) rather than Python lists (which psycopg adapts element by element)."""
+    """The statement inserting the dedupe records of ``deliveries`` (whose event ids are
+    ``ids``, as text) and its parameters. The columns go as array literals (one text parameter
+    each, which PostgreSQL parses) rather than Python lists (which psycopg adapts element by
+    element)."""
     first = deliveries[0]
     params: dict[str, object] = {
         "consumer": consumer,
@@ -225,12 +227,12 @@ def _claim_batch(
     }
     if all(d.partition == first.partition and d.topic == first.topic for d in deliveries):
         params.update(topic=first.topic, partition=first.partition)
-        return _QUERIES["claim_partition_events"], params
+        return _QUERIES["insert_partition_dedupe_records"], params
     params.update(
         topics=_text_array([d.topic for d in deliveries]),
         partitions="{" + ",".join([str(d.partition) for d in deliveries]) + "}",
     )
-    return _QUERIES["claim_events"], params
+    return _QUERIES["insert_dedupe_records"], params
 
 
 def _text_array(values: Sequence[str]) -> str:

@@ -118,7 +118,7 @@ class MongoOutboxStorage(MongoConnection):
         max_bytes: int | None = None,
     ) -> list[OutboxRecord]:
         if not tps:
-            await self.mark_published(published, keep=keep)
+            await self._settle(published, keep=keep)
             self._barrier.settle(published)
             return []
         # The settle's write and the heads' read are two round trips that run at once; the read
@@ -131,13 +131,13 @@ class MongoOutboxStorage(MongoConnection):
                 record.id
             )
         read = await _alongside(
-            self.mark_published(published, keep=keep),
+            self._settle(published, keep=keep),
             self.heads.read(tps, limit, depth=depth, max_bytes=max_bytes, settling=settling),
         )
         self._barrier.settle(published)
         return await self._barrier.admit(read, self.heads.older_pending)
 
-    async def mark_published(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
+    async def _settle(self, records: Sequence[OutboxRecord], *, keep: bool) -> None:
         """Delete ``records``, or with ``keep`` mark them published (as ``settle_and_claim``
         settles)."""
         if not records:

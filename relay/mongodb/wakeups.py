@@ -59,7 +59,7 @@ class MongoWakeups:
     async def set_waiting(self, tps: Iterable[TopicPartition], waiting: bool) -> None:
         """Nothing to declare: the change stream reports every insert anyway."""
 
-    async def writers_settled(self, tps: Iterable[TopicPartition]) -> bool:
+    async def earlier_writers_ended(self, tps: Iterable[TopicPartition]) -> bool:
         """Always: an insert committed after the stream opened is on the stream."""
         return True
 

@@ -128,7 +128,7 @@ ON CONFLICT DO NOTHING
 -- xmax began before the declaration was visible, so its trigger may have seen no waiting relay.
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text
 
--- writers_settled --
+-- earlier_writers_ended --
 -- True once every transaction below that horizon has ended: their rows are visible to the next
 -- read, and every later writer's trigger saw the declaration (and notifies). A long transaction
 -- anywhere on the server also holds xmin back; the relay stops waiting for it after a bound.

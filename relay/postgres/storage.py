@@ -197,14 +197,14 @@ class PostgresOutboxStorage(NamedStatements):
             for tp in tps:
                 self._horizons[tp] = str(horizon)
 
-    async def writers_settled(self, tps: Collection[TopicPartition]) -> bool:
+    async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         horizons = {self._horizons[tp] for tp in tps if tp in self._horizons}
         if not horizons:
             return True
         # Horizons only grow: the latest one covers the others.
         horizon = max(horizons, key=int)
-        [(settled,)] = await self._fetch("writers_settled", {"horizon": horizon})
-        return bool(settled)
+        [(ended,)] = await self._fetch("earlier_writers_ended", {"horizon": horizon})
+        return bool(ended)
 
     async def wakeups(self) -> AsyncIterator[TopicPartition | None]:
         """Notifications from writers. After every (re)connect it yields ``None`` first:

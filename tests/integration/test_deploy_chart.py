@@ -25,11 +25,11 @@ import pytest
 import yaml
 
 from outboxkit.core.settings import WorkerSettings
+from outboxkit.core.supervisor import _CANCEL_GRACE
 from outboxkit.embedded._process import free_port
 from outboxkit.inbox import InboxSettings
 from outboxkit.probes import serve_probes
 from outboxkit.relay import RelaySettings
-from outboxkit.relay.supervisor import _CANCEL_GRACE
 from tests import deploy
 from tests.gotools import BUILD_TIMEOUT
 
@@ -149,7 +149,7 @@ def _bound(component: str, env: dict[str, str]) -> float:
         revoke = float(env.get("OUTBOXKIT_REVOKE_TIMEOUT", _default(RelaySettings, "revoke")))
         # Side tasks cancelled, the blocks drained and cancelled, then leaving the group.
         return _CANCEL_GRACE + revoke + _CANCEL_GRACE + revoke + session
-    return 2 * session  # commit and leave the group (inbox/consumer.py)
+    return 2 * session  # commit and leave the group (inbox/worker.py)
 
 
 def _default(cls: type[WorkerSettings], prefix: str) -> float:

@@ -132,7 +132,7 @@ async def test_the_settle_runs_beside_the_next_read_and_a_failed_one_returns_not
                 raise StorageUnavailableError("the primary stepped down")
 
             with monkeypatch.context() as patched:
-                patched.setattr(storage, "mark_published", unavailable)
+                patched.setattr(storage, "_settle", unavailable)
                 with pytest.raises(StorageUnavailableError):
                     await storage.settle_and_claim(tp, 10, published=first, depth=1)
             second = await storage.settle_and_claim(tp, 10, published=first, depth=1)

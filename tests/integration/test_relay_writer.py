@@ -75,7 +75,7 @@ async def test_unknown_topic_says_how_to_fix(pg_url: str) -> None:
 async def test_a_writer_open_across_the_idle_declaration_is_waited_for(pg_url: str) -> None:
     """G5's race: a writer's trigger ran before the relay declared itself waiting (so it will
     send no wake-up), and it commits after. The relay's last look must come after that commit:
-    writers_settled stays false until every transaction open at the declaration has ended."""
+    earlier_writers_ended stays false until every transaction open at the declaration has ended."""
     await register_topic(pg_url, "orders", 1)
     tp = TopicPartition("orders", 0)
     async with (
@@ -86,7 +86,7 @@ async def test_a_writer_open_across_the_idle_declaration_is_waited_for(pg_url: s
         await PostgresOutbox(source="urn:test").add(writer, Step(topic="orders", entity="a", seq=0))
         await storage.set_waiting([tp], True)  # the writer's transaction is still open
         assert await storage.settle_and_claim([tp], 10) == []
-        assert not await storage.writers_settled([tp])
+        assert not await storage.earlier_writers_ended([tp])
         await writer.commit()
-        assert await storage.writers_settled([tp])
+        assert await storage.earlier_writers_ended([tp])
         assert len(await storage.settle_and_claim([tp], 10)) == 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from outboxkit.relay import supervisor
+from outboxkit.core import supervisor
 from outboxkit.relay.engine import RelayHealth
 from outboxkit.relay.exceptions import OwnershipLostError, StorageUnavailableError
 from tests.unit.relay_engine_harness import (

@@ -1,5 +1,5 @@
 """The relay's side tasks and their supervision, each through its own small interface, on the
-in-memory outbox (relay/supervisor.py, relay/side_tasks.py, relay/departed.py).
+in-memory outbox (core/supervisor.py, relay/side_tasks.py, relay/departed.py).
 
 A side task that ends stops the relay; stopping never waits on one for ever; wake-ups reach the
 worker of their partition; the backlog and what is stalled; the watch's rate limits; the purge
@@ -20,6 +20,7 @@ import structlog
 from aiokafka.errors import NodeNotReadyError
 from prometheus_client import CollectorRegistry
 
+from outboxkit.core.supervisor import Supervisor, unless_stopped
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
 from outboxkit.relay.exceptions import StorageUnavailableError
@@ -28,7 +29,6 @@ from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
 from outboxkit.relay.storage import OutboxStorage
-from outboxkit.relay.supervisor import SideTasks, unless_stopped
 from outboxkit.relay.worker import BlockWorker
 from tests.helpers import holds_for
 from tests.unit.relay_engine_harness import TOPIC, Ping, keys_on, tp, until
@@ -49,7 +49,7 @@ def metrics() -> tuple[RelayMetrics, CollectorRegistry]:
 
 async def test_a_side_task_that_ends_stops_the_relay_with_its_name_or_error() -> None:
     """Would catch a relay that keeps running half-blind after a side task ended."""
-    tasks = SideTasks()
+    tasks = Supervisor("relay")
     tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
     tasks.start("quitter", asyncio.sleep(0.01))
     with pytest.raises(RuntimeError, match="relay task quitter ended unexpectedly"):
@@ -58,7 +58,7 @@ async def test_a_side_task_that_ends_stops_the_relay_with_its_name_or_error() ->
     async def broken() -> None:
         raise ValueError("wakeups lost")
 
-    failing = SideTasks()
+    failing = Supervisor("relay")
     failing.start("wakeups", broken())
     with pytest.raises(ValueError, match="wakeups lost"):
         await asyncio.wait_for(failing.wait(asyncio.Event()), 2)
@@ -69,7 +69,7 @@ async def test_a_side_task_that_ends_stops_the_relay_with_its_name_or_error() ->
 
 async def test_stopping_returns_and_cancel_ends_every_side_task() -> None:
     stopping = asyncio.Event()
-    tasks = SideTasks()
+    tasks = Supervisor("relay")
     tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
     waiting = asyncio.create_task(tasks.wait(stopping))
 

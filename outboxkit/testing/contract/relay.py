@@ -372,7 +372,7 @@ class RelayStorageContract:
         try:
             async with _step_within(10, "declaring partition 0 waiting"):
                 await wakeups.set_waiting([TP0], True)
-                assert await wakeups.writers_settled([TP0])
+                assert await wakeups.earlier_writers_ended([TP0])
             # A backend with a connection says "look everywhere" first, once connected.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1):
@@ -385,7 +385,7 @@ class RelayStorageContract:
                     assert tp is None, f"woke {tp}, not {TP0}"
         finally:
             listener.cancel()
-            # Bounded, as a relay stops (relay/supervisor.py): a driver call that ignores its
+            # Bounded, as a relay stops (core/supervisor.py): a driver call that ignores its
             # cancellation is left behind, not waited on forever.
             await asyncio.wait([listener], timeout=10)
             if listener.done():

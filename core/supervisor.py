@@ -1,10 +1,11 @@
-"""The relay's side tasks, supervised: if one ends, the relay stops loudly.
+"""A worker's side tasks, supervised: if one ends, the worker stops loudly.
 
-Beside its block workers a relay runs tasks that never end by themselves: the group membership,
-the wake-up dispatch, the backlog measure, the watch on stages, the purge, the check for departed
-relays (:mod:`outboxkit.relay.side_tasks`, :mod:`outboxkit.relay.departed`). One that ends, by
-an error or not, would leave the relay running half-blind, so :meth:`SideTasks.wait` raises
-instead. Stopping, :func:`await_cancelled` waits for the cancelled tasks, but not forever.
+Beside its main loop a worker runs tasks that never end by themselves. The relay's: the group
+membership, the wake-up dispatch, the backlog measure, the watch on stages, the purge, the check
+for departed relays (:mod:`outboxkit.relay.side_tasks`, :mod:`outboxkit.relay.departed`). The
+inbox's: the periodic offset commit and the purge of old dedupe records. One that ends, by an
+error or not, would leave the worker running half-blind, so :class:`Supervisor` raises instead.
+Stopping, :func:`await_cancelled` waits for the cancelled tasks, but not forever.
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from typing import Any
 
 import structlog
 
-logger = structlog.get_logger("outboxkit.relay")
+logger = structlog.get_logger("outboxkit")
 
 #: Stopping, a cancelled task has this long to finish before it is left behind (logged).
 _CANCEL_GRACE = 5.0
 
-__all__ = ["SideTasks", "await_cancelled", "unless_stopped"]
+__all__ = ["Supervisor", "await_cancelled", "unless_stopped"]
 
 
 async def await_cancelled(tasks: Sequence[asyncio.Task[Any]]) -> None:
     """Wait for ``tasks`` (ending or cancelled) to finish, but not forever: one that ignores
     its cancellation (a library call stuck on the network) is logged with where it is stuck
-    and left behind, so that stopping a relay never hangs."""
+    and left behind, so that stopping a worker never hangs."""
     if not tasks:
         return
     done, stuck = await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
@@ -57,18 +58,25 @@ async def unless_stopped(stopping: asyncio.Event, work: Coroutine[Any, Any, None
     return True
 
 
-class SideTasks:
-    """Named tasks that must run as long as the relay does."""
+class Supervisor:
+    """Named side tasks that must run as long as their ``worker`` (``relay``, ``inbox``) does."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
         self._tasks: list[asyncio.Task[Any]] = []
 
     def start(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(work, name=name))
 
+    def check(self) -> None:
+        """For a loop that polls: if a side task has ended, raise its exception, or a
+        :class:`RuntimeError` naming it."""
+        for task in self._tasks:
+            if task.done():
+                self._raise_ended(task)
+
     async def wait(self, stopping: asyncio.Event) -> None:
-        """Return once ``stopping`` is set; if a side task ends first, raise its exception, or
-        a :class:`RuntimeError` naming it."""
+        """Return once ``stopping`` is set; if a side task ends first, raise as :meth:`check`."""
         stopped = asyncio.create_task(stopping.wait(), name="stop")
         try:
             done, _ = await asyncio.wait(
@@ -79,8 +87,11 @@ class SideTasks:
             await await_cancelled([stopped])
         for task in done:
             if task is not stopped:
-                task.result()
-                raise RuntimeError(f"relay task {task.get_name()} ended unexpectedly")
+                self._raise_ended(task)
+
+    def _raise_ended(self, task: asyncio.Task[Any]) -> None:
+        task.result()
+        raise RuntimeError(f"{self.worker} task {task.get_name()} ended unexpectedly")
 
     async def cancel(self) -> None:
         """Cancel every side task and wait for them (:func:`await_cancelled`)."""

@@ -28,6 +28,7 @@ from aiokafka.structs import TopicPartition
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import leave_group
+from outboxkit.core.supervisor import Supervisor
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.delivery import DeliveryPath, wait_or_stop
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
@@ -155,10 +156,9 @@ class InboxWorker(Generic[TX]):
         await producer.start()
         try:
             await consumer.start()
-            side_tasks = [
-                asyncio.create_task(self._clean_up(), name="cleanup"),
-                asyncio.create_task(offsets.commit_regularly(s.commit_interval), name="commit"),
-            ]
+            side_tasks = Supervisor("inbox")
+            side_tasks.start("cleanup", self._clean_up())
+            side_tasks.start("commit", offsets.commit_regularly(s.commit_interval))
             self._running = True
             try:
                 while not self._stopping.is_set():
@@ -166,15 +166,10 @@ class InboxWorker(Generic[TX]):
                     if batches:
                         await self._deliver_poll(consumer, offsets, delivery, batches)
                     await offsets.skip_invisible()
-                    for task in side_tasks:
-                        if task.done():
-                            task.result()  # a dead side task stops the worker loudly
+                    side_tasks.check()  # a dead side task stops the worker loudly
             finally:
                 self._running = False
-                for task in side_tasks:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await side_tasks.cancel()
                 await leave_group(
                     self._commit_and_stop(consumer, offsets),
                     within=2 * s.session_timeout,
