@@ -46,7 +46,7 @@ class Settler:
         """Kafka has ``records``: the next storage call settles them."""
         self._accepted = records
 
-    async def claim(
+    async def settle_and_claim(
         self, tps: Collection[TopicPartition], limit: int, *, max_bytes: int
     ) -> list[OutboxRecord]:
         """Settle what Kafka accepted and read the heads of ``tps``: one storage call."""

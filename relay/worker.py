@@ -199,7 +199,7 @@ class BlockWorker:
         limit = settings.batch_size
         share = max(1, settings.max_claim_bytes // max(1, len(look)))
         try:
-            records = await self.settler.claim(look, limit, max_bytes=share)
+            records = await self.settler.settle_and_claim(look, limit, max_bytes=share)
         except BaseException:
             self.gate.look_again(look)
             raise

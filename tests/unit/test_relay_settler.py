@@ -45,10 +45,10 @@ async def test_what_kafka_accepted_is_settled_by_the_next_claim() -> None:
     rig = await Rig().open()
     rig.add(0, 0)
     rig.add(0, 1)
-    [first] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [first] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     rig.settler.accepted([first])
     assert rig.settler.unsettled == 1
-    [second] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [second] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     assert rig.settler.unsettled == 0
     assert rig.storage.state_of(first) is None  # deleted
     assert rig.storage.state_of(second) == "pending"
@@ -62,7 +62,7 @@ async def test_a_failed_claim_keeps_what_kafka_accepted_to_settle_again(
     """Whether the failed call settled or not, the records stay until a call succeeds."""
     rig = await Rig().open()
     rig.add(0)
-    [record] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [record] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     rig.settler.accepted([record])
     if settled_anyway:
         rig.storage.fail_calls.add(3)  # an odd call settles, then fails
@@ -70,10 +70,10 @@ async def test_a_failed_claim_keeps_what_kafka_accepted_to_settle_again(
     else:
         rig.storage.fetch_errors.append(StorageUnavailableError("down (fake)"))
     with pytest.raises(StorageUnavailableError):
-        await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+        await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     assert rig.settler.unsettled == 1
     assert rig.storage.state_of(record) == (None if settled_anyway else "pending")
-    assert await rig.settler.claim(TPS, 10, max_bytes=1 << 20) == []
+    assert await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20) == []
     assert rig.settler.unsettled == 0
     assert rig.storage.state_of(record) is None
 
@@ -81,7 +81,7 @@ async def test_a_failed_claim_keeps_what_kafka_accepted_to_settle_again(
 async def test_settling_alone_with_retention_marks_published() -> None:
     rig = await Rig(retention=timedelta(hours=1)).open()
     rig.add(0)
-    [record] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [record] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     rig.settler.accepted([record])
     rig.storage.fetch_errors.append(StorageUnavailableError("down (fake)"))
     with pytest.raises(StorageUnavailableError):
@@ -96,14 +96,14 @@ async def test_settling_alone_with_retention_marks_published() -> None:
 async def test_a_refused_record_is_retried_then_parked_after_max_attempts() -> None:
     rig = await Rig().open()
     rig.add(0)
-    [record] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [record] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     assert not await rig.settler.refused([(record, REJECTION)], LOG)
     assert rig.storage.state_of(record) == "pending"
-    [again] = await rig.settler.claim(TPS, 10, max_bytes=1 << 20)
+    [again] = await rig.settler.settle_and_claim(TPS, 10, max_bytes=1 << 20)
     assert again.attempts == 1
     assert await rig.settler.refused([(again, REJECTION)], LOG)
     assert rig.storage.state_of(record) == "failed"
     rejected = {"topic": TOPIC, "kind": "rejected"}
     assert rig.metrics.value("outboxkit_relay_publish_errors_total", **rejected) == 2
     assert rig.metrics.value("outboxkit_relay_parked_total", topic=TOPIC) == 1
-    assert await rig.settler.claim([tp(0)], 10, max_bytes=1 << 20) == []  # held back
+    assert await rig.settler.settle_and_claim([tp(0)], 10, max_bytes=1 << 20) == []  # held back
