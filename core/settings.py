@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from outboxkit.core.drivers import missing_driver
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.redact import redact, unreadable
 
@@ -330,6 +331,8 @@ class ConnectionSettings(KafkaConnectionSettings):
         scheme = url_scheme(value)
         if scheme not in _SCHEMES:
             raise ValueError(f"unsupported scheme {scheme!r}: use postgresql://… or mongodb://…")
+        if (missing := missing_driver(_SCHEMES[scheme])) is not None:
+            raise ValueError(missing)
         # What the driver would misread is refused here, before the driver's own error could
         # quote the piece it could not read (a piece of the password, maybe).
         problem = unreadable(value)

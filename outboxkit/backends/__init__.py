@@ -37,6 +37,8 @@ from outboxkit.backends.memory import (
     forget_memory_database,
     memory_database,
 )
+from outboxkit.core.drivers import missing_driver
+from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 
 if TYPE_CHECKING:
@@ -130,8 +132,12 @@ def backend_for(url: str) -> Backend:
     """The backend of ``url`` (validated by the settings: its scheme is a known one).
 
     Each backend's module is imported here, on first use: a PostgreSQL service never loads
-    pymongo, a MongoDB one never loads psycopg (nor pays for importing it at every start)."""
+    pymongo, a MongoDB one never loads psycopg (nor pays for importing it at every start). A
+    driver that is not installed is a :class:`ConfigurationError` naming the extra to install
+    (:mod:`outboxkit.core.drivers`)."""
     kind = database_kind(url)
+    if (missing := missing_driver(kind)) is not None:
+        raise ConfigurationError(missing)
     if kind == "postgresql":
         from outboxkit.backends.postgres import PostgresBackend  # noqa: PLC0415 - see above
 

@@ -7,6 +7,7 @@ until outboxkit is on PyPI) in a clean virtualenv outside the repository, where 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -31,6 +32,8 @@ print(json.dumps({
                       if importlib.util.find_spec(n) is not None],
     "migrations": [m.label for m in outboxkit.migrations.load_migrations()],
     "partition": partition_for_key("21", 16),
+    "drivers": [n for n in ("psycopg", "psycopg_pool", "pymongo")
+                if importlib.util.find_spec(n) is not None],
 }))
 """
 
@@ -98,3 +101,53 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
         cwd=outside,
     )
     assert version.stdout.strip() == f"outboxkit {result['version']}"
+
+    # No database driver without its extra; a command given a URL of that database says which.
+    assert result["drivers"] == []
+    migrate = subprocess.run(
+        [str(env_dir / "bin" / "outboxkit"), "migrate"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        env={"PATH": os.environ["PATH"], "OUTBOXKIT_DATABASE_URL": "postgresql://app@h/shop"},
+    )
+    assert migrate.returncode != 0
+    assert "pip install 'outboxkit[postgresql]'" in migrate.stdout + migrate.stderr
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("extra", "url", "other"),
+    [
+        ("postgresql", "postgresql://app@h/shop", "pymongo"),
+        ("mongodb", "mongodb://h/shop?replicaSet=rs0", "psycopg"),
+    ],
+)
+def test_a_database_extra_installs_its_driver_and_not_the_other(
+    built: Built, tmp_path: Path, extra: str, url: str, other: str
+) -> None:
+    """A PostgreSQL-only service installs ``outboxkit[postgresql]``, a MongoDB-only one
+    ``outboxkit[mongodb]``: its backend loads, and the other database's driver is not there."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    install = [str(python), "-m", "pip", "install", "-q", "--find-links", str(built.wheel.parent)]
+    subprocess.run(
+        [*install, f"outboxkit[{extra}]"],
+        check=True,
+        capture_output=True,
+        cwd=outside,
+    )
+    probe = (
+        "import importlib.util\n"
+        "from outboxkit.backends import backend_for\n"
+        f"print(type(backend_for({url!r})).__name__, importlib.util.find_spec({other!r}))"
+    )
+    loaded = subprocess.run(
+        [str(python), "-c", probe], check=True, capture_output=True, text=True, cwd=outside
+    )
+    backend = {"postgresql": "PostgresBackend", "mongodb": "MongoBackend"}[extra]
+    assert loaded.stdout.split() == [backend, "None"]
