@@ -1,5 +1,5 @@
 """Pathological records: the shapes that used to make decoding cost seconds and gigabytes
-(issue #16), kept as regression cases, and a way to measure what one costs.
+(docs/guarantees.md, G8), kept as regression cases, and a way to measure what one costs.
 
 Each shape is a function of a target size that returns a record value for :class:`Hostile`
 (headers from a valid encoding, so that only the value is hostile); the shapes named

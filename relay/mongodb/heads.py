@@ -11,7 +11,7 @@ index range scan however many published or failed records the collection keeps, 
 chosen documents are read. It is a **snapshot read** (a point in time of majority-committed
 data): an ordinary read yields every so often and resumes on a newer snapshot, so a transaction
 that committed meanwhile shows only the records past the scan's position, and a key's later
-records looked like its head (issue #32: seq 12-15 published before 8-11 of one transaction).
+records looked like its head (seq 12-15 were once published before 8-11 of one transaction).
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def heads_pipeline(
     The records themselves are read by ``_id`` afterwards (:meth:`HeadReader._documents`): a
     ``$lookup`` of them in this command saved that round trip but cost mongod more than it
     saved, 2.5 against 1.4 ms of CPU for a claim of 18 records and 174 against 24 ms for
-    4,000 (#27)."""
+    4,000."""
     where = [{"topic": tp.topic, "partition": tp.partition} for tp in tps]
     settling = settling or {}
     return [

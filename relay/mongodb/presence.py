@@ -9,7 +9,7 @@ Without it, or through ``mongos`` (each router lists only its own connections), 
 off: a dead relay then leaves the group at its Kafka session timeout.
 
 ``$currentOp`` walks every connection of the server (1.2 ms at 10 connections, 39.6 ms at
-3,000, every second, per relay: #26), so it is asked only about suspects: each relay's record
+3,000, every second, per relay), so it is asked only about suspects: each relay's record
 carries a heartbeat (mongod's clock, renewed at each announcement, every check), and only a
 member whose heartbeat is older than :data:`STALE_AFTER` is looked for among the connections.
 While every member beats, a check is two small indexed operations, whatever the connection

@@ -18,7 +18,7 @@ from outboxkit.relay.mongodb.positions import take_positions
 from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
 
 #: Seconds a writer keeps the partition counts it read from ``outboxkit.topics``: reading them
-#: in every transaction was one of its four round trips (#27). Counts change only when a topic
+#: in every transaction was one of its four round trips. Counts change only when a topic
 #: grows, which reorders a key across the change anyway (docs/relay.md); a writer takes the
 #: new count at most this long after the relay registers it.
 PARTITIONS_TTL = 10.0

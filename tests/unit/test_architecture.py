@@ -68,3 +68,20 @@ def test_every_name_the_map_places_in_a_file_is_there(path: str, name: str) -> N
     assert re.search(rf"\b{re.escape(name)}\b", text), (
         f"docs/architecture.md places `{name}` in {path}, which does not define or use it"
     )
+
+
+#: An internal issue reference: "(#27)", "issue #32", ": #26)". Their stories belong in the docs
+#: and the history; the code says what holds now, and why.
+_ISSUE = re.compile(r"issue #?\d+|\(#\d+\)|[:,] #\d+\)")
+
+
+def test_product_code_names_no_internal_issue() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for folder in (*MAPPED, "outboxkit")
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in {".py", ".sql"} and path.is_file()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _ISSUE.search(line)
+    ]
+    assert found == []

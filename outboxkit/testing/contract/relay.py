@@ -334,7 +334,7 @@ class RelayStorageContract:
         assert (backlog.topic, backlog.partition) == (TOPIC, 0)
         assert (backlog.pending, backlog.failed) == (2, 1)
         assert backlog.oldest_created_at is not None
-        # A real database measures the age on its own clock (the stall check's, #41).
+        # A real database measures the age on its own clock (the stall check's).
         assert backlog.oldest_age is None or 0 <= backlog.oldest_age < 60
 
     async def test_an_unknown_topic_is_refused_in_the_transaction(self, relay: Relay) -> None:
@@ -399,7 +399,7 @@ class RelayStorageContract:
     async def test_a_claim_stops_adding_records_once_their_bytes_pass_the_bound(
         self, relay: Relay
     ) -> None:
-        """``max_bytes`` (G8, issue #26 item 3; before, a claim was bounded in records only: one
+        """``max_bytes`` (G8; before, a claim was bounded in records only: one
         held 7 records, 37.8 MB, in the relay's memory). Partition 0 gets five 100 KB records
         (commit order A0 B0 A1 C0 B1), partition 1 one. With a bound of 250 KB, partition 0
         returns records while the bytes before them are under it — A0, B0, A1 (300 KB, at least
