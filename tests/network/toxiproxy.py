@@ -29,6 +29,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -187,3 +188,17 @@ class Toxiproxy:
 
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
+
+
+def via(proxy: Proxy, url: str) -> str:
+    """``url`` with its host and port replaced by the proxy's; a MongoDB URL connects to that
+    one member directly (``directConnection``): a replica set's discovery would find the
+    member's own address and go around the proxy."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"{netloc[0]}@{proxy.listen}" if len(netloc) == 2 else proxy.listen
+    query = parts.query
+    if parts.scheme.startswith("mongodb"):
+        kept = [q for q in query.split("&") if q and not q.startswith("replicaSet=")]
+        query = "&".join([*kept, "directConnection=true"])
+    return urlunsplit(parts._replace(netloc=host, query=query))
