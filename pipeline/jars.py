@@ -233,11 +233,6 @@ def delta_artifact(spark: str | None = None) -> str:
     return f"delta-spark_{major_minor}_{SCALA_BINARY_VERSION}"
 
 
-def delta_coordinates() -> str:
-    """``group:artifact:version`` of Delta Lake for the installed pyspark and delta-spark."""
-    return f"{DELTA_GROUP}:{delta_artifact()}:{delta_version()}"
-
-
 def fetch_delta(dest: Path | None = None) -> Path:
     """Fetch Delta Lake's jars (for the installed pyspark and delta-spark) once."""
     version, artifact = delta_version(), delta_artifact()

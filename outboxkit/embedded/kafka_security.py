@@ -257,14 +257,6 @@ class SecuredKafkaCluster(KafkaCluster):
             "sasl_plain_password": self.users[user] if password is None else password,
         }
 
-    def mtls_options(self, client: str) -> dict[str, Any]:
-        """Keyword arguments for an aiokafka client of the MTLS listener as ``client``."""
-        return {
-            "bootstrap_servers": self.mtls_bootstrap,
-            "security_protocol": "SSL",
-            "ssl_context": self.ssl_context(client),
-        }
-
     def environment(
         self, user: str = ADMIN_USER, *, mechanism: SaslMechanism = "SCRAM-SHA-512"
     ) -> dict[str, str]:

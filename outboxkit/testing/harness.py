@@ -88,10 +88,6 @@ class OutboxkitHarness:
     def backend(self) -> Backend:
         return backend_for(self.database_url)
 
-    @property
-    def in_memory(self) -> bool:
-        return self.backend.kind == "memory"
-
     def settings(self, topics: Iterable[str] = ()) -> dict[str, Any]:
         """Keyword arguments for any outboxkit settings object (relay, inbox, service)."""
         values: dict[str, Any] = {"database_url": self.database_url, "topics": list(topics)}
