@@ -91,27 +91,40 @@ NETWORK_FAULTS: dict[str, Scenario] = {
 async def _taken_over(
     run: FailoverRun, name: str, link: Proxy, inject: Callable[[], Awaitable[object]]
 ) -> None:
-    async with run.fault(name) as fault:
-        fault.detail = f"{name.rsplit(maxsplit=1)[-1]} until the other relays caught up"
-        await inject()
-        await run.settled()
-        await link.heal()
-    await _rejoined(run)
+    await _fault(run, name, link, inject, until="the other relays caught up", ended=run.settled)
 
 
 async def _held(
     run: FailoverRun, name: str, link: Proxy, inject: Callable[[], Awaitable[object]]
 ) -> None:
+    # A fault's schedule: nothing ends it sooner.
+    await _fault(
+        run, name, link, inject, until=f"{HOLD:g} s passed", ended=lambda: asyncio.sleep(HOLD)
+    )
+
+
+async def _fault(
+    run: FailoverRun,
+    name: str,
+    link: Proxy,
+    inject: Callable[[], Awaitable[object]],
+    *,
+    until: str,
+    ended: Callable[[], Awaitable[None]],
+) -> None:
+    """``inject`` on ``link`` once relay-0 owns partitions (there is something to take over),
+    healed once ``ended`` returns; then until relay-0 owns partitions again."""
+    await _rejoined(run)
     async with run.fault(name) as fault:
-        fault.detail = f"{name.rsplit(maxsplit=1)[-1]} for {HOLD:g} s"
+        fault.detail = f"until {until}"
         await inject()
-        await asyncio.sleep(HOLD)  # a fault's schedule: nothing ends it sooner
+        await ended()
         await link.heal()
     await _rejoined(run)
 
 
 async def _rejoined(run: FailoverRun) -> None:
-    """Until relay-0 owns partitions (again): each fault starts from a steady state."""
+    """Until relay-0 owns partitions."""
     relay = next(w for w in run.workers if w.name == "relay-0")
     await wait_for(lambda: _owns(relay), within=90, interval=0.5, what="relay-0 owning again")
 
