@@ -93,25 +93,20 @@ def test_wheel_installs_cleanly(built: Built, tmp_path: Path) -> None:
     assert result["migrations"] == in_tree, "every migration is in the wheel"
     # murmur2(b"21") is -973932308 (Kafka's UtilsTest); toPositive → 1173551340; % 16 → 12.
     assert result["partition"] == 12
-    version = subprocess.run(
-        [str(env_dir / "bin" / "outboxkit"), "--version"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=outside,
-    )
-    assert version.stdout.strip() == f"outboxkit {result['version']}"
+
+    def outboxkit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        command = [str(env_dir / "bin" / "outboxkit"), *args]
+        environment = {"PATH": os.environ["PATH"], **env}
+        return subprocess.run(
+            command, check=False, capture_output=True, text=True, cwd=outside, env=environment
+        )
+
+    version = outboxkit("--version")
+    assert version.stdout.strip() == f"outboxkit {result['version']}", version.stderr
 
     # No database driver without its extra; a command given a URL of that database says which.
     assert result["drivers"] == []
-    migrate = subprocess.run(
-        [str(env_dir / "bin" / "outboxkit"), "migrate"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=outside,
-        env={"PATH": os.environ["PATH"], "OUTBOXKIT_DATABASE_URL": "postgresql://app@h/shop"},
-    )
+    migrate = outboxkit("migrate", OUTBOXKIT_DATABASE_URL="postgresql://app@h/shop")
     assert migrate.returncode != 0
     assert "pip install 'outboxkit[postgresql]'" in migrate.stdout + migrate.stderr
 
