@@ -29,13 +29,19 @@ Scenario = Callable[[FailoverRun, EmbeddedMongoReplicaSet], Awaitable[None]]
 #: staler than mine": the others had applied newer writes) for over 90 s, so it is not required.
 TAKEOVER_WAIT = 30.0
 
+#: How long a scenario waits for every member to serve again. A member that rejoins after a
+#: SIGTERM may roll back what it wrote alone (its 1 s quiesce), replaying the oplog from its
+#: last stable checkpoint; on a starved 2-core machine one such replay ran past 120 s (its
+#: stable timestamp 48 s behind), failing a full run where the others took seconds.
+MEMBERS_BACK = 180.0
+
 
 async def _members_back(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> str:
     """Wait until every member serves again and, up to :data:`TAKEOVER_WAIT`, member 0 is
     primary (its priority takeover: one more election, as in production), then until the
     pipeline caught up; says what happened."""
     started = time.time()
-    await asyncio.to_thread(replica_set.wait_for_members, timeout=120)
+    await asyncio.to_thread(replica_set.wait_for_members, timeout=MEMBERS_BACK)
     first = replica_set.members[0]
     try:
         await asyncio.to_thread(replica_set.wait_for_primary, first, timeout=TAKEOVER_WAIT)
