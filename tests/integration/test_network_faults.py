@@ -424,9 +424,16 @@ async def _health(worker: Worker) -> dict[str, Any]:
         return {}
 
 
-#: How a read cut by OUTBOXKIT_DATABASE_TIMEOUT is reported: by outboxkit's psycopg
-#: connection, and by pymongo (which names its configured timeouts in every network error).
-_SILENCE = ("sent nothing for", "timed out (configured timeouts: socketTimeoutMS")
+#: How a wait on the silent database is reported: a read cut by OUTBOXKIT_DATABASE_TIMEOUT (by
+#: outboxkit's psycopg connection, and by pymongo, which names its configured timeouts in every
+#: network error), or, when the link went silent while the pool was reconnecting (after the
+#: cut), a new connection that timed out (OUTBOXKIT_CONNECT_TIMEOUT: psycopg's pool).
+_SILENCE = (
+    "sent nothing for",
+    "timed out (configured timeouts: socketTimeoutMS",
+    "connection timeout expired",
+    "couldn't get a connection after",
+)
 
 
 def _silences(worker: Worker) -> int:
