@@ -126,10 +126,13 @@ async def _fault(
 async def _rejoined(run: FailoverRun) -> None:
     """Until relay-0 owns partitions."""
     relay = next(w for w in run.workers if w.name == "relay-0")
-    await wait_for(lambda: _owns(relay), within=90, interval=0.5, what="relay-0 owning again")
+    await wait_for(
+        lambda: owns_partitions(relay), within=90, interval=0.5, what="relay-0 owning again"
+    )
 
 
-async def _owns(worker: Worker) -> bool:
+async def owns_partitions(worker: Worker) -> bool:
+    """Whether ``worker`` (a relay) lists partitions it owns on its ``/healthz``."""
     try:
         async with httpx.AsyncClient() as http:
             response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)

@@ -31,6 +31,7 @@ from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker, effect_times
+from tests.failover.network_faults import owns_partitions
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy, via
@@ -340,7 +341,7 @@ async def test_database_links_cut_and_half_open(
             # Only a relay that reads its partitions has a read to give up: relay-0 must have
             # rejoined since the cut (under load it may not have when the cut's fault ended).
             await wait_for(
-                lambda: _owns_partitions(relay_0),
+                lambda: owns_partitions(relay_0),
                 within=60,
                 interval=0.2,
                 what="relay-0 to own partitions again",
@@ -409,10 +410,6 @@ async def _lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
     health = await _health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
-
-
-async def _owns_partitions(worker: Worker) -> bool:
-    return bool((await _health(worker)).get("owned"))
 
 
 async def _health(worker: Worker) -> dict[str, Any]:
