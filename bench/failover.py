@@ -130,6 +130,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="OUTBOXKIT_DATABASE_TIMEOUT of the relay behind proxies (net-* scenarios)",
     )
     p.add_argument(
+        "--step-aside-after",
+        type=float,
+        default=10.0,
+        help="OUTBOXKIT_STEP_ASIDE_AFTER of the relay behind proxies (net-* scenarios)",
+    )
+    p.add_argument(
         "--election-timeout-ms",
         type=int,
         help="electionTimeoutMillis of the mongo-* scenarios' replica set (mongod's: 10000)",
@@ -222,6 +228,7 @@ async def run_network_scenario(
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_link.listen,
                 "OUTBOXKIT_DATABASE_URL": via(database_link, url),
                 "OUTBOXKIT_DATABASE_TIMEOUT": f"{args.database_timeout:g}",
+                "OUTBOXKIT_STEP_ASIDE_AFTER": f"{args.step_aside_after:g}",
             }
             with kafka.start():
                 return await _under_load(

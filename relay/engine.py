@@ -5,9 +5,9 @@
 keeps one :class:`~outboxkit.relay.worker.BlockWorker` (one transactional producer) per block of
 the partitions it owns as they come and go; side tasks (:mod:`outboxkit.relay.side_tasks`,
 :mod:`outboxkit.relay.departed`) route wake-ups, measure the backlog, watch for slow stages and
-failures, purge and evict departed relays, supervised by
-:class:`~outboxkit.core.supervisor.Supervisor`: if one dies, the relay stops loudly instead of
-running half-blind. Its health is :mod:`outboxkit.relay.health`.
+failures, purge, evict departed relays and take the relay out of its group while it cannot read
+its database, supervised by :class:`~outboxkit.core.supervisor.Supervisor`: if one dies, the
+relay stops loudly instead of running half-blind. Its health is :mod:`outboxkit.relay.health`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory
 from outboxkit.relay.reconciler import PartitionReconciler
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
+from outboxkit.relay.side_tasks import (
+    BacklogMonitor,
+    StageWatch,
+    StepAside,
+    clean_up,
+    dispatch_wakeups,
+)
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
 from outboxkit.relay.worker import BlockWorker, WorkerContext
 
@@ -75,6 +81,13 @@ class Ownership(Protocol):
     async def evict_process(self, process_key: str) -> int:
         """Remove from the group now every member of the process announced as ``process_key``;
         how many there were."""
+
+    async def step_aside(self) -> None:
+        """Leave the group and publish nothing until :meth:`step_in` (this relay cannot read
+        its database)."""
+
+    def step_in(self) -> None:
+        """Join the group again after :meth:`step_aside`."""
 
     async def stop(self) -> None:
         """Leave (revocation drains first)."""
@@ -125,6 +138,7 @@ class Relay:
         self._running = False
         self._ownership: Ownership | None = None
         self._departed: DepartedCheck | None = None
+        self._step_aside: StepAside | None = None
         self._ctx: WorkerContext | None = None
 
     async def run(self) -> None:
@@ -169,6 +183,15 @@ class Relay:
             tasks.start("watch", StageWatch(self._partitions, self._backlog, self.settings).run())
             if self.settings.retention is not None:
                 tasks.start("cleanup", clean_up(self.storage, self.settings))
+            if self.settings.step_aside_after > 0:
+                self._step_aside = StepAside(
+                    self._backlog,
+                    ownership,
+                    self.settings,
+                    self.metrics,
+                    since_progress=lambda: self._progress.seconds_since_progress,
+                )
+                tasks.start("step-aside", self._step_aside.run())
             await tasks.wait(self._stopping)
         finally:
             self._running = False
@@ -230,6 +253,9 @@ class Relay:
                 None if self._ownership is None else _rounded(self._ownership.lapsed())
             ),
             database_unreadable_for=_rounded(self._backlog.unreadable_for()),
+            stepped_aside_for=(
+                None if self._step_aside is None else _rounded(self._step_aside.aside_for())
+            ),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

@@ -42,7 +42,8 @@ class RelayHealth:
     running, an owned partition has had pending records for longer than ``stall_after``, a
     worker crashed, the group coordinator has not answered for two session timeouts
     (``membership_lapsed_for``), or the backlog could not be read for ``stall_after``
-    (``database_unreadable_for``)."""
+    (``database_unreadable_for``), or it has left its group because it cannot read its database
+    (``stepped_aside_for``)."""
 
     running: bool
     owned: list[str]
@@ -63,6 +64,9 @@ class RelayHealth:
     #: Seconds every backlog measure has failed, once longer than ``stall_after``: the database
     #: does not answer this relay (cut, or a half-open link), so its partitions wait, unseen.
     database_unreadable_for: float | None = None
+    #: Seconds this relay has been out of its group because it could not read its database
+    #: for ``step_aside_after``: the other relays publish its partitions until it rejoins.
+    stepped_aside_for: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -72,6 +76,7 @@ class RelayHealth:
             and not self.crashed
             and self.membership_lapsed_for is None
             and self.database_unreadable_for is None
+            and self.stepped_aside_for is None
         )
 
 

@@ -71,6 +71,12 @@ class RelayMetrics:
         self.owned_partitions = Gauge(
             "outboxkit_relay_owned_partitions", "Partitions this relay owns", registry=reg
         )
+        self.stepped_aside = Gauge(
+            "outboxkit_relay_stepped_aside",
+            "1 while this relay is out of its group because it cannot read its database "
+            "(OUTBOXKIT_STEP_ASIDE_AFTER): the other relays publish its partitions",
+            registry=reg,
+        )
         self.rebalances = Counter(
             "outboxkit_relay_rebalances", "Partition assignments received", registry=reg
         )

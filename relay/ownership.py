@@ -27,6 +27,11 @@ twice the session timeout (longer still while a join is pending), the membership
 lapsed — the relay stops publishing every partition, as on a revocation, and reports itself
 unhealthy until a new assignment arrives. Kafka fences whatever it still had in flight.
 
+A relay that cannot read its database keeps heartbeating, so the group keeps its partitions
+with it, waiting. :meth:`KafkaOwnership.step_aside` leaves the group for as long as that lasts
+(the decision is :class:`~outboxkit.relay.side_tasks.StepAside`'s), so that the other relays
+publish them; :meth:`KafkaOwnership.step_in` joins again.
+
 A dead member is waited for until its session times out; a relay that learns of the death
 sooner (from the database, :meth:`OutboxStorage.departed_members`) removes it with
 :meth:`KafkaOwnership.evict`: a LeaveGroup sent on its behalf, which Kafka accepts from any
@@ -123,6 +128,8 @@ class KafkaOwnership:
         self._heard_at: float | None = None
         #: Monotonic time the membership lapsed (:meth:`lapsed`), until the next assignment.
         self._lapsed_at: float | None = None
+        #: Out of the group on purpose (:meth:`step_aside`), until :meth:`step_in`.
+        self._aside = False
 
     @property
     def member_id(self) -> str | None:
@@ -194,7 +201,7 @@ class KafkaOwnership:
         while the membership holds. Lapsing late is safe, early costs a pause: a relay that lost
         its partitions is fenced by their new owner's first transaction."""
         heard = self._heard_at
-        if heard is None:
+        if heard is None or self._aside:
             return None
         silent = time.monotonic() - heard
         limit = LAPSE_AFTER_SESSIONS * self._settings.session_timeout
@@ -234,6 +241,34 @@ class KafkaOwnership:
             partitions=sorted(map(str, lost)),
         )
         await self._on_revoked(lost)
+
+    async def step_aside(self) -> None:
+        """Leave the group (a LeaveGroup: the others take this relay's partitions in the
+        rebalance it starts, and the first transaction of each new owner fences whatever this
+        relay still has in flight), then stop publishing every partition, until
+        :meth:`step_in`. With static membership (``instance_id``) no LeaveGroup is sent: the
+        partitions move once the session times out."""
+        if self._aside:
+            return
+        self._aside = True
+        # Leave first: stopping the workers waits for their batches in flight, which wait on
+        # the database this relay cannot read (up to revoke_timeout), and the group should not.
+        self._consumer.unsubscribe()
+        lost, self.owned = self.owned, frozenset()
+        self._lapsed_at = None
+        if lost:
+            logger.info("partitions given up", partitions=sorted(map(str, lost)))
+            await self._on_revoked(lost)
+
+    def step_in(self) -> None:
+        """Join the group again after :meth:`step_aside`; the assignment comes as after any
+        rebalance."""
+        if not self._aside:
+            return
+        self._aside = False
+        if self._heard_at is not None:
+            self._heard_at = time.monotonic()  # the lapse clock starts again with the join
+        self._consumer.subscribe(self._settings.topics, listener=_Listener(self))
 
     def _hear_heartbeats(self) -> None:
         """Note every heartbeat the coordinator answers. aiokafka keeps the time of the last

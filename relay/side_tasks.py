@@ -1,4 +1,5 @@
-"""The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge.
+"""The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge,
+stepping aside.
 
 Each runs until cancelled, under :class:`~outboxkit.core.supervisor.Supervisor`; the check for
 departed relays is :mod:`outboxkit.relay.departed`. None of them publishes: they route hints to
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,7 +33,19 @@ _FAILING_LOG_EVERY = 5.0
 #: A stage still running after ``slow_after`` is logged again this often.
 _SLOW_LOG_EVERY = 30.0
 
-__all__ = ["BacklogMonitor", "RunningBlocks", "StageWatch", "clean_up", "dispatch_wakeups"]
+#: While a measure fails, the next comes this soon (or at ``metrics_interval``, if sooner): a
+#: relay learns within a second that its database answers again.
+_RETRY_MEASURE_AFTER = 1.0
+
+__all__ = [
+    "BacklogMonitor",
+    "Membership",
+    "RunningBlocks",
+    "StageWatch",
+    "StepAside",
+    "clean_up",
+    "dispatch_wakeups",
+]
 
 
 class RunningBlocks(Protocol):
@@ -68,8 +82,9 @@ class BacklogMonitor:
     longer), is given up until the next: the counts it would have replaced are forgotten
     (``/healthz`` shows ``pending: null``, not numbers that may be long gone), ``stalled`` is
     kept (a database that cannot be read is no reason to answer healthy), and a warning says so
-    once per streak. Measures failing for ``stall_after`` make the relay unhealthy
-    (:meth:`unreadable_for`): whatever is pending has waited at least that long, unseen."""
+    once per streak, and the next measure comes within a second. Measures failing for
+    ``stall_after`` make the relay unhealthy (:meth:`unreadable_for`): whatever is pending has
+    waited at least that long, unseen."""
 
     storage: OutboxStorage
     settings: RelaySettings
@@ -78,16 +93,26 @@ class BacklogMonitor:
     backlog: dict[TopicPartition, PartitionBacklog] | None = field(default=None, init=False)
     stalled: set[TopicPartition] = field(default_factory=set, init=False)
     _failing: bool = field(default=False, init=False)
-    #: Monotonic time of the first failed measure of the current streak.
-    _failing_since: float | None = field(default=None, init=False)
+    #: Monotonic time the oldest measure without an answer began: the one in flight, or the
+    #: first of those that failed in a row. None once one answers.
+    _unanswered_since: float | None = field(default=None, init=False)
+
+    def unanswered_for(self) -> float | None:
+        """Seconds since the oldest measure that has had no answer began (one in flight counts:
+        on a half-open link a measure waits up to ``connect_timeout`` before it fails); None
+        while the last one answered."""
+        if self._unanswered_since is None:
+            return None
+        return time.monotonic() - self._unanswered_since
 
     def unreadable_for(self) -> float | None:
-        """Seconds every measure has failed, once that is ``stall_after`` or longer (a relay
-        whose database does not answer, or not within the interval); else None."""
-        if self._failing_since is None:
+        """Seconds the database has answered no measure, once that is ``stall_after`` or
+        longer (a relay whose database does not answer, or not within the interval); else
+        None."""
+        unanswered = self.unanswered_for()
+        if unanswered is None or unanswered < self.settings.stall_after:
             return None
-        failing = time.monotonic() - self._failing_since
-        return failing if failing >= self.settings.stall_after else None
+        return unanswered
 
     def pending(self, tps: set[TopicPartition]) -> int:
         """Records pending in ``tps``, as last measured."""
@@ -106,25 +131,23 @@ class BacklogMonitor:
 
     async def run(self) -> None:
         within = max(self.settings.metrics_interval, self.settings.connect_timeout)
+        retry_in = min(self.settings.metrics_interval, _RETRY_MEASURE_AFTER)
         while True:
+            if self._unanswered_since is None:
+                self._unanswered_since = time.monotonic()
             try:
                 async with asyncio.timeout(within):
                     await self.measure()
             except (StorageUnavailableError, TimeoutError) as exc:
                 self.backlog = None
                 if not self._failing:
-                    logger.warning(
-                        "cannot measure the backlog",
-                        error=repr(exc),
-                        retry_in=self.settings.metrics_interval,
-                    )
+                    logger.warning("cannot measure the backlog", error=repr(exc), retry_in=retry_in)
                 self._failing = True
-                if self._failing_since is None:
-                    self._failing_since = time.monotonic()
+                await asyncio.sleep(retry_in)
             else:
                 self._failing = False
-                self._failing_since = None
-            await asyncio.sleep(self.settings.metrics_interval)
+                self._unanswered_since = None
+                await asyncio.sleep(self.settings.metrics_interval)
 
 
 @dataclass
@@ -174,6 +197,74 @@ class StageWatch:
                 seconds_since_success=round(max(since), 1) if since else None,
                 failing_for=round(now - min(w.failing_since or now for w in failing), 1),
             )
+
+
+class Membership(Protocol):
+    """The part of the group membership :class:`StepAside` needs
+    (:class:`~outboxkit.relay.engine.Ownership`)."""
+
+    async def step_aside(self) -> None: ...
+
+    def step_in(self) -> None: ...
+
+
+@dataclass
+class StepAside:
+    """Takes this relay out of its consumer group while it cannot read its database, so that
+    the relays that can publish its partitions; joins again once it can.
+
+    Nothing else moves them: a relay whose database link is cut or half-open still heartbeats,
+    so Kafka keeps its partitions with it, and on a half-open link its database sessions stay
+    open on the server, so the other relays do not see it depart
+    (:mod:`outboxkit.relay.departed`). Once the database has answered no backlog measure, and
+    nothing has been published, for ``step_aside_after``, it leaves; the first measure that
+    answers again (they come every second meanwhile) makes it rejoin. Leaving is safe at any
+    moment: a relay out of the group publishes nothing, and the new owners fence what it had in
+    flight. A database that none of the relays can read takes them all out, and the first
+    answer brings each back."""
+
+    backlog: BacklogMonitor
+    group: Membership
+    settings: RelaySettings
+    metrics: RelayMetrics
+    #: Seconds since this relay last published (None: never).
+    since_progress: Callable[[], float | None]
+    #: Monotonic time this relay left the group, while it is out.
+    aside_since: float | None = field(default=None, init=False)
+
+    def aside_for(self) -> float | None:
+        """Seconds this relay has been out of its group, or None."""
+        return None if self.aside_since is None else time.monotonic() - self.aside_since
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(_RETRY_MEASURE_AFTER)
+            await self.check()
+
+    async def check(self) -> None:
+        unanswered = self.backlog.unanswered_for()
+        if self.aside_since is not None:
+            if unanswered is None:
+                logger.info(
+                    "the database answers again: rejoining the group",
+                    after=round(time.monotonic() - self.aside_since, 1),
+                )
+                self.aside_since = None
+                self.metrics.stepped_aside.set(0)
+                self.group.step_in()
+            return
+        bound = self.settings.step_aside_after
+        idle = self.since_progress()
+        if unanswered is None or unanswered < bound or (idle is not None and idle < bound):
+            return
+        logger.warning(
+            "the database does not answer: leaving the group so that the other relays publish "
+            "this relay's partitions",
+            unanswered_for=round(unanswered, 1),
+        )
+        self.aside_since = time.monotonic()
+        self.metrics.stepped_aside.set(1)
+        await self.group.step_aside()
 
 
 async def clean_up(storage: OutboxStorage, settings: RelaySettings) -> None:

@@ -30,6 +30,9 @@ METRICS_INTERVAL = 1.0
 #: (test_network_faults.py): how long a read waits on a silent socket before the connection is
 #: given up. Above any statement of the loaded test servers.
 DATABASE_TIMEOUT = 3.0
+#: OUTBOXKIT_STEP_ASIDE_AFTER of a relay behind a half-open database link: it leaves its group
+#: once it has read nothing for this long.
+STEP_ASIDE_AFTER = 3.0
 #: The same bound, and the connect timeout, of the stores test_database_timeouts.py opens itself
 #: (one quick read each).
 STORE_READ_TIMEOUT = 1.0

@@ -5,12 +5,11 @@ directly). ``bench/failover.py --only net-…`` runs them under a longer load an
 fault, the gap and the p99 commit→Kafka delay of the events committed during it;
 tests/integration/test_network_faults.py asserts the same faults, and more, on its own schedule.
 
-A fault that the other relays can take over from (relay-0 cut off from Kafka, or from its
-database: its database sessions end and the others remove it from the group) is held until they
-have published everything committed meanwhile. A half-open database link ends no session, so
-relay-0 keeps its partitions while its reads give up (``OUTBOXKIT_DATABASE_TIMEOUT``) and are
-retried: that fault, and the slow link, are held :data:`HOLD` seconds and the gap shows what
-they held back.
+A fault that the other relays can take over from (relay-0 cut off from Kafka; or from its
+database: its database sessions end and the others remove it from the group, or, on a
+half-open link, which ends no session, it steps out of the group after
+``OUTBOXKIT_STEP_ASIDE_AFTER``) is held until they have published everything committed
+meanwhile. The slow link is held :data:`HOLD` seconds and the gap shows what it held back.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tests.failover.harness import FailoverRun, Worker
 from tests.helpers import wait_for
 from tests.network.toxiproxy import Proxy
 
-#: Seconds a fault that nothing takes over from is held.
+#: Seconds a fault that nothing takes over from (a slow link) is held.
 HOLD = 15.0
 
 
@@ -73,10 +72,13 @@ async def database_cut(run: FailoverRun, links: RelayLinks) -> None:
 
 
 async def database_half_open(run: FailoverRun, links: RelayLinks) -> None:
-    """relay-0's database link half-open, for 15 s (:data:`HOLD`).
+    """relay-0's database link half-open until the other relays publish its partitions.
 
-    Its reads give up after OUTBOXKIT_DATABASE_TIMEOUT and are retried; no session ends."""
-    await _held(run, "relay-0's database link half-open", links.database, links.database.half_open)
+    Its reads give up after OUTBOXKIT_DATABASE_TIMEOUT and are retried; no session ends, and
+    relay-0 steps out of its group after OUTBOXKIT_STEP_ASIDE_AFTER."""
+    await _taken_over(
+        run, "relay-0's database link half-open", links.database, links.database.half_open
+    )
 
 
 NETWORK_FAULTS: dict[str, Scenario] = {

@@ -35,7 +35,7 @@ from tests.failover.network_faults import owns_partitions
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy, via
-from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT
+from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT, STEP_ASIDE_AFTER
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
@@ -286,13 +286,16 @@ async def test_database_links_cut_and_half_open(
 ) -> None:
     """relay-0 and inbox-0 reach the database through proxies of their own, relay-1 and
     inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut, made
-    half-open, then reset again and again mid-claim and mid-settle; inbox-0's is made
+    half-open (until relay-0 has stepped out of the group and relay-1 has published what was
+    committed meanwhile), then reset again and again mid-claim and mid-settle; inbox-0's is made
     half-open; inbox-0's is cut while its transactions are in flight (commit outcome unknown to
     it). Would catch an event lost or reordered (G1, G2), two
     publishers of a partition (G4), an effect taken twice or never (G6: a commit whose outcome
     the worker never learnt, retried), a worker that hangs on a silent socket for good (it
-    never reports the database unavailable: OUTBOXKIT_DATABASE_TIMEOUT not applied), crashes,
-    or stays unhealthy after the link heals."""
+    never reports the database unavailable: OUTBOXKIT_DATABASE_TIMEOUT not applied), a relay
+    that keeps its partitions while it cannot read its database (on MongoDB nothing else moves
+    them: its sessions stay open on the server) or does not rejoin, crashes, or stays unhealthy
+    after the link heals."""
     url = db_url
     upstream = urlsplit(url).netloc.rsplit("@", 1)[-1]
     relay_link = await toxiproxy.proxy("relay-db", upstream)
@@ -311,6 +314,7 @@ async def test_database_links_cut_and_half_open(
             "relay-0": {
                 "OUTBOXKIT_DATABASE_URL": via(relay_link, url),
                 "OUTBOXKIT_DATABASE_TIMEOUT": f"{DATABASE_TIMEOUT:g}",
+                "OUTBOXKIT_STEP_ASIDE_AFTER": f"{STEP_ASIDE_AFTER:g}",
             },
             "inbox-0": {
                 "OUTBOXKIT_DATABASE_URL": via(inbox_link, url),
@@ -332,30 +336,7 @@ async def test_database_links_cut_and_half_open(
             took["relay-0 cut: its partitions moved and drained"] = time.time() - fault.started
             fault.detail = "cut until drained by relay-1"
             await relay_link.heal()
-        async with run.fault("relay-0's database link half-open") as fault:
-            # relay-0's reads give up after OUTBOXKIT_DATABASE_TIMEOUT ("database unavailable",
-            # retried); once the link heals it publishes its partitions again by itself.
-            fault.detail = (
-                f"timeout=0 until relay-0 reports it (database timeout {DATABASE_TIMEOUT:g} s)"
-            )
-            # Only a relay that reads its partitions has a read to give up: relay-0 must have
-            # rejoined since the cut (under load it may not have when the cut's fault ended).
-            await wait_for(
-                lambda: owns_partitions(relay_0),
-                within=60,
-                interval=0.2,
-                what="relay-0 to own partitions again",
-            )
-            silences = _silences(relay_0)
-            await relay_link.half_open()
-            await wait_for(
-                lambda: _silences(relay_0) > silences,
-                within=30,
-                interval=0.2,
-                what="relay-0 giving up a read on the silent database",
-            )
-            took["relay-0 half-open: database unavailable"] = time.time() - fault.started
-            await relay_link.heal()
+        await relay_half_open(run, relay_link, took)
         async with run.fault("relay-0's database link reset") as fault:
             # Connections reset in the middle of claims and settles (each settle commits the
             # deletion of what Kafka acknowledged): a settle whose outcome relay-0 never learnt
@@ -394,6 +375,58 @@ async def test_database_links_cut_and_half_open(
     report.assert_ok(max_gap=MAX_GAP)
 
 
+async def relay_half_open(run: FailoverRun, relay_link: Proxy, took: dict[str, float]) -> None:
+    """relay-0's database link half-open until relay-0 has stepped out of the group and relay-1
+    has published what was committed meanwhile; then healed, until relay-0 owns partitions
+    again. ``took`` gets the seconds each step took."""
+    relay_0 = next(w for w in run.workers if w.name == "relay-0")
+    async with run.fault("relay-0's database link half-open") as fault:
+        # relay-0's reads give up after OUTBOXKIT_DATABASE_TIMEOUT ("database unavailable",
+        # retried) while its heartbeats go on; after OUTBOXKIT_STEP_ASIDE_AFTER it leaves
+        # the group and relay-1 publishes its partitions (held until everything committed
+        # meanwhile has taken effect); once the link heals it joins again by itself.
+        fault.detail = (
+            f"timeout=0 until relay-1 drained relay-0's partitions (database timeout "
+            f"{DATABASE_TIMEOUT:g} s, step aside after {STEP_ASIDE_AFTER:g} s)"
+        )
+        # Only a relay that reads its partitions has a read to give up: relay-0 must have
+        # rejoined since the cut (under load it may not have when the cut's fault ended).
+        await wait_for(
+            lambda: owns_partitions(relay_0),
+            within=60,
+            interval=0.2,
+            what="relay-0 to own partitions again",
+        )
+        silences = _silences(relay_0)
+        await relay_link.half_open()
+        silent = time.time()
+        await wait_for(
+            lambda: _silences(relay_0) > silences,
+            within=30,
+            interval=0.2,
+            what="relay-0 giving up a read on the silent database",
+        )
+        took["relay-0 half-open: database unavailable"] = time.time() - silent
+        await wait_for(
+            lambda: _stepped_aside(relay_0),
+            within=30,
+            interval=0.2,
+            what="relay-0 stepping out of its group",
+        )
+        took["relay-0 half-open: stepped aside"] = time.time() - silent
+        await taken_effect(run, time.time(), within=30)
+        took["relay-0 half-open: its partitions drained by relay-1"] = time.time() - silent
+        await relay_link.heal()
+        healed = time.time()
+        await wait_for(
+            lambda: owns_partitions(relay_0),
+            within=60,
+            interval=0.2,
+            what="relay-0 to rejoin and own partitions again",
+        )
+        took["relay-0 half-open: rejoined after the heal"] = time.time() - healed
+
+
 async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> None:
     """Wait until every event committed by ``moment`` has reached Kafka and taken effect, each
     by its id (:meth:`FailoverRun.settled` counts effects: a worker stuck on its partitions
@@ -410,6 +443,12 @@ async def _lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
     health = await _health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
+
+
+async def _stepped_aside(worker: Worker) -> bool:
+    """A relay's /healthz is 503 for a database it cannot read, listing no partition."""
+    health = await _health(worker)
+    return bool(health.get("stepped_aside_for")) and health.get("owned") == []
 
 
 async def _health(worker: Worker) -> dict[str, Any]:

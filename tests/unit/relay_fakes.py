@@ -253,6 +253,8 @@ class ManualOwnership:
         self.evict_error: Exception | None = None
         #: What lapsed() answers: seconds without an answer from the coordinator, or None.
         self.lapsed_for: float | None = None
+        #: step_aside() and step_in(), in order ("aside", "in").
+        self.steps: list[str] = []
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
 
@@ -302,6 +304,12 @@ class ManualOwnership:
 
     def lapsed(self) -> float | None:
         return self.lapsed_for
+
+    async def step_aside(self) -> None:
+        self.steps.append("aside")
+
+    def step_in(self) -> None:
+        self.steps.append("in")
 
     async def run(self) -> None:
         await self._ended.wait()

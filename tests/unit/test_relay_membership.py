@@ -141,3 +141,51 @@ async def test_a_lapsed_member_answered_again_without_a_rebalance_takes_back_its
     assert await coordinator._do_heartbeat()  # the coordinator answers: same generation
     await member._check_membership()
     assert (member.owned, assigned, member.lapsed()) == (OWNED, [OWNED], None)
+
+
+async def test_a_member_that_steps_aside_leaves_first_then_gives_up_its_partitions_and_rejoins(
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
+) -> None:
+    """A relay that cannot read its database steps out of its group (side_tasks.StepAside).
+    Would catch one that stops its workers before it leaves (they wait on the database, up to
+    revoke_timeout, and the group with them), one that reports its membership lapsed while it
+    is out on purpose, or one that does not subscribe again to rejoin."""
+    now = [1000.0]
+    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    calls: list[Any] = []
+
+    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
+        calls.append(("revoked", partitions))
+
+    async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
+        calls.append(("assigned", partitions))
+
+    member = KafkaOwnership(
+        settings(session_timeout=10, heartbeat_interval=1),
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+    )
+    members.append(member)
+    consumer: Any = member._consumer
+    consumer._coordinator = Coordinator()
+    monkeypatch.setattr(consumer, "unsubscribe", lambda: calls.append("unsubscribe"))
+    monkeypatch.setattr(
+        consumer, "subscribe", lambda topics, listener: calls.append(("subscribe", topics))
+    )
+    member._hear_heartbeats()
+    member.owned = OWNED
+
+    await member.step_aside()
+    await member.step_aside()  # once out, nothing more to do
+    assert calls == ["unsubscribe", ("revoked", OWNED)]
+    assert member.owned == frozenset()
+    now[0] += 60.0  # no heartbeat is answered while out of the group: that is no lapse
+    assert member.lapsed() is None
+    await member._check_membership()
+
+    member.step_in()
+    member.step_in()
+    assert calls[2:] == [("subscribe", ["t"])]
+    assert member.lapsed() is None  # its clock starts again with the join
+    now[0] += 19.0
+    assert member.lapsed() is None

@@ -3,7 +3,8 @@ in-memory outbox (core/supervisor.py, relay/side_tasks.py, relay/departed.py).
 
 A side task that ends stops the relay; stopping never waits on one for ever; wake-ups reach the
 worker of their partition; the backlog and what is stalled; the watch's rate limits; the purge
-in batches (G7); the check for departed relays announces, evicts, and never raises. The whole
+in batches (G7); the check for departed relays announces, evicts, and never raises; a relay that
+cannot read its database steps out of its group and back. The whole
 relay runs them in test_relay_engine_ownership.py and test_relay_blocks.py.
 """
 
@@ -27,7 +28,13 @@ from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import PartitionBacklog, TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
+from outboxkit.relay.side_tasks import (
+    BacklogMonitor,
+    StageWatch,
+    StepAside,
+    clean_up,
+    dispatch_wakeups,
+)
 from outboxkit.relay.storage import OutboxStorage
 from outboxkit.relay.worker import BlockWorker
 from tests.helpers import holds_for
@@ -279,6 +286,84 @@ async def test_a_database_unreadable_for_stall_after_makes_the_relay_unhealthy()
         await until(lambda: monitor.unreadable_for() is not None, "unreadable for stall_after")
         storage.outcomes.clear()
         await until(lambda: monitor.unreadable_for() is None, "readable again")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class _Group:
+    """The membership :class:`StepAside` drives: what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    async def step_aside(self) -> None:
+        self.steps.append("aside")
+
+    def step_in(self) -> None:
+        self.steps.append("in")
+
+
+async def test_a_relay_that_cannot_read_its_database_steps_aside_and_rejoins_once_it_answers() -> (
+    None
+):
+    """A relay behind a half-open database link kept its partitions for the whole fault (its
+    heartbeats went on, and on MongoDB its sessions stayed open): they waited, while the other
+    relays could have published them. Would catch a relay that stays in its group once every
+    measure has failed and nothing was published for step_aside_after, one that leaves sooner
+    or while it still publishes (a slow backlog query is no reason to leave), one that leaves
+    twice, or one that stays out once its database answers."""
+    storage = _Backlogs()
+    await storage.register_topics({TOPIC: 2})
+    relay_metrics, registry = metrics()
+    monitor = BacklogMonitor(
+        storage,
+        settings(metrics_interval=0.02, connect_timeout=1.0, step_aside_after=0.3),
+        relay_metrics,
+    )
+    group = _Group()
+    published_ago: list[float | None] = [None]
+    aside = StepAside(
+        monitor, group, monitor.settings, relay_metrics, since_progress=lambda: published_ago[0]
+    )
+
+    def stepped_aside() -> float | None:
+        return registry.get_sample_value("outboxkit_relay_stepped_aside")
+
+    task = asyncio.create_task(monitor.run())
+    try:
+        await until(lambda: monitor.backlog == {}, "the backlog measured")
+        await aside.check()
+        # A half-open link: the measure in flight waits (up to connect_timeout, 1 s) and counts
+        # from its start, then the next ones fail at once.
+        storage.outcomes.extend(["hang"] + ["down"] * 100_000)
+        await until(lambda: storage.outcomes[0] == "down", "a measure waiting on the database")
+        await aside.check()
+        assert group.steps == []  # not for step_aside_after yet
+        await until(lambda: (monitor.unanswered_for() or 0) >= 0.3, "no answer for 0.3 s")
+        assert monitor.backlog is not None  # the measure has not even failed yet
+        published_ago[0] = 0.1
+        await aside.check()
+        assert group.steps == []  # it still publishes
+        published_ago[0] = 0.3
+        with structlog.testing.capture_logs() as logs:
+            await aside.check()
+            await aside.check()
+        assert group.steps == ["aside"]
+        assert [e["event"] for e in logs] == [
+            "the database does not answer: leaving the group so that the other relays publish "
+            "this relay's partitions"
+        ]
+        assert stepped_aside() == 1
+        assert aside.aside_for() is not None
+        await until(lambda: monitor.backlog is None, "the measure failed")
+        await aside.check()
+        storage.outcomes.clear()
+        await until(lambda: monitor.unanswered_for() is None, "a measure answered")
+        await aside.check()
+        await aside.check()
+        assert group.steps == ["aside", "in"]
+        assert (stepped_aside(), aside.aside_for()) == (0, None)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
