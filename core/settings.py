@@ -392,6 +392,15 @@ class WorkerSettings(ConnectionSettings):
         "it above the longest statement (outboxkit's connections run with a 30 s "
         "statement_timeout) and MongoDB operation; it is MongoDB's socketTimeoutMS",
     )
+    step_aside_after: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds a worker may go without an answer from its database (a relay: "
+        "every backlog measure failing, nothing published; an inbox worker: its transactions "
+        "failing) before it leaves its consumer group, so that the workers that reach the "
+        "database take its partitions; it rejoins once its database answers. 0: never (its "
+        "partitions wait for it)",
+    )
     startup_grace: float = Field(
         default=60.0,
         ge=0,

@@ -13,6 +13,7 @@ A record that cannot be dead-lettered for good parks its partition.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from functools import partial
 from typing import Generic
 
@@ -34,23 +35,28 @@ logger = structlog.get_logger("outboxkit.inbox")
 
 
 class Stopping(Exception):
-    """The worker was asked to stop while waiting to retry."""
+    """The worker was asked to stop, or is leaving its group (its database does not answer),
+    while waiting to retry."""
 
 
 class _Parked(Exception):
     """A record of the partition cannot be dead-lettered for good: stop consuming it."""
 
 
-async def wait_or_stop(stopping: asyncio.Event, seconds: float) -> None:
-    """Wait ``seconds`` before a retry; raise :class:`Stopping` if asked to stop meanwhile."""
-    if await wait_set(stopping, seconds):
+async def wait_or_stop(
+    stopping: asyncio.Event, seconds: float, leaving: Callable[[], bool] = lambda: False
+) -> None:
+    """Wait ``seconds`` before a retry; raise :class:`Stopping` if asked to stop meanwhile, or
+    if the worker is ``leaving`` its group then."""
+    if await wait_set(stopping, seconds) or leaving():
         raise Stopping
 
 
 class DeliveryPath(Generic[TX]):
     """Takes the records of ``inbox``'s partitions into ``store``'s transactions. ``stopping``
-    ends the work between records and cuts the pauses short; ``health`` is what the
-    transactions report (the worker's health shows it)."""
+    ends the work between records and cuts the pauses short; ``leaving`` (asked after each
+    pause for the database) ends it too, the records not taken effect for left to whoever reads
+    them next; ``health`` is what the transactions report (the worker's health shows it)."""
 
     def __init__(
         self,
@@ -62,6 +68,7 @@ class DeliveryPath(Generic[TX]):
         stopping: asyncio.Event,
         metrics: InboxMetrics,
         health: TransactionHealth | None = None,
+        leaving: Callable[[], bool] = lambda: False,
     ) -> None:
         self._inbox = inbox
         self._name = inbox.name
@@ -74,7 +81,7 @@ class DeliveryPath(Generic[TX]):
             settings,
             store,
             metrics=metrics,
-            pause=partial(wait_or_stop, stopping, settings.retry_backoff_max),
+            pause=partial(wait_or_stop, stopping, settings.retry_backoff_max, leaving),
             dead_letter=self._dead_letter,
             health=health,
         )

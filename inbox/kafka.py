@@ -95,6 +95,12 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
     ) -> None:
         super().subscribe(list(topics), listener=_Forgetting(self._returned, listener))
 
+    def unsubscribe(self) -> None:
+        """Leave the group (a LeaveGroup; no rebalance callback runs) and forget where every
+        partition was."""
+        self._returned.clear()
+        super().unsubscribe()
+
     async def poll(
         self, *, timeout_ms: int, max_records: int
     ) -> dict[TopicPartition, list[Fetched]]:

@@ -94,6 +94,9 @@ class InMemoryInboxStore:
         self._check_available()
         return sum(1 for name, _ in self.records if name == consumer)
 
+    async def ping(self) -> None:
+        self._check_available()
+
     def _check_available(self) -> None:
         if self.unavailable:
             raise InboxStorageUnavailableError("the in-memory store is set unavailable")

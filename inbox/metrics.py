@@ -82,6 +82,13 @@ class InboxMetrics:
             ["inbox", "topic", "partition"],
             registry=reg,
         )
+        self.stepped_aside = Gauge(
+            "outboxkit_inbox_stepped_aside",
+            "1 while the worker is out of its group because its database does not answer "
+            "(OUTBOXKIT_STEP_ASIDE_AFTER): the other workers handle its partitions",
+            ["inbox"],
+            registry=reg,
+        )
         self.storage_errors = Counter(
             "outboxkit_inbox_storage_errors",
             "Database unavailable: the worker paused and retried",

@@ -107,3 +107,8 @@ class InboxStore(Protocol[TX]):
 
     async def count(self, consumer: str) -> int:
         """Dedupe records of ``consumer`` (a metric)."""
+
+    async def ping(self) -> None:
+        """Return once the database answers; raise the store's unavailable error if it does
+        not (a worker that left its group while its transactions failed asks before it
+        rejoins)."""

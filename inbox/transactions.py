@@ -47,6 +47,19 @@ class TransactionHealth:
     #: ``time.time()`` of the last transaction that committed.
     last_progress: float | None = None
     last_error: str | None = None
+    #: ``time.monotonic()`` the first transaction that failed for the database began, until
+    #: one commits (or the database answers again).
+    unavailable_since: float | None = None
+
+    def unavailable_for(self) -> float | None:
+        """Seconds since the first transaction of the current outage began; None without one."""
+        since = self.unavailable_since
+        return None if since is None else time.monotonic() - since
+
+    def available(self) -> None:
+        """The database answered: the outage, if any, is over."""
+        self.database_available = True
+        self.unavailable_since = None
 
 
 class TransactionRunner(Generic[TX]):
@@ -84,6 +97,7 @@ class TransactionRunner(Generic[TX]):
         whose handler then counts as failing (G8). Empties ``batch``."""
         size = len(batch)
         while batch:
+            began = time.monotonic()
             started = time.perf_counter()
             chunk = batch[:size]
             try:
@@ -105,7 +119,7 @@ class TransactionRunner(Generic[TX]):
                     continue
             except InboxStorageUnavailableError as exc:
                 # Not the records' fault: keep the position and try the same batch again.
-                self._storage_unavailable(exc, progress)
+                self._storage_unavailable(exc, progress, began)
                 self._log.warning("database unavailable, pausing", error=str(exc))
                 await self._pause()
                 continue
@@ -131,13 +145,14 @@ class TransactionRunner(Generic[TX]):
         event = delivery.event
         log = self._log.bind(event_id=str(event.id), event_type=event.event_type)
         while True:
+            began = time.monotonic()
             try:
                 await self._handle(delivery, log)
                 self._took_effect()
                 return
             except InboxStorageUnavailableError as exc:
                 # Not the record's fault: keep the position and try the same record again.
-                self._storage_unavailable(exc, progress)
+                self._storage_unavailable(exc, progress, began)
                 log.warning("database unavailable, pausing", error=str(exc))
                 await self._pause()
             except Exception as exc:  # the handler kept raising
@@ -179,13 +194,15 @@ class TransactionRunner(Generic[TX]):
             log.debug("duplicate absorbed")
 
     def _took_effect(self) -> None:
-        self.health.database_available = True
+        self.health.available()
         self.health.last_progress = time.time()
 
     def _storage_unavailable(
-        self, exc: InboxStorageUnavailableError, progress: PartitionProgress
+        self, exc: InboxStorageUnavailableError, progress: PartitionProgress, began: float
     ) -> None:
         self._metrics.storage_errors.labels(self._name).inc()
         self.health.database_available = False
+        if self.health.unavailable_since is None:
+            self.health.unavailable_since = began
         self.health.last_error = str(exc)
         progress.error(str(exc))

@@ -11,6 +11,12 @@ input is contained (G8): it goes to the dead-letter topic ``<topic><dlq_suffix>`
 (:mod:`outboxkit.inbox.deadletter`); a record that cannot be dead-lettered for good parks its
 partition: the worker stops fetching it, says so in its health and logs, and goes on with the
 other partitions. A side task purges expired dedupe records.
+
+A worker whose database does not answer waits on the same records (G8), and its partitions with
+it; once its transactions have failed for ``step_aside_after`` it **steps aside**: it stops
+where it is at its next retry, commits the offsets of what its database committed, leaves the
+group (the other workers read its partitions from there: what it may have committed unheard
+is absorbed by the dedupe records) and rejoins once the database answers a ping.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from aiokafka.structs import TopicPartition
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import leave_group
 from outboxkit.core.supervisor import Supervisor
+from outboxkit.core.waiting import wait_set
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.delivery import DeliveryPath, wait_or_stop
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
@@ -42,6 +49,9 @@ from outboxkit.inbox.store import InboxStore
 from outboxkit.inbox.transactions import TransactionHealth
 
 logger = structlog.get_logger("outboxkit.inbox")
+
+#: A worker out of its group asks its database this often whether it answers again.
+_PING_EVERY = 1.0
 
 
 @dataclass
@@ -59,10 +69,18 @@ class InboxHealth:
     database_available: bool = True
     #: The stalled and parked partitions, each with its offset and last error.
     partitions: list[PartitionState] = field(default_factory=list)
+    #: Seconds the worker has been out of its group because its database does not answer
+    #: (``step_aside_after``): the other workers handle its partitions until it rejoins.
+    stepped_aside_for: float | None = None
 
     @property
     def healthy(self) -> bool:
-        return self.running and self.database_available and not self.partitions
+        return (
+            self.running
+            and self.database_available
+            and not self.partitions
+            and self.stepped_aside_for is None
+        )
 
 
 class InboxWorker(Generic[TX]):
@@ -90,6 +108,8 @@ class InboxWorker(Generic[TX]):
         self._offsets: OffsetCommitter | None = None
         self._log = logger.bind(inbox=inbox.name)
         self._running = False
+        #: Monotonic time this worker left its group, while it is out (:meth:`_step_aside`).
+        self._aside_since: float | None = None
 
     def health(self) -> InboxHealth:
         now = time.time()
@@ -107,6 +127,9 @@ class InboxWorker(Generic[TX]):
             last_error=state.last_error,
             database_available=state.database_available,
             partitions=troubled(partitions, pending, self.settings.stall_after, now),
+            stepped_aside_for=(
+                None if self._aside_since is None else time.monotonic() - self._aside_since
+            ),
         )
 
     def stop(self) -> None:
@@ -152,6 +175,7 @@ class InboxWorker(Generic[TX]):
             stopping=self._stopping,
             metrics=self.metrics,
             health=self._transaction_health,
+            leaving=self._leaving,
         )
         await producer.start()
         try:
@@ -165,6 +189,9 @@ class InboxWorker(Generic[TX]):
                     batches = await consumer.poll(timeout_ms=500, max_records=s.max_records)
                     if batches:
                         await self._deliver_poll(consumer, offsets, delivery, batches)
+                    if self._leaving():
+                        await self._step_aside(consumer, offsets)
+                        continue
                     await offsets.skip_invisible()
                     side_tasks.check()  # a dead side task stops the worker loudly
             finally:
@@ -198,6 +225,51 @@ class InboxWorker(Generic[TX]):
             await asyncio.gather(*(partition(tp, rs) for tp, rs in batches.items()))
         finally:
             self._idle.set()
+
+    def _leaving(self) -> bool:
+        """Whether this worker's transactions have failed, its database not answering, for
+        ``step_aside_after``: it should leave its group to the workers that reach theirs."""
+        bound = self.settings.step_aside_after
+        failing = self._transaction_health.unavailable_for()
+        return bound > 0 and failing is not None and failing >= bound
+
+    async def _step_aside(self, consumer: InboxConsumer, offsets: OffsetCommitter) -> None:
+        """Leave the group while the database does not answer; rejoin once it does. The
+        offsets of what the database committed are committed first (bounded: Kafka may be away
+        too; what is left is read again and absorbed by the dedupe records)."""
+        failing = self._transaction_health.unavailable_for() or 0.0
+        self._log.warning(
+            "the database does not answer: leaving the group so that the other workers handle "
+            "this worker's partitions",
+            unavailable_for=round(failing, 1),
+        )
+        self._aside_since = time.monotonic()
+        self.metrics.stepped_aside.labels(self.inbox.name).set(1)
+        mine = set(offsets.partitions)
+        try:
+            async with asyncio.timeout(self.settings.session_timeout):
+                await offsets.commit(only=mine)
+        except Exception as exc:
+            self._log.info("could not commit before leaving the group", error=repr(exc))
+        offsets.forget(mine)
+        consumer.unsubscribe()
+        while not self._stopping.is_set():
+            try:
+                await self.store.ping()
+                break
+            except InboxStorageUnavailableError:
+                self.metrics.storage_errors.labels(self.inbox.name).inc()
+                await wait_set(self._stopping, _PING_EVERY)
+        if self._stopping.is_set():
+            return
+        self._transaction_health.available()
+        consumer.subscribe(self.settings.topics, listener=CommitOnRevoke(offsets, self._idle))
+        self._log.info(
+            "the database answers again: rejoining the group",
+            after=round(time.monotonic() - self._aside_since, 1),
+        )
+        self._aside_since = None
+        self.metrics.stepped_aside.labels(self.inbox.name).set(0)
 
     async def _commit_and_stop(self, consumer: InboxConsumer, offsets: OffsetCommitter) -> None:
         """Commit the offsets of what the database committed, then leave the group. The caller

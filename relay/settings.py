@@ -128,14 +128,6 @@ class RelaySettings(WorkerSettings):
         description="Seconds a pending record may wait before the health probe reports its "
         "partition as stalled",
     )
-    step_aside_after: float = Field(
-        default=30.0,
-        ge=0,
-        description="Seconds a relay may go without reading its database (every backlog "
-        "measure failing, nothing published) before it leaves its consumer group, so that the "
-        "relays that can read it publish its partitions; it rejoins once its database answers. "
-        "0: never (its partitions wait for it)",
-    )
     slow_after: float = Field(
         default=5.0,
         gt=0,

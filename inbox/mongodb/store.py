@@ -223,6 +223,9 @@ class MongoInboxStore(MongoConnection):
         )
         return int(result.deleted_count)
 
+    async def ping(self) -> None:
+        await guarded(self.database.command("ping"), InboxStorageUnavailableError)
+
     async def count(self, consumer: str) -> int:
         # Embedded documents compare field by field, so this range is one consumer's slice of
         # the _id index.

@@ -61,3 +61,8 @@ WHERE ctid IN (
 
 -- count --
 SELECT count(*) FROM outboxkit.inbox WHERE consumer = %(consumer)s
+
+-- ping --
+-- Whether the database answers: a worker that left its group because its transactions failed
+-- (OUTBOXKIT_STEP_ASIDE_AFTER) asks before it rejoins. Touches no table.
+SELECT 1

@@ -199,6 +199,10 @@ class PostgresInboxStore(PooledStore):
             row = await cur.fetchone()
             return int(row[0]) if row else 0
 
+    async def ping(self) -> None:
+        async with self._connection() as conn:
+            await conn.execute(_QUERIES["ping"])
+
 
 def _dedupe_params(consumer: str, d: Delivery) -> dict[str, object]:
     return {

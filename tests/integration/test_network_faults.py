@@ -19,27 +19,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
-from tests.failover.harness import FailoverRun, Worker, effect_times
+from tests.failover.harness import FailoverRun, Worker
 from tests.failover.network_faults import owns_partitions
 from tests.helpers import wait_for
 from tests.network.fixtures import Links, TestProxies
 from tests.network.toxiproxy import Proxy, via
+from tests.network.workers import (
+    INBOXES,
+    MAX_GAP,
+    RESETS,
+    assigned_to,
+    committed_since,
+    metric,
+    reset_repeatedly,
+    taken_effect,
+    worker_health,
+)
 from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT, STEP_ASIDE_AFTER
-
-#: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
-#: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
-MAX_GAP = 20.0
 
 #: An inbox worker behind a half-open database link reports itself stalled after this long.
 INBOX_STALL_AFTER = 3.0
@@ -168,81 +172,6 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     assert (rebalances, fenced) == (0, 0), "latency or a narrow link set off a rebalance or fence"
 
 
-async def test_inbox_kafka_link_half_open_cut_and_reset(
-    db_url: str, kafka_links: Links, tmp_path: Path
-) -> None:
-    """inbox-0 reaches Kafka through LINK0, inbox-1 directly; both reach the database. In turn
-    the link is made half-open, cut, and reset again and again. Each time inbox-0 has handled
-    records whose offsets it has not committed yet (it commits every
-    OUTBOXKIT_COMMIT_INTERVAL): the group gives its partitions to inbox-1, which reads them
-    again from the last committed offset while inbox-0 may still be handling what it had
-    fetched — the same events in two workers at once, each in a database transaction of its
-    own. Would catch an effect taken twice (G6: the dedupe record not deciding between two
-    concurrent transactions, or an offset committed ahead of its database commit) or never, an
-    event lost or reordered, or an inbox worker that hangs on a dead socket for good or does
-    not take partitions again once the link heals."""
-    link = kafka_links.proxies[0]
-    async with FailoverRun(
-        db_url,
-        kafka_links.bootstrap,
-        tmp_path,
-        partitions=4,
-        relays=1,
-        inboxes=2,
-        rate=100.0,
-        entities=12,
-        recovery_timeout=60.0,
-        worker_env={"inbox-0": {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": link.listen}},
-    ) as run:
-        inbox_0, inbox_1 = (next(w for w in run.workers if w.name == n) for n in INBOXES)
-        took: dict[str, float] = {}
-        duplicates = await _metric(inbox_1, "outboxkit_inbox_duplicates_total")
-        for name, cut in [("half-open", link.half_open), ("cut", link.disable)]:
-            await wait_for(
-                lambda: _assigned_to(inbox_0, 1), within=60, interval=0.2, what="inbox-0 in"
-            )
-            async with run.fault(f"inbox-0's Kafka link {name}") as fault:
-                fault.detail = "LINK0 " + ("timeout=0 both ways" if name == "half-open" else "off")
-                fault.detail += ", until inbox-1 took effect of everything committed meanwhile"
-                await cut()
-                started = time.monotonic()
-                await wait_for(
-                    lambda: _assigned_to(inbox_1, 4),
-                    within=SESSION_TIMEOUT + 20,
-                    interval=0.2,
-                    what="inbox-1 holding every partition",
-                )
-                took[f"{name}: partitions moved"] = time.monotonic() - started
-                await taken_effect(run, time.time(), within=30)
-                await link.heal()
-                await wait_for(
-                    lambda: _assigned_to(inbox_0, 1),
-                    within=60,
-                    interval=0.2,
-                    what="inbox-0 holding partitions again",
-                )
-                took[f"{name}: inbox-0 back"] = time.monotonic() - started
-        async with run.fault("inbox-0's Kafka link reset") as fault:
-            # Fetches and offset commits cut in flight: an offset commit whose outcome inbox-0
-            # never learnt is retried or left to the next; its records are absorbed if read again.
-            fault.detail = f"reset_peer {RESETS} times, each once inbox-0 had handled again"
-            handled = await reset_repeatedly(link, inbox_0, "outboxkit_inbox_handled_total")
-        duplicates = await _metric(inbox_1, "outboxkit_inbox_duplicates_total") - duplicates
-        report = await run.finish()
-    print(f"\n{report}\nseconds after the fault: {took}")
-    print(f"inbox-1 absorbed {duplicates:g} duplicates; inbox-0 handled {handled} between resets")
-    report.assert_ok(max_gap=MAX_GAP)
-
-
-#: The inbox workers of :class:`FailoverRun`.
-INBOXES = ("inbox-0", "inbox-1")
-
-
-async def _assigned_to(worker: Worker, count: int) -> bool:
-    """Whether an inbox worker's /healthz lists at least ``count`` assigned partitions."""
-    return len((await _health(worker)).get("assigned", [])) >= count
-
-
 #: KB/s each way on the narrow link: above relay-0's share of the load (half of 100 events/s of
 #: ~0.5 KB), so it keeps up, with every transaction's requests queued behind its records.
 NARROW_KBPS = 64
@@ -267,7 +196,7 @@ async def narrow_and_sliced(run: FailoverRun, link: Proxy, relay: Worker) -> str
 async def delivered(run: FailoverRun, relay: Worker, since: float) -> str:
     """Throughput and commit→Kafka delays (p50, p99, max) of the events of ``relay``'s
     partitions committed since ``since`` (wall clock), once each has reached Kafka."""
-    owned = {int(p.rsplit("/", 1)[1]) for p in (await _health(relay)).get("owned", [])}
+    owned = {int(p.rsplit("/", 1)[1]) for p in (await worker_health(relay)).get("owned", [])}
     due = {e: at for e, at in list(run.writers.committed_at.items()) if at >= since}
     await wait_for(
         lambda: due.keys() <= run.arrivals.arrivals.keys(),
@@ -287,65 +216,13 @@ async def delivered(run: FailoverRun, relay: Worker, since: float) -> str:
     )
 
 
-def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[], bool]:
-    """Whether the writers have committed ``count`` events since ``moment`` (wall clock)."""
-
-    def check() -> bool:
-        return sum(1 for at in list(run.writers.committed_at.values()) if at >= moment) >= count
-
-    return check
-
-
 async def _rebalances(run: FailoverRun) -> float:
     """Assignments the relays received so far (``outboxkit_relay_rebalances_total``)."""
     total = 0.0
     for worker in run.workers:
         if worker.name.startswith("relay"):
-            total += await _metric(worker, "outboxkit_relay_rebalances_total")
+            total += await metric(worker, "outboxkit_relay_rebalances_total")
     return total
-
-
-async def _metric(worker: Worker, name: str) -> float:
-    """The sum of ``name``'s samples on the worker's /metrics (0 while it does not answer)."""
-    try:
-        async with httpx.AsyncClient() as http:
-            text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
-    except (httpx.HTTPError, OSError):
-        return 0.0
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
-#: Connection resets per reset fault: the relay publishes all the time (100 events/s), so each
-#: reset cuts whatever is in flight — a send, a transaction's commit, a claim, a settle.
-RESETS = 4
-
-
-async def reset_repeatedly(
-    link: Proxy, worker: Worker, progress: str = "outboxkit_relay_published_total"
-) -> int:
-    """Reset every connection through ``link`` (``reset_peer``), :data:`RESETS` times, each
-    once ``worker`` has made progress again since the last (its ``progress`` counter: records
-    a relay published, or an inbox worker handled); how much progress it made meanwhile."""
-    first = await _metric(worker, progress)
-    published = first
-    for _ in range(RESETS):
-        await wait_for(
-            lambda count=published: _progressed_since(worker, progress, count),
-            within=30,
-            interval=0.1,
-            what=f"{worker.name} making progress again",
-        )
-        published = await _metric(worker, progress)
-        await link.add_toxic("reset_peer", stream="upstream", timeout=0)
-        # The toxic resets the links it is added to, and every new one: removed at once (a
-        # fault's schedule), the worker reconnects.
-        await asyncio.sleep(0.1)
-        await link.heal()
-    return int(published - first)
-
-
-async def _progressed_since(worker: Worker, progress: str, count: float) -> bool:
-    return await _metric(worker, progress) > count
 
 
 async def _owners_are(run: FailoverRun, count: int) -> bool:
@@ -365,8 +242,9 @@ async def test_database_links_cut_and_half_open(
     inbox-1 directly; Kafka stays reachable. In turn: relay-0's database link is cut, made
     half-open (until relay-0 has stepped out of the group and relay-1 has published what was
     committed meanwhile), then reset again and again mid-claim and mid-settle; inbox-0's is made
-    half-open; inbox-0's is cut while its transactions are in flight (commit outcome unknown to
-    it). Would catch an event lost or reordered (G1, G2), two
+    half-open (until it has stepped out of its group and inbox-1 has taken effect of what was
+    committed meanwhile); inbox-0's is cut while its transactions are in flight (commit outcome
+    unknown to it). Would catch an event lost or reordered (G1, G2), two
     publishers of a partition (G4), an effect taken twice or never (G6: a commit whose outcome
     the worker never learnt, retried), a worker that hangs on a silent socket for good (it
     never reports the database unavailable: OUTBOXKIT_DATABASE_TIMEOUT not applied), a relay
@@ -397,11 +275,11 @@ async def test_database_links_cut_and_half_open(
                 "OUTBOXKIT_DATABASE_URL": via(inbox_link, url),
                 "OUTBOXKIT_STALL_AFTER": f"{INBOX_STALL_AFTER:g}",
                 "OUTBOXKIT_DATABASE_TIMEOUT": f"{DATABASE_TIMEOUT:g}",
+                "OUTBOXKIT_STEP_ASIDE_AFTER": f"{STEP_ASIDE_AFTER:g}",
             },
         },
     ) as run:
         took: dict[str, float] = {}
-        inbox_0 = next(w for w in run.workers if w.name == "inbox-0")
         relay_0 = next(w for w in run.workers if w.name == "relay-0")
         async with run.fault("relay-0's database link cut") as fault:
             # Held until everything committed meanwhile has taken effect, the link still cut:
@@ -420,22 +298,7 @@ async def test_database_links_cut_and_half_open(
             # is done again or its records published again, never lost or reordered.
             fault.detail = f"reset_peer {RESETS} times, each once relay-0 had published again"
             await reset_repeatedly(relay_link, relay_0)
-        async with run.fault("inbox-0's database link half-open") as fault:
-            # inbox-0's reads and commits give up after OUTBOXKIT_DATABASE_TIMEOUT: /healthz
-            # says the database is unavailable; once the link heals it handles its partitions
-            # again by itself, its dedupe records deciding what had committed.
-            fault.detail = (
-                f"timeout=0 until inbox-0 reports it (database timeout {DATABASE_TIMEOUT:g} s)"
-            )
-            await inbox_link.half_open()
-            await wait_for(
-                lambda: _database_unavailable(inbox_0),
-                within=30,
-                interval=0.2,
-                what="inbox-0 reporting the database unavailable",
-            )
-            took["inbox-0 half-open: database unavailable"] = time.time() - fault.started
-            await inbox_link.heal()
+        await inbox_half_open(run, inbox_link, took)
         async with run.fault("inbox-0's database link lost mid-commit") as fault:
             # Replies stop first (the database commits, inbox-0 never hears it), then the link
             # is cut: every transaction in flight ends with its outcome unknown to inbox-0.
@@ -504,37 +367,72 @@ async def relay_half_open(run: FailoverRun, relay_link: Proxy, took: dict[str, f
         took["relay-0 half-open: rejoined after the heal"] = time.time() - healed
 
 
-async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> None:
-    """Wait until every event committed by ``moment`` has reached Kafka and taken effect, each
-    by its id (:meth:`FailoverRun.settled` counts effects: a worker stuck on its partitions
-    would hide behind the other's later effects)."""
-    due = {e for e, at in list(run.writers.committed_at.items()) if at <= moment}
+async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, float]) -> None:
+    """inbox-0's database link half-open until inbox-0 has stepped out of its group and
+    inbox-1 has taken effect of what was committed meanwhile; then healed, until inbox-0 holds
+    partitions again. ``took`` gets the seconds each step took."""
+    inbox_0, inbox_1 = (next(w for w in run.workers if w.name == n) for n in INBOXES)
+    async with run.fault("inbox-0's database link half-open") as fault:
+        # inbox-0's reads and commits give up after OUTBOXKIT_DATABASE_TIMEOUT: /healthz says
+        # the database is unavailable; after OUTBOXKIT_STEP_ASIDE_AFTER it leaves its group and
+        # inbox-1 reads its partitions from their last committed offsets (its dedupe records
+        # deciding what had committed); once the link heals it rejoins by itself.
+        fault.detail = (
+            f"timeout=0 until inbox-1 took effect of everything committed meanwhile (database "
+            f"timeout {DATABASE_TIMEOUT:g} s, step aside after {STEP_ASIDE_AFTER:g} s)"
+        )
+        await wait_for(lambda: assigned_to(inbox_0, 1), within=60, interval=0.2, what="inbox-0 in")
+        await inbox_link.half_open()
+        silent = time.time()
+        await wait_for(
+            lambda: _database_unavailable(inbox_0),
+            within=30,
+            interval=0.2,
+            what="inbox-0 reporting the database unavailable",
+        )
+        took["inbox-0 half-open: database unavailable"] = time.time() - silent
+        await wait_for(
+            lambda: _inbox_stepped_aside(inbox_0),
+            within=30,
+            interval=0.2,
+            what="inbox-0 stepping out of its group",
+        )
+        took["inbox-0 half-open: stepped aside"] = time.time() - silent
+        await wait_for(
+            lambda: assigned_to(inbox_1, 4),
+            within=SESSION_TIMEOUT + 20,
+            interval=0.2,
+            what="inbox-1 holding every partition",
+        )
+        await taken_effect(run, time.time(), within=30)
+        took["inbox-0 half-open: its partitions drained by inbox-1"] = time.time() - silent
+        await inbox_link.heal()
+        healed = time.time()
+        await wait_for(
+            lambda: assigned_to(inbox_0, 1),
+            within=60,
+            interval=0.2,
+            what="inbox-0 holding partitions again",
+        )
+        took["inbox-0 half-open: rejoined after the heal"] = time.time() - healed
 
-    async def effective() -> bool:
-        return due <= (await effect_times(run.url)).keys()
 
-    await wait_for(effective, within=within, interval=0.5, what="every event's effect")
+async def _inbox_stepped_aside(worker: Worker) -> bool:
+    """An inbox worker's /healthz is 503 for a database it cannot reach, holding no partition."""
+    health = await worker_health(worker)
+    return bool(health.get("stepped_aside_for")) and health.get("assigned") == []
 
 
 async def _lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
-    health = await _health(worker)
+    health = await worker_health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
 
 
 async def _stepped_aside(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a database it cannot read, listing no partition."""
-    health = await _health(worker)
+    health = await worker_health(worker)
     return bool(health.get("stepped_aside_for")) and health.get("owned") == []
-
-
-async def _health(worker: Worker) -> dict[str, Any]:
-    try:
-        async with httpx.AsyncClient() as http:
-            response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)
-            return dict(response.json())
-    except (httpx.HTTPError, OSError, ValueError):
-        return {}
 
 
 #: How a wait on the silent database is reported: a read cut by OUTBOXKIT_DATABASE_TIMEOUT (by
@@ -557,11 +455,11 @@ def _silences(worker: Worker) -> int:
 
 async def _reports_silence(worker: Worker) -> bool:
     """The worker's last error is a read given up on a silent database."""
-    error = (await _health(worker)).get("last_error") or ""
+    error = (await worker_health(worker)).get("last_error") or ""
     return any(words in error for words in _SILENCE)
 
 
 async def _database_unavailable(worker: Worker) -> bool:
     """An inbox worker's /healthz says the database is unavailable, for a silent read."""
-    health = await _health(worker)
+    health = await worker_health(worker)
     return health.get("database_available") is False and await _reports_silence(worker)

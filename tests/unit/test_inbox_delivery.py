@@ -7,6 +7,8 @@ transaction did not commit, nor past one the dead-letter topic refuses for good 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
@@ -33,6 +35,7 @@ def _path(
     store: InMemoryInboxStore,
     producer: DeadLetterProducer,
     inbox: Inbox[MemoryTransaction] | None = None,
+    leaving: Callable[[], bool] = lambda: False,
     **overrides: object,
 ) -> tuple[DeliveryPath[MemoryTransaction], asyncio.Event]:
     stopping = asyncio.Event()
@@ -44,6 +47,7 @@ def _path(
         dead_letters=producer.writer(inbox_metrics),
         stopping=stopping,
         metrics=inbox_metrics,
+        leaving=leaving,
     )
     return path, stopping
 
@@ -164,6 +168,34 @@ async def test_stopping_during_an_outage_ends_the_delivery_without_moving_the_of
     assert progress.offset == 4
     assert progress.parked is None
     assert store.effects == []
+
+
+async def test_leaving_the_group_in_an_outage_ends_the_delivery_where_it_was() -> None:
+    """A worker whose database has not answered for step_aside_after leaves its group at its
+    next retry; the next owner reads the records again. Would catch a delivery that retries on
+    (the worker never leaves), one that counts the records it did not take effect for as done
+    (G6), or an outage not timed from its first failed transaction."""
+    store, producer = InMemoryInboxStore(), DeadLetterProducer()
+    leave = asyncio.Event()
+    path, _ = _path(store, producer, leaving=leave.is_set)
+    progress = PartitionProgress()
+    store.unavailable = True
+    began = time.monotonic()
+    delivering = asyncio.create_task(
+        path.deliver(TP, [record(4, Charged(order="a")), record(5, Charged(order="b"))], progress)
+    )
+    await wait_for(lambda: not path.health.database_available, what="the outage seen")
+    await asyncio.sleep(0.05)  # a few retries
+    assert 0.05 <= (path.health.unavailable_for() or 0) <= time.monotonic() - began
+    assert not delivering.done()
+
+    leave.set()
+    async with asyncio.timeout(5):
+        assert await delivering  # not parked
+
+    assert (progress.offset, progress.parked, store.effects) == (4, None, [])
+    path.health.available()
+    assert (path.health.database_available, path.health.unavailable_for()) == (True, None)
 
 
 async def test_a_batch_handler_takes_a_run_of_new_events_in_one_call_each_once() -> None:

@@ -142,6 +142,12 @@ class InboxStoreContract:
         assert await store.count("a") == 1
         assert await store.count("b") == 1
 
+    async def test_a_store_whose_database_answers_pings(self, store: InboxStore[Any]) -> None:
+        """A worker that left its group while its transactions failed rejoins once this
+        returns (OUTBOXKIT_STEP_ASIDE_AFTER); it must not touch the inbox's records."""
+        await store.ping()
+        assert await store.count(CONSUMER) == 0
+
     async def test_two_workers_on_the_same_events_take_effect_once(
         self, inbox_backend: InboxBackend
     ) -> None:

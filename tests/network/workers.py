@@ -1,0 +1,102 @@
+"""What the network-fault tests ask of :class:`~tests.failover.harness.FailoverRun`'s workers
+and events: their ``/healthz`` and ``/metrics``, the events committed and taken effect since a
+moment, and connection resets timed by a worker's progress."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from tests.failover.harness import FailoverRun, Worker, effect_times
+from tests.helpers import wait_for
+from tests.network.toxiproxy import Proxy
+
+#: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
+#: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
+MAX_GAP = 20.0
+
+
+def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[], bool]:
+    """Whether the writers have committed ``count`` events since ``moment`` (wall clock)."""
+
+    def check() -> bool:
+        return sum(1 for at in list(run.writers.committed_at.values()) if at >= moment) >= count
+
+    return check
+
+
+async def metric(worker: Worker, name: str) -> float:
+    """The sum of ``name``'s samples on the worker's /metrics (0 while it does not answer)."""
+    try:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
+    except (httpx.HTTPError, OSError):
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+#: Connection resets per reset fault: the relay publishes all the time (100 events/s), so each
+#: reset cuts whatever is in flight — a send, a transaction's commit, a claim, a settle.
+RESETS = 4
+
+
+async def reset_repeatedly(
+    link: Proxy, worker: Worker, progress: str = "outboxkit_relay_published_total"
+) -> int:
+    """Reset every connection through ``link`` (``reset_peer``), :data:`RESETS` times, each
+    once ``worker`` has made progress again since the last (its ``progress`` counter: records
+    a relay published, or an inbox worker handled); how much progress it made meanwhile."""
+    first = await metric(worker, progress)
+    published = first
+    for _ in range(RESETS):
+        await wait_for(
+            lambda count=published: progressed_since(worker, progress, count),
+            within=30,
+            interval=0.1,
+            what=f"{worker.name} making progress again",
+        )
+        published = await metric(worker, progress)
+        await link.add_toxic("reset_peer", stream="upstream", timeout=0)
+        # The toxic resets the links it is added to, and every new one: removed at once (a
+        # fault's schedule), the worker reconnects.
+        await asyncio.sleep(0.1)
+        await link.heal()
+    return int(published - first)
+
+
+async def progressed_since(worker: Worker, progress: str, count: float) -> bool:
+    return await metric(worker, progress) > count
+
+
+async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> None:
+    """Wait until every event committed by ``moment`` has reached Kafka and taken effect, each
+    by its id (:meth:`FailoverRun.settled` counts effects: a worker stuck on its partitions
+    would hide behind the other's later effects)."""
+    due = {e for e, at in list(run.writers.committed_at.items()) if at <= moment}
+
+    async def effective() -> bool:
+        return due <= (await effect_times(run.url)).keys()
+
+    await wait_for(effective, within=within, interval=0.5, what="every event's effect")
+
+
+async def worker_health(worker: Worker) -> dict[str, Any]:
+    """The worker's /healthz as JSON ({} while it does not answer)."""
+    try:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)
+            return dict(response.json())
+    except (httpx.HTTPError, OSError, ValueError):
+        return {}
+
+
+#: The inbox workers of :class:`FailoverRun`.
+INBOXES = ("inbox-0", "inbox-1")
+
+
+async def assigned_to(worker: Worker, count: int) -> bool:
+    """Whether an inbox worker's /healthz lists at least ``count`` assigned partitions."""
+    return len((await worker_health(worker)).get("assigned", [])) >= count
