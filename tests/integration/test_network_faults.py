@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -339,32 +341,27 @@ async def relay_half_open(run: FailoverRun, relay_link: Proxy, took: dict[str, f
         )
         silences = _silences(relay_0)
         await relay_link.half_open()
-        silent = time.time()
-        await wait_for(
+        steps = _Steps(took, "relay-0 half-open", time.time())
+        await steps.until(
+            "database unavailable",
             lambda: _silences(relay_0) > silences,
-            within=30,
-            interval=0.2,
             what="relay-0 giving up a read on the silent database",
         )
-        took["relay-0 half-open: database unavailable"] = time.time() - silent
-        await wait_for(
+        await steps.until(
+            "stepped aside",
             lambda: _stepped_aside(relay_0),
-            within=30,
-            interval=0.2,
             what="relay-0 stepping out of its group",
         )
-        took["relay-0 half-open: stepped aside"] = time.time() - silent
         await taken_effect(run, time.time(), within=30)
-        took["relay-0 half-open: its partitions drained by relay-1"] = time.time() - silent
+        steps.reached("its partitions drained by relay-1")
         await relay_link.heal()
-        healed = time.time()
-        await wait_for(
+        steps.restart()
+        await steps.until(
+            "rejoined after the heal",
             lambda: owns_partitions(relay_0),
             within=60,
-            interval=0.2,
             what="relay-0 to rejoin and own partitions again",
         )
-        took["relay-0 half-open: rejoined after the heal"] = time.time() - healed
 
 
 async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, float]) -> None:
@@ -383,21 +380,17 @@ async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, f
         )
         await wait_for(lambda: assigned_to(inbox_0, 1), within=60, interval=0.2, what="inbox-0 in")
         await inbox_link.half_open()
-        silent = time.time()
-        await wait_for(
+        steps = _Steps(took, "inbox-0 half-open", time.time())
+        await steps.until(
+            "database unavailable",
             lambda: _database_unavailable(inbox_0),
-            within=30,
-            interval=0.2,
             what="inbox-0 reporting the database unavailable",
         )
-        took["inbox-0 half-open: database unavailable"] = time.time() - silent
-        await wait_for(
+        await steps.until(
+            "stepped aside",
             lambda: _inbox_stepped_aside(inbox_0),
-            within=30,
-            interval=0.2,
             what="inbox-0 stepping out of its group",
         )
-        took["inbox-0 half-open: stepped aside"] = time.time() - silent
         await wait_for(
             lambda: assigned_to(inbox_1, 4),
             within=SESSION_TIMEOUT + 20,
@@ -405,16 +398,43 @@ async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, f
             what="inbox-1 holding every partition",
         )
         await taken_effect(run, time.time(), within=30)
-        took["inbox-0 half-open: its partitions drained by inbox-1"] = time.time() - silent
+        steps.reached("its partitions drained by inbox-1")
         await inbox_link.heal()
-        healed = time.time()
-        await wait_for(
+        steps.restart()
+        await steps.until(
+            "rejoined after the heal",
             lambda: assigned_to(inbox_0, 1),
             within=60,
-            interval=0.2,
             what="inbox-0 holding partitions again",
         )
-        took["inbox-0 half-open: rejoined after the heal"] = time.time() - healed
+
+
+@dataclass
+class _Steps:
+    """The seconds each step of a fault took, from ``since`` (wall clock), into ``took`` as
+    ``"<fault>: <step>"``."""
+
+    took: dict[str, float]
+    fault: str
+    since: float
+
+    def reached(self, step: str) -> None:
+        self.took[f"{self.fault}: {step}"] = time.time() - self.since
+
+    def restart(self) -> None:
+        """Time the next steps from now."""
+        self.since = time.time()
+
+    async def until(
+        self,
+        step: str,
+        condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+        *,
+        what: str,
+        within: float = 30,
+    ) -> None:
+        await wait_for(condition, within=within, interval=0.2, what=what)
+        self.reached(step)
 
 
 async def _inbox_stepped_aside(worker: Worker) -> bool:
