@@ -26,9 +26,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from outboxkit.core.kafka import admin_client
-from outboxkit.core.settings import KafkaConnectionSettings
-from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker
 from tests.failover.network_faults import owns_partitions
 from tests.helpers import wait_for
@@ -40,7 +37,9 @@ from tests.network.workers import (
     RESETS,
     assigned_to,
     committed_since,
+    lapsed,
     metric,
+    owners_are,
     reset_repeatedly,
     taken_effect,
     worker_health,
@@ -51,19 +50,6 @@ from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT, STEP_ASIDE_AFTER
 INBOX_STALL_AFTER = 3.0
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-async def relay_members(run: FailoverRun) -> list[GroupMember]:
-    settings = KafkaConnectionSettings(kafka_bootstrap_servers=run.bootstrap.split(","))
-    async with admin_client(settings) as admin:
-        state, members = await describe_group(admin, run.relay_group)
-    return members if state == "Stable" else []
-
-
-async def owners(run: FailoverRun) -> int:
-    """How many relays own partitions in a stable group (0 while it rebalances)."""
-    members = await relay_members(run)
-    return sum(1 for m in members if m.assigned)
 
 
 def run_on(
@@ -109,21 +95,21 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     ) as run:
         relay_0 = run.workers[0]
         moved: dict[str, float] = {}
-        await wait_for(lambda: _owners_are(run, 2), within=30, what="both relays owning")
+        await wait_for(lambda: owners_are(run, 2), within=30, what="both relays owning")
         for name, cut in [("cut", link.disable), ("half-open", link.half_open)]:
             async with run.fault(f"relay-0's Kafka link {name}") as fault:
                 fault.detail = "LINK0 " + ("disabled" if name == "cut" else "timeout=0 both ways")
                 started = time.monotonic()
                 await cut()
                 await wait_for(
-                    lambda: _owners_are(run, 1), within=30, interval=0.2, what="one owner"
+                    lambda: owners_are(run, 1), within=30, interval=0.2, what="one owner"
                 )
                 moved[name] = time.monotonic() - started
                 if name == "half-open":
                     # The coordinator no longer answers relay-0: after the session timeout its
                     # membership has lapsed; it owns nothing and says so.
                     await wait_for(
-                        lambda: _lapsed(relay_0),
+                        lambda: lapsed(relay_0),
                         within=SESSION_TIMEOUT + 10,
                         interval=0.2,
                         what="relay-0 unhealthy, owning nothing",
@@ -132,7 +118,7 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
                 await run.settled()  # relay-1 published what relay-0 had claimed
                 await link.heal()
                 await wait_for(
-                    lambda: _owners_are(run, 2), within=45, interval=0.2, what="relay-0 back"
+                    lambda: owners_are(run, 2), within=45, interval=0.2, what="relay-0 back"
                 )
                 moved[f"{name}, back"] = time.monotonic() - started
         before = await _rebalances(run)
@@ -225,13 +211,6 @@ async def _rebalances(run: FailoverRun) -> float:
         if worker.name.startswith("relay"):
             total += await metric(worker, "outboxkit_relay_rebalances_total")
     return total
-
-
-async def _owners_are(run: FailoverRun, count: int) -> bool:
-    try:
-        return await owners(run) == count
-    except Exception:  # the coordinator is busy with the rebalance: ask again
-        return False
 
 
 async def test_database_links_cut_and_half_open(
@@ -441,12 +420,6 @@ async def _inbox_stepped_aside(worker: Worker) -> bool:
     """An inbox worker's /healthz is 503 for a database it cannot reach, holding no partition."""
     health = await worker_health(worker)
     return bool(health.get("stepped_aside_for")) and health.get("assigned") == []
-
-
-async def _lapsed(worker: Worker) -> bool:
-    """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
-    health = await worker_health(worker)
-    return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
 
 
 async def _stepped_aside(worker: Worker) -> bool:

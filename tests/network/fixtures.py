@@ -8,7 +8,9 @@
   PLAINTEXT, each advertised on the port of a proxy in front of it — a client bootstrapped on
   ``links[i]`` reaches the broker, its partition leaders and its coordinators through that one
   proxy only, so a test cuts one process's link and no other's; ``kafka_links`` (test) gives
-  the proxies and heals them (enabled, no toxic) after the test.
+  the proxies and heals them (enabled, no toxic) after the test;
+- ``advertise_node_links``: the same for every node of a larger cluster, one proxy per link and
+  node, so that a test cuts one process off one broker (test_network_faults_cluster.py).
 """
 
 from __future__ import annotations
@@ -102,16 +104,29 @@ class TestProxies:
 
 
 async def advertise_links(client: Toxiproxy, cluster: ProxiedKafka) -> list[Proxy]:
-    """A proxy in front of each ``LINK`` listener of ``cluster``'s node, advertised on the
-    proxy's port (before the cluster starts): a client bootstrapped on a proxy stays behind it."""
-    node = cluster.nodes[0]
-    proxies = []
-    for i in range(LINKS):
-        upstream = node.listener_address(f"LINK{i}")
-        proxy = await client.create(f"kafka-link{i}-{uuid.uuid4().hex[:6]}", upstream)
-        node.advertised_ports[f"LINK{i}"] = proxy.port
-        proxies.append(proxy)
-    return proxies
+    """A proxy in front of each ``LINK`` listener of ``cluster``'s (single) node, advertised on
+    the proxy's port (before the cluster starts): a client bootstrapped on a proxy stays behind
+    it."""
+    per_node = await advertise_node_links(client, cluster)
+    [node] = cluster.nodes
+    return [per_node[i][node.node_id] for i in range(LINKS)]
+
+
+async def advertise_node_links(
+    client: Toxiproxy, cluster: ProxiedKafka
+) -> dict[int, dict[int, Proxy]]:
+    """Per link, per node id: a proxy in front of that node's ``LINK`` listener, advertised on
+    the proxy's port (before the cluster starts). A client bootstrapped on one link's proxies
+    reaches every broker through them only, so a test cuts one process off one broker."""
+    links: dict[int, dict[int, Proxy]] = {i: {} for i in range(LINKS)}
+    for node in cluster.nodes:
+        for i in range(LINKS):
+            upstream = node.listener_address(f"LINK{i}")
+            name = f"kafka-link{i}-node{node.node_id}-{uuid.uuid4().hex[:6]}"
+            proxy = await client.create(name, upstream)
+            node.advertised_ports[f"LINK{i}"] = proxy.port
+            links[i][node.node_id] = proxy
+    return links
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,9 @@ from typing import Any
 
 import httpx
 
+from outboxkit.core.kafka import admin_client
+from outboxkit.core.settings import KafkaConnectionSettings
+from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
 from tests.network.toxiproxy import Proxy
@@ -100,3 +103,30 @@ INBOXES = ("inbox-0", "inbox-1")
 async def assigned_to(worker: Worker, count: int) -> bool:
     """Whether an inbox worker's /healthz lists at least ``count`` assigned partitions."""
     return len((await worker_health(worker)).get("assigned", [])) >= count
+
+
+async def relay_members(run: FailoverRun) -> list[GroupMember]:
+    settings = KafkaConnectionSettings(kafka_bootstrap_servers=run.bootstrap.split(","))
+    async with admin_client(settings) as admin:
+        state, members = await describe_group(admin, run.relay_group)
+    return members if state == "Stable" else []
+
+
+async def owners(run: FailoverRun) -> int:
+    """How many relays own partitions in a stable group (0 while it rebalances)."""
+    members = await relay_members(run)
+    return sum(1 for m in members if m.assigned)
+
+
+async def owners_are(run: FailoverRun, count: int) -> bool:
+    """Whether exactly ``count`` relays own partitions in a stable group."""
+    try:
+        return await owners(run) == count
+    except Exception:  # the coordinator is busy with the rebalance: ask again
+        return False
+
+
+async def lapsed(worker: Worker) -> bool:
+    """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
+    health = await worker_health(worker)
+    return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
