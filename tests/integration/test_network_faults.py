@@ -39,6 +39,7 @@ from tests.network.workers import (
     committed_since,
     lapsed,
     metric,
+    network_run,
     owners_are,
     reset_repeatedly,
     taken_effect,
@@ -50,25 +51,6 @@ from tests.timeouts import DATABASE_TIMEOUT, SESSION_TIMEOUT, STEP_ASIDE_AFTER
 INBOX_STALL_AFTER = 3.0
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-def run_on(
-    kafka_links: Links, tmp_path: Path, url: str, **worker_env: dict[str, str]
-) -> FailoverRun:
-    """Two relays, one inbox worker, 4 partitions, 100 events/s; ``worker_env`` puts a worker
-    behind a proxy."""
-    return FailoverRun(
-        url,
-        kafka_links.bootstrap,
-        tmp_path,
-        partitions=4,
-        relays=2,
-        inboxes=1,
-        rate=100.0,
-        entities=12,
-        recovery_timeout=60.0,
-        worker_env=dict(worker_env),
-    )
 
 
 async def test_relay_kafka_link_cut_half_open_and_slow(
@@ -87,11 +69,11 @@ async def test_relay_kafka_link_cut_half_open_and_slow(
     transaction's commit (outcome unknown to the relay) that loses or reorders a record or lets
     two producer sessions of a partition interleave."""
     link = kafka_links.proxies[0]
-    async with run_on(
-        kafka_links,
-        tmp_path,
+    async with network_run(
         pg_url,
-        **{"relay-0": {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": link.listen}},
+        kafka_links.bootstrap,
+        tmp_path,
+        worker_env={"relay-0": {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": link.listen}},
     ) as run:
         relay_0 = run.workers[0]
         moved: dict[str, float] = {}
@@ -236,15 +218,11 @@ async def test_database_links_cut_and_half_open(
     upstream = urlsplit(url).netloc.rsplit("@", 1)[-1]
     relay_link = await toxiproxy.proxy("relay-db", upstream)
     inbox_link = await toxiproxy.proxy("inbox-db", upstream)
-    async with FailoverRun(
+    async with network_run(
         url,
         kafka_links.bootstrap,
         tmp_path,
-        partitions=4,
-        relays=2,
         inboxes=2,
-        rate=100.0,
-        entities=12,
         recovery_timeout=40.0,
         worker_env={
             "relay-0": {

@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 
 from outboxkit.embedded.kafka_topology import KafkaTopology
-from tests.failover.harness import FailoverRun
 from tests.helpers import wait_for
 from tests.network.fixtures import ProxiedKafka, TestProxies, advertise_node_links
 from tests.network.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
-from tests.network.workers import MAX_GAP, lapsed, owners_are
+from tests.network.workers import MAX_GAP, lapsed, network_run, owners_are
 from tests.timeouts import SESSION_TIMEOUT
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -73,16 +72,10 @@ async def test_a_relay_cut_from_its_group_coordinator_only(
         node: Proxy(toxiproxy.client, name, listen, upstream)
         for node, (name, listen, upstream) in proxied_cluster.link0.items()
     }
-    async with FailoverRun(
+    async with network_run(
         pg_url,
         proxied_cluster.bootstrap,
         tmp_path,
-        partitions=4,
-        relays=2,
-        inboxes=1,
-        rate=100.0,
-        entities=12,
-        recovery_timeout=60.0,
         worker_env={
             "relay-0": {
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": ",".join(p.listen for p in proxies.values())

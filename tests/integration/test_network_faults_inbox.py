@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.failover.harness import FailoverRun
 from tests.helpers import wait_for
 from tests.network.fixtures import Links
 from tests.network.workers import (
@@ -23,6 +22,7 @@ from tests.network.workers import (
     RESETS,
     assigned_to,
     metric,
+    network_run,
     reset_repeatedly,
     taken_effect,
 )
@@ -45,16 +45,12 @@ async def test_inbox_kafka_link_half_open_cut_and_reset(
     event lost or reordered, or an inbox worker that hangs on a dead socket for good or does
     not take partitions again once the link heals."""
     link = kafka_links.proxies[0]
-    async with FailoverRun(
+    async with network_run(
         db_url,
         kafka_links.bootstrap,
         tmp_path,
-        partitions=4,
         relays=1,
         inboxes=2,
-        rate=100.0,
-        entities=12,
-        recovery_timeout=60.0,
         worker_env={"inbox-0": {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": link.listen}},
     ) as run:
         inbox_0, inbox_1 = (next(w for w in run.workers if w.name == n) for n in INBOXES)

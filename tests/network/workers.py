@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -130,3 +131,29 @@ async def lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
     health = await worker_health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
+
+
+def network_run(
+    url: str,
+    bootstrap: str,
+    tmp_path: Path,
+    *,
+    relays: int = 2,
+    inboxes: int = 1,
+    recovery_timeout: float = 60.0,
+    worker_env: dict[str, dict[str, str]],
+) -> FailoverRun:
+    """The network tests' load: 4 partitions, 100 events/s over 12 keys, ``relays`` relays and
+    ``inboxes`` inbox workers; ``worker_env`` puts some of them behind proxies."""
+    return FailoverRun(
+        url,
+        bootstrap,
+        tmp_path,
+        partitions=4,
+        relays=relays,
+        inboxes=inboxes,
+        rate=100.0,
+        entities=12,
+        recovery_timeout=recovery_timeout,
+        worker_env=worker_env,
+    )
