@@ -43,13 +43,16 @@ DeadLettering = Callable[
 class TransactionHealth:
     """What the worker's health reports of the store's transactions."""
 
-    database_available: bool = True
     #: ``time.time()`` of the last transaction that committed.
     last_progress: float | None = None
     last_error: str | None = None
     #: ``time.monotonic()`` the first transaction that failed for the database began, until
     #: one commits (or the database answers again).
     unavailable_since: float | None = None
+
+    @property
+    def database_available(self) -> bool:
+        return self.unavailable_since is None
 
     def unavailable_for(self) -> float | None:
         """Seconds since the first transaction of the current outage began; None without one."""
@@ -58,7 +61,6 @@ class TransactionHealth:
 
     def available(self) -> None:
         """The database answered: the outage, if any, is over."""
-        self.database_available = True
         self.unavailable_since = None
 
 
@@ -201,7 +203,6 @@ class TransactionRunner(Generic[TX]):
         self, exc: InboxStorageUnavailableError, progress: PartitionProgress, began: float
     ) -> None:
         self._metrics.storage_errors.labels(self._name).inc()
-        self.health.database_available = False
         if self.health.unavailable_since is None:
             self.health.unavailable_since = began
         self.health.last_error = str(exc)

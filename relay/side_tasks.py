@@ -33,8 +33,9 @@ _FAILING_LOG_EVERY = 5.0
 #: A stage still running after ``slow_after`` is logged again this often.
 _SLOW_LOG_EVERY = 30.0
 
-#: While a measure fails, the next comes this soon (or at ``metrics_interval``, if sooner): a
-#: relay learns within a second that its database answers again.
+#: Once measures have failed for ``step_aside_after`` (the relay has left its group), the next
+#: comes this soon (or at ``metrics_interval``, if sooner): a measure that answers is what
+#: brings the relay back, within a second.
 _RETRY_MEASURE_AFTER = 1.0
 
 __all__ = [
@@ -82,7 +83,7 @@ class BacklogMonitor:
     longer), is given up until the next: the counts it would have replaced are forgotten
     (``/healthz`` shows ``pending: null``, not numbers that may be long gone), ``stalled`` is
     kept (a database that cannot be read is no reason to answer healthy), and a warning says so
-    once per streak, and the next measure comes within a second. Measures failing for
+    once per streak; past ``step_aside_after`` the next comes within a second. Measures failing for
     ``stall_after`` make the relay unhealthy (:meth:`unreadable_for`): whatever is pending has
     waited at least that long, unseen."""
 
@@ -114,6 +115,15 @@ class BacklogMonitor:
             return None
         return unanswered
 
+    def _retry_in(self) -> float:
+        """The usual interval while measures fail — a database in trouble is not asked more
+        often — but a second at most once they have failed for ``step_aside_after``."""
+        bound = self.settings.step_aside_after
+        unanswered = self.unanswered_for() or 0.0
+        if bound > 0 and unanswered >= bound:
+            return min(self.settings.metrics_interval, _RETRY_MEASURE_AFTER)
+        return self.settings.metrics_interval
+
     def pending(self, tps: set[TopicPartition]) -> int:
         """Records pending in ``tps``, as last measured."""
         return sum(b.pending for tp, b in (self.backlog or {}).items() if tp in tps)
@@ -131,7 +141,6 @@ class BacklogMonitor:
 
     async def run(self) -> None:
         within = max(self.settings.metrics_interval, self.settings.connect_timeout)
-        retry_in = min(self.settings.metrics_interval, _RETRY_MEASURE_AFTER)
         while True:
             if self._unanswered_since is None:
                 self._unanswered_since = time.monotonic()
@@ -141,9 +150,13 @@ class BacklogMonitor:
             except (StorageUnavailableError, TimeoutError) as exc:
                 self.backlog = None
                 if not self._failing:
-                    logger.warning("cannot measure the backlog", error=repr(exc), retry_in=retry_in)
+                    logger.warning(
+                        "cannot measure the backlog",
+                        error=repr(exc),
+                        retry_in=self.settings.metrics_interval,
+                    )
                 self._failing = True
-                await asyncio.sleep(retry_in)
+                await asyncio.sleep(self._retry_in())
             else:
                 self._failing = False
                 self._unanswered_since = None

@@ -11,7 +11,6 @@ every process is healthy again without a restart, and the gap is printed and bou
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ import pytest
 
 from outboxkit.embedded.kafka_topology import KafkaTopology
 from tests.helpers import wait_for
-from tests.network.fixtures import ProxiedKafka, TestProxies, advertise_node_links
-from tests.network.toxiproxy import Proxy, Toxiproxy, ToxiproxyServer
+from tests.network.fixtures import ProxiedKafka, TestProxies, behind_proxies
+from tests.network.toxiproxy import Proxy, ToxiproxyServer
 from tests.network.workers import MAX_GAP, lapsed, network_run, owners_are
 from tests.timeouts import SESSION_TIMEOUT
 
@@ -48,14 +47,8 @@ def proxied_cluster(
     cluster = ProxiedKafka(
         3, jars_dir=jars, base_dir=tmp_path_factory.mktemp("proxied-cluster"), quick_jvm=True
     )
-
-    async def create() -> dict[int, tuple[str, str, str]]:
-        async with Toxiproxy(toxiproxy_server.url) as client:
-            links = await advertise_node_links(client, cluster)
-        return {node: (p.name, p.listen, p.upstream) for node, p in links[0].items()}
-
-    link0 = asyncio.run(create())
-    with cluster.start():
+    with behind_proxies(cluster, toxiproxy_server.url) as links:
+        link0 = {node: (p.name, p.listen, p.upstream) for node, p in links[0].items()}
         yield ClusterLinks(cluster.bootstrap_servers, link0)
 
 

@@ -129,6 +129,23 @@ async def advertise_node_links(
     return links
 
 
+@contextlib.contextmanager
+def behind_proxies(
+    cluster: ProxiedKafka, toxiproxy_url: str
+) -> Iterator[dict[int, dict[int, Proxy]]]:
+    """``cluster`` started with every node's links behind proxies of ``toxiproxy_url``
+    (:func:`advertise_node_links`); yields them per link, per node id. The proxies' client is
+    closed: a test makes its own from their names."""
+
+    async def create() -> dict[int, dict[int, Proxy]]:
+        async with Toxiproxy(toxiproxy_url) as client:
+            return await advertise_node_links(client, cluster)
+
+    links = asyncio.run(create())
+    with cluster.start():
+        yield links
+
+
 @pytest.fixture(scope="session")
 def proxied_kafka(
     request: pytest.FixtureRequest,
@@ -138,13 +155,9 @@ def proxied_kafka(
     jars: Path = request.getfixturevalue("kafka_jars")
     base = tmp_path_factory.mktemp("proxied-kafka")
     cluster = ProxiedKafka(1, jars_dir=jars, base_dir=base, quick_jvm=True)
-
-    async def create() -> list[Proxy]:
-        async with Toxiproxy(toxiproxy_server.url) as client:
-            return await advertise_links(client, cluster)
-
-    proxies = asyncio.run(create())
-    with cluster.start():
+    with behind_proxies(cluster, toxiproxy_server.url) as links:
+        [node] = cluster.nodes
+        proxies = [links[i][node.node_id] for i in range(LINKS)]
         yield KafkaLinks(
             bootstrap=cluster.bootstrap_servers,
             link_bootstraps=tuple(p.listen for p in proxies),

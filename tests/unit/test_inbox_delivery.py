@@ -185,7 +185,9 @@ async def test_leaving_the_group_in_an_outage_ends_the_delivery_where_it_was() -
         path.deliver(TP, [record(4, Charged(order="a")), record(5, Charged(order="b"))], progress)
     )
     await wait_for(lambda: not path.health.database_available, what="the outage seen")
-    await asyncio.sleep(0.05)  # a few retries
+    await wait_for(
+        lambda: (path.health.unavailable_for() or 0) >= 0.05, what="a few retries into the outage"
+    )
     assert 0.05 <= (path.health.unavailable_for() or 0) <= time.monotonic() - began
     assert not delivering.done()
 

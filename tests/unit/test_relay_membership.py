@@ -47,35 +47,54 @@ async def members() -> AsyncIterator[list[KafkaOwnership]]:
         await consumer.stop()
 
 
-async def test_a_member_the_coordinator_stops_answering_lapses_after_two_session_timeouts(
-    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
-) -> None:
-    """Would catch a relay that keeps publishing (and reporting healthy) partitions the group
-    has surely given away (no answer for two session timeouts), one that gives them up while
-    heartbeats are answered, during a coordinator's failover or while its join may still be held
-    by the coordinator, or one that stays lapsed after rejoining."""
-    now = [1000.0]
-    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    revoked: list[frozenset[TopicPartition]] = []
-    assigned: list[frozenset[TopicPartition]] = []
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The relay's monotonic clock, for the test to move."""
+    clock = [1000.0]
+    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return clock
 
-    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
-        revoked.append(partitions)
+
+def member_of(
+    members: list[KafkaOwnership], **values: Any
+) -> tuple[KafkaOwnership, Coordinator, list[Any]]:
+    """A member on the stand-in coordinator, owning :data:`OWNED`, and the list it calls back
+    into, in order: ``("assigned" | "revoked", partitions)`` (a test adds its own entries)."""
+    calls: list[Any] = []
 
     async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
-        assigned.append(partitions)
+        calls.append(("assigned", partitions))
+
+    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
+        calls.append(("revoked", partitions))
 
     member = KafkaOwnership(
-        settings(session_timeout=10, heartbeat_interval=1, revoke_timeout=20),
+        settings(session_timeout=10, heartbeat_interval=1, **values),
         on_assigned=on_assigned,
         on_revoked=on_revoked,
     )
     members.append(member)
     consumer: Any = member._consumer
     coordinator = consumer._coordinator = Coordinator()
-    monkeypatch.setattr(consumer, "pause", lambda *tps: None)
     member._hear_heartbeats()
     member.owned = OWNED
+    return member, coordinator, calls
+
+
+def called(calls: list[Any], kind: str) -> list[frozenset[TopicPartition]]:
+    """The partitions of each ``kind`` ("assigned", "revoked") callback, in order."""
+    return [c[1] for c in calls if isinstance(c, tuple) and c[0] == kind]
+
+
+async def test_a_member_the_coordinator_stops_answering_lapses_after_two_session_timeouts(
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership], now: list[float]
+) -> None:
+    """Would catch a relay that keeps publishing (and reporting healthy) partitions the group
+    has surely given away (no answer for two session timeouts), one that gives them up while
+    heartbeats are answered, during a coordinator's failover or while its join may still be held
+    by the coordinator, or one that stays lapsed after rejoining."""
+    member, coordinator, calls = member_of(members, revoke_timeout=20)
+    monkeypatch.setattr(member._consumer, "pause", lambda *tps: None)
 
     now[0] += 9.0
     assert await coordinator._do_heartbeat()  # answered: heard now
@@ -83,7 +102,7 @@ async def test_a_member_the_coordinator_stops_answering_lapses_after_two_session
     now[0] += 19.9  # a coordinator failover may take a session timeout and more
     assert not await coordinator._do_heartbeat()
     await member._check_membership()
-    assert (member.lapsed(), revoked, member.owned) == (None, [], OWNED)
+    assert (member.lapsed(), called(calls, "revoked"), member.owned) == (None, [], OWNED)
 
     # While a join is pending the coordinator may hold it until every member joined; while
     # the coordinator is looked for, it may be moving to another broker, keeping the group.
@@ -97,83 +116,46 @@ async def test_a_member_the_coordinator_stops_answering_lapses_after_two_session
 
     assert member.lapsed() == pytest.approx(20.5)
     await member._check_membership()
-    assert (revoked, member.owned) == ([OWNED], frozenset())
+    assert (called(calls, "revoked"), member.owned) == ([OWNED], frozenset())
     await member._check_membership()  # nothing more to give up
-    assert revoked == [OWNED]
+    assert called(calls, "revoked") == [OWNED]
 
     # The link heals: the group assigns partitions again (the join was answered).
     await member._assigned({KafkaTP("t", 1)})
     assert member.lapsed() is None
     assert member.owned == {TopicPartition("t", 1)}
-    assert assigned == [{TopicPartition("t", 1)}]
+    assert called(calls, "assigned") == [{TopicPartition("t", 1)}]
 
 
 async def test_a_lapsed_member_answered_again_without_a_rebalance_takes_back_its_partitions(
-    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership], now: list[float]
 ) -> None:
     """A coordinator that moved to another broker keeps the group as it was: no rebalance
     comes, and a relay whose membership lapsed meanwhile must take back the partitions it
     still owns, or they would wait for good."""
-    now = [1000.0]
-    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    assigned: list[frozenset[TopicPartition]] = []
-
-    async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
-        assigned.append(partitions)
-
-    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
-        pass
-
-    member = KafkaOwnership(
-        settings(session_timeout=10, heartbeat_interval=1),
-        on_assigned=on_assigned,
-        on_revoked=on_revoked,
-    )
-    members.append(member)
-    consumer: Any = member._consumer
-    coordinator = consumer._coordinator = Coordinator()
-    monkeypatch.setattr(consumer, "assignment", lambda: {KafkaTP("t", 0), KafkaTP("t", 1)})
-    member._hear_heartbeats()
-    member.owned = OWNED
+    member, coordinator, calls = member_of(members)
+    monkeypatch.setattr(member._consumer, "assignment", lambda: {KafkaTP("t", 0), KafkaTP("t", 1)})
     now[0] += 21.0
     await member._check_membership()
     assert member.owned == frozenset()
     assert await coordinator._do_heartbeat()  # the coordinator answers: same generation
     await member._check_membership()
-    assert (member.owned, assigned, member.lapsed()) == (OWNED, [OWNED], None)
+    assert (member.owned, called(calls, "assigned"), member.lapsed()) == (OWNED, [OWNED], None)
 
 
 async def test_a_member_that_steps_aside_leaves_first_then_gives_up_its_partitions_and_rejoins(
-    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership], now: list[float]
 ) -> None:
     """A relay that cannot read its database steps out of its group (side_tasks.StepAside).
     Would catch one that stops its workers before it leaves (they wait on the database, up to
     revoke_timeout, and the group with them), one that reports its membership lapsed while it
     is out on purpose, or one that does not subscribe again to rejoin."""
-    now = [1000.0]
-    monkeypatch.setattr(ownership, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    calls: list[Any] = []
-
-    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
-        calls.append(("revoked", partitions))
-
-    async def on_assigned(partitions: frozenset[TopicPartition]) -> None:
-        calls.append(("assigned", partitions))
-
-    member = KafkaOwnership(
-        settings(session_timeout=10, heartbeat_interval=1),
-        on_assigned=on_assigned,
-        on_revoked=on_revoked,
-    )
-    members.append(member)
+    member, _, calls = member_of(members)
     consumer: Any = member._consumer
-    consumer._coordinator = Coordinator()
     monkeypatch.setattr(consumer, "unsubscribe", lambda: calls.append("unsubscribe"))
     monkeypatch.setattr(
         consumer, "subscribe", lambda topics, listener: calls.append(("subscribe", topics))
     )
-    member._hear_heartbeats()
-    member.owned = OWNED
 
     await member.step_aside()
     await member.step_aside()  # once out, nothing more to do
