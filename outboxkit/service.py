@@ -51,6 +51,8 @@ from outboxkit.relay import (
 )
 from outboxkit.schemas import Event
 
+__all__ = ["Outboxkit", "ServiceHealth", "ServiceStateError"]
+
 T = TypeVar("T")
 
 #: The service database's transaction type: a psycopg connection (the default), a pymongo

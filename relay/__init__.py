@@ -8,6 +8,7 @@ Worker side: :class:`Relay` publishes the partitions its consumer-group member o
 import typing
 
 from outboxkit.core import lazy
+from outboxkit.relay.batches import by_depth, first_per_key
 from outboxkit.relay.engine import PartitionStatus, Relay, RelayHealth
 from outboxkit.relay.exceptions import (
     EventTooLargeError,
@@ -17,6 +18,7 @@ from outboxkit.relay.exceptions import (
     StorageUnavailableError,
     UnknownTopicError,
 )
+from outboxkit.relay.limits import record_bytes
 from outboxkit.relay.memory import InMemoryOutbox, InMemoryOutboxOperations, InMemoryOutboxStorage
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import (
@@ -92,5 +94,8 @@ __all__ = [
     "TopicPartition",
     "UnknownTopicError",
     "WakeupSource",
+    "by_depth",
+    "first_per_key",
     "group_status",
+    "record_bytes",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
+__all__ = ["RECONNECT_GRACE", "member_digest"]
+
 #: Departures are not trusted for this long after this relay's own presence (re)appeared, or
 #: after the database restarted: every relay's presence ended then, and the first one back would
 #: see the others as gone before they had a chance to reconnect (they check every second).

@@ -20,10 +20,8 @@ import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from outboxkit.backends import backend_for
-from outboxkit.core.kafka import partition_counts
-from outboxkit.core.logs import configure_logging
-from outboxkit.core.settings import load_settings
+from outboxkit import configure_logging, load_settings
+from outboxkit.backends import backend_for, sync_topics
 from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
 from outboxkit.relay import RelaySettings
@@ -50,9 +48,7 @@ async def register_topics(settings: RelaySettings) -> None:
     only once it has joined its group, seconds after the service could take its first write;
     done here, before the service answers, that first write succeeds. In production, run
     ``outboxkit topics sync`` in the deploy pipeline after ``outboxkit migrate``."""
-    counts = await partition_counts(settings, settings.topics)
-    async with backend_for(settings.database_url).outbox_storage(settings) as storage:
-        await storage.register_topics(counts)
+    await sync_topics(settings, settings.topics)
 
 
 def configure_service_logging() -> None:

@@ -32,11 +32,8 @@ from pathlib import Path
 
 import psycopg
 import uvicorn.config
-from aiokafka.admin import NewTopic
 
-from outboxkit.core import kafka_clients
-from outboxkit.core.settings import open_broker
-from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster
+from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster, create_topics
 
 SERVICES = ("orders", "payments")
 TOPICS = ["shop.orders", "shop.payments", "shop.orders.dlq", "shop.payments.dlq"]
@@ -62,15 +59,6 @@ def broker(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
                     "OUTBOXKIT_DLQ_IDEMPOTENCE": "false",
                 },
             )
-
-
-async def create_topics(bootstrap: str) -> None:
-    admin = kafka_clients.admin(open_broker([bootstrap]))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t, 3, 1) for t in TOPICS])
-    finally:
-        await admin.close()
 
 
 def arguments(doc: str) -> argparse.Namespace:
@@ -139,7 +127,7 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
         tempfile.TemporaryDirectory(prefix="outboxkit-example-") as workdir,
     ):
         log_config = uvicorn_log_config(Path(workdir))
-        asyncio.run(create_topics(bootstrap))
+        asyncio.run(create_topics(bootstrap, dict.fromkeys(TOPICS, 3)))
         apps: dict[int, subprocess.Popen[bytes]] = {}
         for name, port in (("orders", args.orders_port), ("payments", args.payments_port)):
             env = {

@@ -39,6 +39,7 @@ from outboxkit.backends.memory import (
 )
 from outboxkit.core.drivers import missing_driver
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.kafka import partition_counts
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ __all__ = [
     "backend_for",
     "forget_memory_database",
     "memory_database",
+    "sync_topics",
 ]
 
 T = TypeVar("T")
@@ -147,3 +149,14 @@ def backend_for(url: str) -> Backend:
 
         return MongoBackend(url)
     return MemoryBackend(url)
+
+
+async def sync_topics(settings: ConnectionSettings, topics: Collection[str]) -> dict[str, int]:
+    """What ``outboxkit topics sync`` does: read each topic's partition count from Kafka and
+    record it in the database, so that writers can add events for the topics before a relay
+    has started (the relay records them too, once it has joined its group). Returns the counts;
+    :class:`ConfigurationError` names the topics Kafka does not have."""
+    counts = await partition_counts(settings, list(topics))
+    async with backend_for(settings.database_url).outbox_storage(settings) as storage:
+        await storage.register_topics(counts)
+    return counts

@@ -16,7 +16,8 @@ from typing import Annotated, NoReturn
 import typer
 from aiokafka.errors import KafkaError
 
-from outboxkit.cli.common import EXIT_FAILED, fail_config, load, run_storage
+from outboxkit.backends import sync_topics
+from outboxkit.cli.common import EXIT_FAILED, fail_config, load
 from outboxkit.cli_options import BootstrapServers, DatabaseUrl, DlqSuffix, JsonOutput, Topics
 from outboxkit.core.exceptions import ConfigurationError, TopicsNotDescribedError
 from outboxkit.core.kafka import (
@@ -26,11 +27,11 @@ from outboxkit.core.kafka import (
     create_command,
     describe_topics,
     ensure_topics,
-    partition_counts,
 )
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
 from outboxkit.diagnose import preflight
 from outboxkit.kafka_permissions import principal
+from outboxkit.relay import StorageUnavailableError
 
 topics_app = typer.Typer(
     help="Kafka topics: create them (with their dead-letter topics), describe them, record "
@@ -224,11 +225,10 @@ def topics_sync(
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     asyncio.run(preflight(settings, topics=settings.topics))
     try:
-        counts = asyncio.run(partition_counts(settings, settings.topics))
-    except (ConfigurationError, KafkaError) as exc:
+        counts = asyncio.run(sync_topics(settings, settings.topics))
+    except (ConfigurationError, KafkaError, StorageUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
-    run_storage(database_url, lambda storage: storage.register_topics(counts))
     if json_output:
         typer.echo(json.dumps(counts, indent=2))
     else:

@@ -5,7 +5,11 @@ SSPL-licensed and never a dependency of outboxkit. The test fixtures and the dem
 :class:`SecuredKafkaCluster` is the Kafka with TLS, SASL, mutual TLS and ACLs (certificates from
 ``trustme``)."""
 
-from outboxkit.embedded._process import ServerStartError, free_port
+from collections.abc import Mapping
+
+from outboxkit.core.kafka import TopicSpec, ensure_topics
+from outboxkit.core.settings import open_broker
+from outboxkit.embedded._process import ServerStartError, die_with_parent, free_port
 from outboxkit.embedded.kafka import KafkaCluster, KafkaNode
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo
@@ -20,5 +24,15 @@ __all__ = [
     "KafkaNode",
     "SecuredKafkaCluster",
     "ServerStartError",
+    "create_topics",
+    "die_with_parent",
     "free_port",
 ]
+
+
+async def create_topics(bootstrap_servers: str, partitions: Mapping[str, int]) -> None:
+    """Create each topic of ``partitions`` with its partition count (one replica) on a broker
+    this process started (plaintext, no ``OUTBOXKIT_KAFKA_*`` setting applies); a topic that
+    exists is left as it is."""
+    specs = [TopicSpec(topic, count, 1) for topic, count in partitions.items()]
+    await ensure_topics(open_broker(bootstrap_servers.split(",")), specs)

@@ -32,6 +32,8 @@ from outboxkit.embedded._process import (
     wait_until,
 )
 
+__all__ = ["FAST_TEST_SETTINGS", "EmbeddedPostgres", "postgres_bin_dir"]
+
 _SERVER_USER = "embedded_postgres"
 
 #: Stop modes: ``fast`` rolls back sessions and checkpoints; ``immediate`` is a crash as far as

@@ -30,10 +30,10 @@ from outboxkit.relay import (
     TopicPartition,
     UnknownTopicError,
     WakeupSource,
+    first_per_key,
     presence,
+    record_bytes,
 )
-from outboxkit.relay.batches import first_per_key
-from outboxkit.relay.limits import record_bytes
 from outboxkit.schemas import Event, partition_for_key
 from outboxkit.testing.contract.backend import RelayBackend, require
 

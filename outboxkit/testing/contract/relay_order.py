@@ -36,8 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outboxkit.backends import Transactions
-from outboxkit.relay import OutboxRecord, OutboxStorage, RelaySettings, TopicPartition
-from outboxkit.relay.batches import by_depth
+from outboxkit.relay import OutboxRecord, OutboxStorage, RelaySettings, TopicPartition, by_depth
 from outboxkit.schemas import Event, partition_for_key
 from outboxkit.testing.contract.backend import RelayBackend
 
