@@ -24,13 +24,15 @@ _CANCEL_GRACE = 5.0
 __all__ = ["Supervisor", "await_cancelled", "unless_stopped"]
 
 
-async def await_cancelled(tasks: Sequence[asyncio.Task[Any]]) -> None:
+async def await_cancelled(
+    tasks: Sequence[asyncio.Task[Any]], *, grace: float = _CANCEL_GRACE
+) -> None:
     """Wait for ``tasks`` (ending or cancelled) to finish, but not forever: one that ignores
-    its cancellation (a library call stuck on the network) is logged with where it is stuck
-    and left behind, so that stopping a worker never hangs."""
+    its cancellation (a library call stuck on the network) for ``grace`` seconds is logged with
+    where it is stuck and left behind, so that stopping a worker never hangs."""
     if not tasks:
         return
-    done, stuck = await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
+    done, stuck = await asyncio.wait(tasks, timeout=grace)
     for task in done:
         if not task.cancelled():
             task.exception()  # retrieved: whoever cares reported it already

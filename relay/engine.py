@@ -30,7 +30,7 @@ from outboxkit.relay.health import PartitionStatus, Progress, RelayHealth, parti
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.ownership import KafkaOwnership, PartitionsCallback
 from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory
-from outboxkit.relay.reconciler import PartitionReconciler
+from outboxkit.relay.reconciler import CrashBackoff, PartitionReconciler
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.side_tasks import (
@@ -108,7 +108,10 @@ class Relay:
     woken by ``wakeups`` when writers commit.
 
     ``await relay.run()`` runs until :meth:`stop` (e.g. on SIGTERM): it then stops claiming,
-    lets in-flight batches finish, leaves the consumer group and returns."""
+    lets in-flight batches finish, leaves the consumer group and returns.
+
+    The factories and ``crash_backoff`` (how a block's worker that failed unexpectedly is
+    restarted) default to production's; tests pass their own."""
 
     def __init__(
         self,
@@ -120,6 +123,7 @@ class Relay:
         publisher_factory: PublisherFactory | None = None,
         ownership_factory: OwnershipFactory = _kafka_ownership,
         fencer_factory: FencerFactory = KafkaFencer,
+        crash_backoff: CrashBackoff | None = None,
     ) -> None:
         self.settings = settings
         self.storage = storage
@@ -131,7 +135,7 @@ class Relay:
         self._budget = InFlightLimit(settings.max_in_flight, self.metrics)
         self._progress = Progress()
         self._partitions = PartitionReconciler(
-            settings, self.metrics, self._new_worker, self._progress.failed
+            settings, self.metrics, self._new_worker, self._progress.failed, crash_backoff
         )
         self._backlog = BacklogMonitor(storage, settings, self.metrics)
         self._stopping = asyncio.Event()

@@ -27,9 +27,6 @@ from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.retry import RETRIABLE, RetryLater, pause
 from outboxkit.relay.settings import RelaySettings
 
-#: After being fenced, a block confirms its membership at this pace before starting again.
-FENCED_RECHECK = 1.0
-
 
 class NotConfirmedError(RetryLater):
     """The group did not confirm this relay's membership: no producer may start yet."""
@@ -102,9 +99,9 @@ class ProducerLease:
     async def regain(self, stop: asyncio.Event) -> bool:
         """Fenced: either the group moves this block's partitions (the relay stops its worker:
         ``stop``, False) or it confirms they are still ours (a fence raced a rebalance: True),
-        asked every :data:`FENCED_RECHECK` seconds."""
+        asked every heartbeat interval: the pace at which the group's changes reach a member."""
         while not stop.is_set():
-            await pause(FENCED_RECHECK, stop)
+            await pause(self.settings.heartbeat_interval, stop)
             if stop.is_set():
                 return False
             with contextlib.suppress(*RETRIABLE):

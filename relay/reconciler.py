@@ -25,12 +25,6 @@ from outboxkit.relay.worker import BlockWorker
 
 logger = structlog.get_logger("outboxkit.relay")
 
-#: A block's worker that failed unexpectedly restarts after 0.5 s, then twice as long after each
-#: further failure, up to 30 s; failures more than 5 minutes apart count as the first again.
-_CRASH_BACKOFF = 0.5
-_CRASH_BACKOFF_MAX = 30.0
-_CRASH_MEMORY = 300.0
-
 #: Makes the (not yet started) worker of a block and its partitions.
 WorkerFactory = Callable[[Block, list[TopicPartition]], BlockWorker]
 
@@ -38,10 +32,12 @@ __all__ = ["CrashBackoff", "PartitionReconciler", "WorkerFactory"]
 
 
 class CrashBackoff:
-    """How long a block waits before its failed worker restarts: grows with the block's
-    consecutive failures, and forgets them after a quiet while."""
+    """How long a block waits before its failed worker restarts: ``first`` seconds, then twice
+    as long after each further failure, up to ``longest``; failures more than ``memory``
+    seconds apart count as the first again."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: float = 0.5, longest: float = 30.0, memory: float = 300.0) -> None:
+        self.first, self.longest, self.memory = first, longest, memory
         #: Per block: consecutive unexpected failures, and when the last one was.
         self._crashes: dict[Block, tuple[int, float]] = {}
 
@@ -49,9 +45,9 @@ class CrashBackoff:
         """Count a failure of ``block`` at ``now`` (monotonic): its consecutive failures, and
         the delay before its restart."""
         failures, last = self._crashes.get(block, (0, now))
-        failures = 1 if now - last > _CRASH_MEMORY else failures + 1
+        failures = 1 if now - last > self.memory else failures + 1
         self._crashes[block] = (failures, now)
-        return failures, min(_CRASH_BACKOFF * 2 ** (failures - 1), _CRASH_BACKOFF_MAX)
+        return failures, min(self.first * 2 ** (failures - 1), self.longest)
 
 
 class PartitionReconciler:
@@ -64,6 +60,7 @@ class PartitionReconciler:
         metrics: RelayMetrics,
         new_worker: WorkerFactory,
         on_error: Callable[[BaseException], None],
+        backoff: CrashBackoff | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
@@ -75,7 +72,7 @@ class PartitionReconciler:
         self._workers: dict[Block, BlockWorker] = {}
         self._by_tp: dict[TopicPartition, BlockWorker] = {}
         self._lock = asyncio.Lock()
-        self._backoff = CrashBackoff()
+        self._backoff = backoff or CrashBackoff()
         self._restarts: dict[Block, asyncio.TimerHandle] = {}
         self._restarting: set[asyncio.Task[None]] = set()
         self._halted = False

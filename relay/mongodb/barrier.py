@@ -64,7 +64,8 @@ def link_of(doc: Document) -> Link:
 
 
 class OrderBarrier:
-    def __init__(self) -> None:
+    def __init__(self, stale_window: float = STALE_WINDOW) -> None:
+        self.stale_window = stale_window
         self._settled: dict[ChainKey, int] = {}
         #: When each key's last settle was acknowledged (:func:`time.monotonic`).
         self._settled_at: dict[ChainKey, float] = {}
@@ -129,13 +130,13 @@ class OrderBarrier:
         """Whether the read returned a record this relay settled: the read's snapshot is older
         than the settle (a new primary's majority snapshot lags behind the writes acknowledged
         before its election, for seconds). Publishing it would put it after its key's later
-        records. Only for :data:`STALE_WINDOW` after the settle: a key whose position document
+        records. Only for ``stale_window`` seconds after the settle: a key whose position document
         expired (a week idle) starts its chain again at a lower position."""
         settled = self._settled.get((topic, key))
         return (
             settled is not None
             and link.position <= settled
-            and time.monotonic() - self._settled_at[topic, key] < STALE_WINDOW
+            and time.monotonic() - self._settled_at[topic, key] < self.stale_window
         )
 
     def _hold(self, record: OutboxRecord, *, stale: bool = False) -> None:

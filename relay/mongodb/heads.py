@@ -91,7 +91,10 @@ class HeadReader:
     #: show that the order barrier alone still keeps a key's order.
     snapshot = True
 
-    def __init__(self, client: Client, outbox: MongoCollection) -> None:
+    def __init__(
+        self, client: Client, outbox: MongoCollection, held_in_query: int = HELD_IN_QUERY
+    ) -> None:
+        self.held_in_query = held_in_query
         self._client = client
         self.outbox = outbox
         #: Per partition, the keys the last read found held (the next read leaves them out).
@@ -175,8 +178,8 @@ class HeadReader:
 
     def _left_out(self, tps: list[TopicPartition]) -> dict[TopicPartition, list[bytes]]:
         """Per partition, the held keys the head read's ``$nin`` carries: the last read's, at
-        most :data:`HELD_IN_QUERY` bytes of them in all (mongod refuses a command over 16 MB)."""
-        budget, left_out = HELD_IN_QUERY, {}
+        most ``held_in_query`` bytes of them in all (mongod refuses a command over 16 MB)."""
+        budget, left_out = self.held_in_query, {}
         for tp in tps:
             in_query, _ = split_by_size(self._held.get(tp, []), budget)
             if in_query:

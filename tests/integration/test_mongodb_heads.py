@@ -17,7 +17,6 @@ from pymongo import AsyncMongoClient, monitoring
 
 from outboxkit.core.mongodb import MAJORITY_READ, MongoConnection, collection, database_name
 from outboxkit.relay.limits import record_bytes
-from outboxkit.relay.mongodb import heads
 from outboxkit.relay.mongodb.barrier import Link
 from outboxkit.relay.mongodb.heads import HeadReader
 from outboxkit.relay.records import OutboxRecord, TopicPartition
@@ -90,11 +89,11 @@ async def test_each_partitions_head_is_its_oldest_keys_each_with_a_prefix_of_its
 
 
 async def test_held_keys_beyond_the_query_budget_are_left_out_after_the_read(
-    reader: HeadReader, monkeypatch: pytest.MonkeyPatch
+    reader: HeadReader,
 ) -> None:
     """With no room for held keys in the query (``$nin``), the held key is still left out:
     would catch parked keys dropped from the query and then published."""
-    monkeypatch.setattr(heads, "HELD_IN_QUERY", 0)
+    reader.held_in_query = 0
     read = await reader.read([TP0], 10, depth=3, max_bytes=None)
     assert b"d" not in {r.key for r, _ in read}
     assert [link.position for _, link in read] == [10, 12, 14, 11, 15, 13]

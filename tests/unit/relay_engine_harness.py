@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from outboxkit.relay.engine import Relay
 from outboxkit.relay.metrics import RelayMetrics
+from outboxkit.relay.reconciler import CrashBackoff
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 from outboxkit.relay.settings import RelaySettings
 from outboxkit.schemas import Event, partition_for_key
@@ -86,6 +87,7 @@ class Harness:
             publisher_factory=self.broker.factory,
             ownership_factory=self.ownership,
             fencer_factory=self.broker.fencer,
+            crash_backoff=CrashBackoff(first=0.01),  # a crashed block restarts at once
         )
         self.broker.inspect = self.older_records_settled
         self.task: asyncio.Task[None] | None = None

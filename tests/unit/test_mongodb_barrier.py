@@ -6,9 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-import pytest
-
-from outboxkit.relay.mongodb import barrier as barrier_module
 from outboxkit.relay.mongodb.barrier import UNLINKED, ChainKey, Link, OrderBarrier
 from outboxkit.relay.records import OutboxRecord, TopicPartition
 
@@ -117,13 +114,11 @@ async def test_a_record_this_relay_settled_is_held_when_a_stale_read_returns_it(
     assert ids(await barrier.admit([rec("a", 83, 82)], db.older_pending)) == ["a@83"]
 
 
-async def test_past_the_window_a_lower_position_is_a_restarted_chain_not_a_stale_read(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_past_the_window_a_lower_position_is_a_restarted_chain_not_a_stale_read() -> None:
     """A key idle for a week loses its position document and starts again at a lower
     position: once the stale window is over, it is checked as any record is, not held."""
     barrier, db = OrderBarrier(), Database()
     [first] = await barrier.admit([rec("a", 500, 499)], db.older_pending)
     barrier.settle([first])
-    monkeypatch.setattr(barrier_module, "STALE_WINDOW", 0.0)
+    barrier.stale_window = 0.0  # a week later
     assert ids(await barrier.admit([rec("a", 2, 1)], db.older_pending)) == ["a@2"]

@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outboxkit.relay import lease, side_tasks
 from outboxkit.relay.blocks import MAX_LEVEL, Block, containing, fence_ids, plan
 from outboxkit.relay.records import TopicPartition
 from tests.unit.relay_engine_harness import TOPIC, MakeHarness, make, tp, until
@@ -153,12 +151,11 @@ async def test_a_producer_started_as_the_group_moved_on_is_never_used(
 
 
 async def test_a_fenced_block_restarts_once_the_group_confirms_it_is_still_ours(
-    make: MakeHarness, monkeypatch: pytest.MonkeyPatch
+    make: MakeHarness,
 ) -> None:
     """A fence that raced a rebalance (the partitions came back to this relay) must not leave
     them unpublished until the next rebalance."""
-    monkeypatch.setattr(lease, "FENCED_RECHECK", 0.05)
-    h = await make(partitions=2, partitions_per_transaction=32)
+    h = await make(partitions=2, partitions_per_transaction=32, heartbeat_interval=0.05)
     h.broker.script.append("fenced")
     first = h.add(0)
     await h.start()
@@ -274,10 +271,8 @@ async def test_a_stage_running_long_is_logged_with_its_partitions(
     assert done["seconds"] >= 0.2
 
 
-async def test_a_failing_relay_warns_every_few_seconds_not_every_retry(
-    make: MakeHarness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(side_tasks, "_FAILING_LOG_EVERY", 0.5)
+async def test_a_failing_relay_warns_every_few_seconds_not_every_retry(make: MakeHarness) -> None:
+    """The cadence itself, on a clock of the test's: test_relay_side_tasks.py."""
     h = await make(partitions=2, retry_backoff_max=0.01, metrics_interval=0.05)
     h.broker.always[tp(0)] = "error"  # the broker is unreachable for t/0
     h.add(0)

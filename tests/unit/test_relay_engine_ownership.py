@@ -333,12 +333,11 @@ async def test_run_raises_when_a_side_task_ends(
 
 
 async def test_a_partition_worker_that_dies_is_restarted_and_the_others_go_on(
-    make: MakeHarness, monkeypatch: pytest.MonkeyPatch
+    make: MakeHarness,
 ) -> None:
     """G8, never a crash loop: an unexpected failure (a bug, or data nothing foresaw) in one
     block's worker is shown on the health and the block restarted with backoff; the relay does
     not exit and the other partitions keep publishing."""
-    monkeypatch.setattr("outboxkit.relay.reconciler._CRASH_BACKOFF", 0.01)
     h = await make(partitions=2)
     h.broker.always[tp(0)] = "crash"
     poisoned, fine = h.add(0), h.add(1)
@@ -411,10 +410,7 @@ async def test_a_group_leave_that_never_ends_does_not_keep_the_relay_from_stoppi
     assert time.monotonic() - began < 0.2 + 1.0 + 2.0  # revoke_timeout + session_timeout
 
 
-async def test_a_task_that_ignores_its_cancellation_is_left_behind(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(supervisor, "_CANCEL_GRACE", 0.1)
+async def test_a_task_that_ignores_its_cancellation_is_left_behind() -> None:
     release = asyncio.Event()
 
     async def stubborn() -> None:
@@ -426,7 +422,7 @@ async def test_a_task_that_ignores_its_cancellation_is_left_behind(
     task = asyncio.create_task(stubborn())
     await asyncio.sleep(0)
     task.cancel()
-    await asyncio.wait_for(supervisor.await_cancelled([task]), 2)
+    await asyncio.wait_for(supervisor.await_cancelled([task], grace=0.1), 2)
     assert not task.done()
     release.set()
     await task

@@ -14,7 +14,6 @@ import pytest
 import structlog
 from aiokafka.errors import KafkaConnectionError
 
-from outboxkit.relay import lease as lease_module
 from outboxkit.relay.blocks import fence_ids
 from outboxkit.relay.clock import StageClock
 from outboxkit.relay.lease import NotConfirmedError, ProducerLease
@@ -29,7 +28,8 @@ LOG = structlog.get_logger("test")
 
 class Rig:
     def __init__(self, *, transactional: bool = True) -> None:
-        self.settings = settings(transactional=transactional)
+        # A fenced lease asks the group again every heartbeat interval.
+        self.settings = settings(transactional=transactional, heartbeat_interval=0.01)
         self.broker = FakeBroker()
         self.metrics = Metrics()
         self.stop = asyncio.Event()
@@ -123,21 +123,15 @@ async def test_without_transactions_nothing_is_confirmed_or_fenced() -> None:
     assert rig.broker.fenced_ids == []
 
 
-async def test_a_fenced_lease_is_regained_once_the_group_confirms(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_fenced_lease_is_regained_once_the_group_confirms() -> None:
     """Retriable errors while asking do not end the wait; the group's confirmation does."""
-    monkeypatch.setattr(lease_module, "FENCED_RECHECK", 0.01)
     rig = Rig()
     rig.answers = [False, KafkaConnectionError("coordinator moving (fake)"), False, True]
     assert await asyncio.wait_for(rig.lease.regain(rig.stop), 5)
     assert len(rig.confirmations) == 4
 
 
-async def test_a_fenced_lease_stops_waiting_when_the_block_stops(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(lease_module, "FENCED_RECHECK", 0.01)
+async def test_a_fenced_lease_stops_waiting_when_the_block_stops() -> None:
     rig = Rig()
     rig.answers = [False] * 10_000
     waiting = asyncio.create_task(rig.lease.regain(rig.stop))
