@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from enum import IntEnum, StrEnum
 from typing import Any, Literal
 from uuid import UUID
 
@@ -23,17 +22,9 @@ from outboxkit.pipeline import spark_schema
 from outboxkit.pipeline.fallback import nullable
 from outboxkit.pipeline.payload import jvm_decodable, parse_schema, typed_payload
 from outboxkit.schemas import Event
+from tests.unit.test_spark_schema import Colour, Size
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-class Colour(StrEnum):
-    RED = "red"
-
-
-class Size(IntEnum):
-    S = 1
-    L = 3
 
 
 class Part(BaseModel):
