@@ -86,7 +86,7 @@ def demo(
     cannot be started."""
     from rich.console import Console  # noqa: PLC0415 - keep `outboxkit --help` fast
 
-    from outboxkit.core.exceptions import ConfigurationError  # noqa: PLC0415
+    from outboxkit import ConfigurationError  # noqa: PLC0415
     from outboxkit.demo.run import DemoOptions, run_demo  # noqa: PLC0415
     from outboxkit.demo.summary import final_report  # noqa: PLC0415
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outboxkit.embedded._process import die_with_parent, free_port
+from outboxkit.embedded import die_with_parent, free_port
 
 #: Fast failover: a killed relay's partitions move after ~3 s on Kafka. Tansu makes a lone
 #: member that rejoins wait about twice the session timeout.

@@ -20,8 +20,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from rich.console import Console
 
-from outboxkit.core.exceptions import ConfigurationError
-from outboxkit.core.settings import database_kind
+from outboxkit import ConfigurationError
 from outboxkit.embedded import EmbeddedMongo, EmbeddedPostgres, EmbeddedTansu, KafkaCluster
 from outboxkit.embedded.kafka import kafka_jars_dir
 from outboxkit.embedded.mongodb import MONGOD_VERSION, mongod_cache_dir
@@ -88,10 +87,7 @@ def start_database(
 
 
 def _is_mongodb(url: str) -> bool:
-    try:
-        return database_kind(url) == "mongodb"
-    except KeyError:
-        return False
+    return url.startswith(("mongodb://", "mongodb+srv://"))
 
 
 def _external_mongodb(server_url: str, stack: contextlib.ExitStack) -> DemoDatabase:

@@ -1,7 +1,7 @@
 """The demo's shop: an orders service and a payments service, each with its own tables (or
 collections), outbox and inbox, in one database — PostgreSQL (:mod:`.shop_postgres`) or MongoDB
 (:mod:`.shop_mongodb`). What both share is here: the topics, the orders, and the :class:`Shop`
-seam that the demo's runner talks to without knowing which database it runs on.
+that the demo's runner calls inside the transactions of the services' ``Outboxkit``.
 
     orders service   place_order: demo.orders row + OrderPlaced, one transaction
           │ relay → shop.orders
@@ -14,15 +14,13 @@ Every arrow is at-least-once; every handler's effects happen once per event id.
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
+from outboxkit import ConfigurationError
 from outboxkit.backends import backend_for
-from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.inbox import Inbox
 
@@ -91,49 +89,50 @@ class ShopCounts:
     payments: int = 0
     paid: int = 0
 
+    @property
+    def written(self) -> int:
+        """Events written: each order's ``OrderPlaced``, each payment's ``PaymentCaptured``."""
+        return self.orders + self.payments
+
+    @property
+    def handled(self) -> int:
+        """Events that took effect: an order's became a payment, a payment's a paid order."""
+        return self.payments + self.paid
+
 
 class Shop(Protocol):
-    """One database's side of the demo: its tables or collections, the orders writer, the two
-    inboxes' handlers, and what the demo reads back to check that nothing was lost."""
+    """The services' own code on one database: their tables or collections, the two inboxes'
+    handlers, and the queries the demo reads back to check that nothing was lost. Each method
+    runs in a transaction ``tx`` of the orders service's ``Outboxkit``."""
 
     #: The payments service's inbox (``OrderPlaced`` → a payment + ``PaymentCaptured``).
     payments_inbox: Inbox[Any]
     #: The orders service's inbox (``PaymentCaptured`` → the order is paid).
     orders_inbox: Inbox[Any]
 
-    async def create(self) -> None:
+    async def create(self, tx: Any) -> None:
         """The shop's own tables or collections, in a new database."""
 
-    async def place_order(self, order: OrderPlaced) -> None:
-        """The orders service: the order and its event commit together, or neither does."""
+    async def insert_order(self, tx: Any, order: OrderPlaced) -> None:
+        """The orders service's row of ``order`` (its event is added in the same ``tx``)."""
 
-    async def counts(self) -> ShopCounts: ...
+    async def counts(self, tx: Any) -> ShopCounts: ...
 
-    async def latencies(self, limit: int | None = None) -> tuple[list[float], list[float]]:
+    async def latencies(self, tx: Any, limit: int | None) -> tuple[list[float], list[float]]:
         """Seconds from each order's commit to its payment's commit, and to its paid mark, most
         recent payments first (at most ``limit``); the warm-up order, which waited for the
         consumer groups, is left out."""
 
-    async def is_paid(self, order: str) -> bool: ...
 
+def shop_for(url: str) -> Shop:
+    """The shop's code for the database at ``url``; only that database's driver is imported."""
+    kind = backend_for(url).kind
+    if kind == "postgresql":
+        from outboxkit.demo.shop_postgres import PostgresShop  # noqa: PLC0415
 
-@contextlib.asynccontextmanager
-async def open_shop(url: str, *, pool_size: int) -> AsyncIterator[Shop]:
-    """The shop on the database at ``url``; its orders writer is the backend's own transactions
-    and outbox writer (what :class:`~outboxkit.service.Outboxkit` uses), with ``pool_size``
-    connections."""
-    backend = backend_for(url)
-    async with backend.transactions(
-        source=ORDERS_SOURCE, pool_size=pool_size, connect_timeout=10.0
-    ) as transactions:
-        if backend.kind == "postgresql":
-            from outboxkit.demo.shop_postgres import PostgresShop  # noqa: PLC0415
+        return PostgresShop()
+    if kind == "mongodb":
+        from outboxkit.demo.shop_mongodb import MongoShop  # noqa: PLC0415
 
-            yield PostgresShop(transactions)
-        elif backend.kind == "mongodb":
-            from outboxkit.demo.shop_mongodb import MongoShop  # noqa: PLC0415
-
-            async with MongoShop(url, transactions) as shop:
-                yield shop
-        else:
-            raise ConfigurationError(f"the demo's shop runs on PostgreSQL or MongoDB, not {url}")
+        return MongoShop(url)
+    raise ConfigurationError(f"the demo's shop runs on PostgreSQL or MongoDB, not {kind}")

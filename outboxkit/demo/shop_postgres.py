@@ -7,7 +7,6 @@ from typing import Any
 
 import psycopg
 
-from outboxkit.backends import Transactions
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
 from outboxkit.demo.shop import (
     ORDERS_INBOX,
@@ -65,63 +64,44 @@ async def mark_paid(event: PaymentCaptured, tx: Connection) -> None:
 
 
 class PostgresShop:
-    """:class:`~outboxkit.demo.shop.Shop` on PostgreSQL; ``transactions`` come from
-    :func:`outboxkit.backends.backend_for` (a pool, and the orders service's outbox writer)."""
+    """:class:`~outboxkit.demo.shop.Shop` on PostgreSQL: each ``tx`` is a connection in a
+    transaction of the orders service's ``Outboxkit``."""
 
     payments_inbox = payments_inbox
     orders_inbox = orders_inbox
 
-    def __init__(self, transactions: Transactions) -> None:
-        self._transactions = transactions
+    async def create(self, tx: Connection) -> None:
+        await tx.execute(SCHEMA)
 
-    async def create(self) -> None:
-        async with self._transactions.transaction() as conn:
-            await conn.execute(SCHEMA)
+    async def insert_order(self, tx: Connection, order: OrderPlaced) -> None:
+        await tx.execute(
+            "INSERT INTO demo.orders (order_id, customer_id, amount) VALUES (%s, %s, %s)",
+            (order.order_id, order.customer_id, order.amount),
+        )
 
-    async def place_order(self, order: OrderPlaced) -> None:
-        async with self._transactions.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO demo.orders (order_id, customer_id, amount) VALUES (%s, %s, %s)",
-                (order.order_id, order.customer_id, order.amount),
-            )
-            await self._transactions.outbox.add(conn, order)
-
-    async def counts(self) -> ShopCounts:
-        row = await self._one(
+    async def counts(self, tx: Connection) -> ShopCounts:
+        cur = await tx.execute(
             """
             SELECT (SELECT count(*) FROM demo.orders),
                    (SELECT count(*) FROM demo.payments),
                    (SELECT count(*) FROM demo.orders WHERE paid_at IS NOT NULL)
             """
         )
+        row = await cur.fetchone()
+        assert row is not None
         return ShopCounts(*row)
 
-    async def latencies(self, limit: int | None = None) -> tuple[list[float], list[float]]:
-        async with self._transactions.transaction() as conn:
-            cur = await conn.execute(
-                """
-                SELECT extract(epoch FROM p.captured_at - o.placed_at)::float8,
-                       extract(epoch FROM o.paid_at - o.placed_at)::float8
-                FROM demo.payments p JOIN demo.orders o USING (order_id)
-                WHERE o.order_id <> %s
-                ORDER BY p.captured_at DESC
-                LIMIT %s
-                """,
-                (WARMUP_ORDER, limit),
-            )
-            rows = await cur.fetchall()
-        return [r[0] for r in rows], [r[1] for r in rows if r[1] is not None]
-
-    async def is_paid(self, order: str) -> bool:
-        row = await self._one(
-            "SELECT count(*) FROM demo.orders WHERE order_id = %s AND paid_at IS NOT NULL",
-            (order,),
+    async def latencies(self, tx: Connection, limit: int | None) -> tuple[list[float], list[float]]:
+        cur = await tx.execute(
+            """
+            SELECT extract(epoch FROM p.captured_at - o.placed_at)::float8,
+                   extract(epoch FROM o.paid_at - o.placed_at)::float8
+            FROM demo.payments p JOIN demo.orders o USING (order_id)
+            WHERE o.order_id <> %s
+            ORDER BY p.captured_at DESC
+            LIMIT %s
+            """,
+            (WARMUP_ORDER, limit),
         )
-        return bool(row[0])
-
-    async def _one(self, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-        async with self._transactions.transaction() as conn:
-            cur = await conn.execute(query, params)
-            row = await cur.fetchone()
-        assert row is not None
-        return tuple(row)
+        rows = await cur.fetchall()
+        return [r[0] for r in rows], [r[1] for r in rows if r[1] is not None]
