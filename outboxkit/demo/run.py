@@ -52,14 +52,6 @@ from outboxkit.relay import OutboxStorage
 from outboxkit.schemas import EventDecodeError
 from outboxkit.service import Outboxkit
 
-#: The inboxes' group timing: a takeover is quick (production defaults: 10 s, 1 s).
-INBOX_SETTINGS: dict[str, Any] = {
-    "pool_size": 4,
-    "session_timeout": 3.0,
-    "heartbeat_interval": 0.5,
-    "retry_backoff_max": 0.5,
-}
-
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
@@ -214,8 +206,11 @@ class _Demo:
             database_url=self.database.url,
             kafka_bootstrap_servers=[self.bootstrap],
             topics=[f"shop.{consumes}"],
-            dlq_idempotence=self.options.transactional,
-            **INBOX_SETTINGS,
+            pool_size=4,
+            session_timeout=3.0,  # production defaults: 10 s, 1 s
+            heartbeat_interval=0.5,
+            retry_backoff_max=0.5,
+            dlq_idempotence=self.options.transactional,  # Tansu has no idempotent producer
         )
         return Outboxkit[Any](
             source=source,
