@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Each user of the public API, and the package whose own modules it may import freely.
 USERS = {
+    "outboxkit/demo": "outboxkit.demo",
     "examples": "examples",
     "outboxkit/testing/contract": "outboxkit.testing.contract",
 }
