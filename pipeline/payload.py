@@ -385,7 +385,7 @@ def _items(element: _Field) -> Callable[[Column], Column]:
         return lambda c: F.forall(c, lambda x: _checked(element, x))
     if element.nullable or any(not f.nullable for f in element.children):
         return each  # nulls allowed, or rejected by a required field's own check
-    return lambda c: no_nulls(c) & each(c)
+    return lambda c: no_nulls(c, element.parse) & each(c)
 
 
 def _members(values: tuple[Any, ...], metadata: tuple[Any, ...], where: str) -> _Field:
