@@ -38,6 +38,11 @@ nested ``BaseModel``              an object, recursively (same conditions on the
 ``list[X]`` / ``tuple[X, ...]``   an array; ``min_length`` / ``max_length``
 ``X | None``                      ``null`` allowed
 ===============================  ============================================================
+
+Accepted values are typed as :func:`~outboxkit.pipeline.schema.spark_schema` types them, the type
+the Python pass returns and the sinks are written with: a ``Decimal``'s precision and scale and
+the type of a ``Literal``'s or an ``Enum``'s members come from there, and
+``tests/integration/test_pipeline_types.py`` holds every other type to it, field by field.
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DataType,
-    DecimalType,
     DoubleType,
     LongType,
     StringType,
@@ -70,7 +74,8 @@ from pyspark.sql.types import (
 )
 
 from outboxkit.pipeline.arrays import all_compare, all_finite, all_match, all_members, no_nulls
-from outboxkit.pipeline.schema import DEFAULT_SCALE, MAX_PRECISION
+from outboxkit.pipeline.exceptions import SchemaMappingError
+from outboxkit.pipeline.schema import decimal_type, literal_type
 from outboxkit.schemas import Event
 from outboxkit.schemas.event import ENVELOPE_FIELDS
 
@@ -390,26 +395,25 @@ def _items(element: _Field) -> Callable[[Column], Column]:
 
 def _members(values: tuple[Any, ...], metadata: tuple[Any, ...], where: str) -> _Field:
     _no_constraints(metadata, where)
-    kinds: list[tuple[type, DataType]] = [(str, StringType()), (int, LongType())]
-    for python_type, kind in kinds:
-        if values and all(type(v) is python_type for v in values):
-            members = F.array(*(F.lit(v) for v in values)).cast(ArrayType(kind))
-            return _Field(
-                kind, lambda c: c.isin(*values), _same, each=all_members(members), cast=kind
-            )
-    raise NotJvmDecodable(f"{where}: members that are not all strings or all integers")
+    if not values or not all(type(v) in (str, int) for v in values):
+        raise NotJvmDecodable(f"{where}: members that are not all strings or all integers")
+    try:
+        kind = literal_type(values, where)
+    except SchemaMappingError as exc:
+        raise NotJvmDecodable(str(exc)) from None
+    members = F.array(*(F.lit(v) for v in values)).cast(ArrayType(kind))
+    return _Field(kind, lambda c: c.isin(*values), _same, each=all_members(members), cast=kind)
 
 
 def _decimal(metadata: tuple[Any, ...], where: str) -> _Field:
     bounds = _bounds(metadata, where, allowed=("max_digits", "decimal_places"))
     max_digits = _general(metadata, "max_digits")
     places = _general(metadata, "decimal_places")
-    precision, scale = (
-        (max_digits or MAX_PRECISION, places)
-        if places is not None
-        else (MAX_PRECISION, DEFAULT_SCALE)
-    )
-    spark_type = DecimalType(precision, scale)
+    try:
+        spark_type = decimal_type(metadata, where)  # the column the sinks are written with
+    except SchemaMappingError as exc:
+        raise NotJvmDecodable(str(exc)) from None
+    precision, scale = spark_type.precision, spark_type.scale
 
     def parts(c: Column) -> tuple[Column, Column]:
         whole = F.regexp_extract(c, r"^-?0*([0-9]*)", 1)

@@ -110,7 +110,7 @@ def _map_plain(
     seen: tuple[type[BaseModel], ...],
 ) -> DataType:
     if origin is Literal:
-        return _literal(get_args(annotation), where)
+        return literal_type(get_args(annotation), where)
     if origin is not None:
         return _generic(annotation, origin, where, seen)
     if not isinstance(annotation, type):
@@ -118,7 +118,7 @@ def _map_plain(
     if issubclass(annotation, BaseModel):
         return _struct(annotation, path=where, seen=seen)
     if issubclass(annotation, Enum):
-        return _literal(tuple(member.value for member in annotation), where)
+        return literal_type(tuple(member.value for member in annotation), where)
     if issubclass(annotation, bool):
         return BooleanType()
     if issubclass(annotation, int):
@@ -126,7 +126,7 @@ def _map_plain(
     if issubclass(annotation, float):
         return DoubleType()
     if issubclass(annotation, Decimal):
-        return _decimal(metadata, where)
+        return decimal_type(metadata, where)
     if issubclass(annotation, datetime) or annotation in (AwareDatetime, NaiveDatetime):
         return TimestampType()
     if issubclass(annotation, date):
@@ -162,7 +162,8 @@ def _generic(
     raise SchemaMappingError(f"{where}: {annotation!r} has no Spark type")
 
 
-def _literal(values: tuple[Any, ...], where: str) -> DataType:
+def literal_type(values: tuple[Any, ...], where: str) -> DataType:
+    """The type of a field whose values are ``values`` (a ``Literal``'s, an ``Enum``'s)."""
     if values and all(isinstance(v, bool) for v in values):
         return BooleanType()
     if values and all(isinstance(v, str) for v in values):
@@ -174,7 +175,9 @@ def _literal(values: tuple[Any, ...], where: str) -> DataType:
     )
 
 
-def _decimal(metadata: tuple[Any, ...], where: str) -> DecimalType:
+def decimal_type(metadata: tuple[Any, ...], where: str) -> DecimalType:
+    """The type of a ``Decimal`` field: its ``max_digits`` and ``decimal_places`` when it has
+    them (a column that holds each valid value exactly), 38 digits with 18 places otherwise."""
     max_digits = _constraint(metadata, "max_digits")
     places = _constraint(metadata, "decimal_places")
     if places is None:
