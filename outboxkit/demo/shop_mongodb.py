@@ -9,6 +9,7 @@ and its dates keep milliseconds, which is the resolution the demo's latencies ar
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from bson.decimal128 import Decimal128
@@ -37,6 +38,14 @@ def _database(tx: AsyncClientSession) -> AsyncDatabase[dict[str, Any]]:
     return tx.client.get_default_database()
 
 
+async def _insert(
+    tx: AsyncClientSession, collection: str, id_: str, amount: Decimal, at: str, **fields: str
+) -> None:
+    """A row of the shop: its id, its amount, when (``at``), and ``fields``."""
+    document = {"_id": id_, **fields, "amount": Decimal128(amount), at: datetime.now(UTC)}
+    await _database(tx)[collection].insert_one(document, session=tx)
+
+
 class MongoShop:
     """:class:`~outboxkit.demo.shop.Shop` on MongoDB, in the database ``url`` names: each ``tx``
     is a session in a transaction (of the orders service's ``Outboxkit``, or of an inbox)."""
@@ -54,14 +63,8 @@ class MongoShop:
     async def capture_payment(self, event: OrderPlaced, tx: AsyncClientSession) -> None:
         """The payments service, in the inbox's transaction: charge once, and say so (chaining)."""
         payment = payment_for(event)
-        await _database(tx)[PAYMENTS].insert_one(
-            {
-                "_id": payment.payment_id,
-                "order_id": event.order_id,
-                "amount": Decimal128(event.amount),
-                "captured_at": datetime.now(UTC),
-            },
-            session=tx,
+        await _insert(
+            tx, PAYMENTS, payment.payment_id, event.amount, "captured_at", order_id=event.order_id
         )
         await self._payments_outbox.add(tx, payment)
 
@@ -72,14 +75,8 @@ class MongoShop:
         )
 
     async def insert_order(self, tx: AsyncClientSession, order: OrderPlaced) -> None:
-        await _database(tx)[ORDERS].insert_one(
-            {
-                "_id": order.order_id,
-                "customer_id": order.customer_id,
-                "amount": Decimal128(order.amount),
-                "placed_at": datetime.now(UTC),
-            },
-            session=tx,
+        await _insert(
+            tx, ORDERS, order.order_id, order.amount, "placed_at", customer_id=order.customer_id
         )
 
     # -- the demo's side ---------------------------------------------------------------------
