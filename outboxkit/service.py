@@ -68,10 +68,6 @@ else:
 logger = structlog.get_logger("outboxkit.service")
 
 
-#: Seconds between two looks at the registered topics while some of ``writes`` are not.
-TOPICS_RECHECK = 2.0
-
-
 def _topic_of(written: type[Event] | str) -> str:
     if isinstance(written, str):
         return written
@@ -121,6 +117,9 @@ class Outboxkit(Generic[TX]):
     ``writes`` names what the service writes (event classes, or topics for events whose topic
     is chosen per event): the service is not ready (:meth:`health`, ``/healthz``) until each
     topic's partition count is registered, since a write to it would fail until then."""
+
+    #: Seconds between two looks at the registered topics while some of ``writes`` are not.
+    topics_recheck = 2.0
 
     def __init__(
         self,
@@ -308,7 +307,7 @@ class Outboxkit(Generic[TX]):
                         "counts are registered; run `outboxkit topics sync` (or start the relay)",
                         topics=self._unregistered,
                     )
-            await asyncio.sleep(TOPICS_RECHECK)
+            await asyncio.sleep(self.topics_recheck)
 
     async def _stop_tasks(self) -> None:
         """The inbox first (it may write outbox events), then the relay; each drains."""

@@ -56,12 +56,9 @@ async def test_the_writer_is_unavailable_outside_the_lifetime() -> None:
     assert kit.health().state == "unopened"
 
 
-async def test_not_ready_while_a_written_topic_is_not_registered(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_not_ready_while_a_written_topic_is_not_registered() -> None:
     """#44: with `outboxkit topics sync` skipped, /healthz said 200 while the first POST got a
     500 (the writer's topic not registered). Readiness now waits for the topics of `writes`."""
-    monkeypatch.setattr("outboxkit.service.TOPICS_RECHECK", 0.02)
     url = f"memory://not-ready-{uuid.uuid4().hex}"
     kit = Outboxkit(
         source="orders",
@@ -69,6 +66,7 @@ async def test_not_ready_while_a_written_topic_is_not_registered(
         writes=[_Placed],
         registry=CollectorRegistry(),
     )
+    kit.topics_recheck = 0.02
     app = FastAPI(lifespan=kit.lifespan)
     app.include_router(health_router(kit))
     try:
