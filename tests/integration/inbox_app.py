@@ -152,6 +152,9 @@ class CrashAfterCommit:
     async def count(self, consumer: str) -> int:
         return await self._store.count(consumer)
 
+    async def ping(self) -> None:
+        await self._store.ping()
+
 
 async def _run_crashing(probability: float) -> None:
     settings = load_settings(InboxSettings)
