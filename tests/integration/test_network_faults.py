@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,6 +33,7 @@ from tests.network.workers import (
     INBOXES,
     MAX_GAP,
     RESETS,
+    Steps,
     assigned_to,
     committed_since,
     lapsed,
@@ -298,7 +297,7 @@ async def relay_half_open(run: FailoverRun, relay_link: Proxy, took: dict[str, f
         )
         silences = _silences(relay_0)
         await relay_link.half_open()
-        steps = _Steps(took, "relay-0 half-open", time.time())
+        steps = Steps(took, "relay-0 half-open", time.time())
         await steps.until(
             "database unavailable",
             lambda: _silences(relay_0) > silences,
@@ -337,7 +336,7 @@ async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, f
         )
         await wait_for(lambda: assigned_to(inbox_0, 1), within=60, interval=0.2, what="inbox-0 in")
         await inbox_link.half_open()
-        steps = _Steps(took, "inbox-0 half-open", time.time())
+        steps = Steps(took, "inbox-0 half-open", time.time())
         await steps.until(
             "database unavailable",
             lambda: _database_unavailable(inbox_0),
@@ -364,34 +363,6 @@ async def inbox_half_open(run: FailoverRun, inbox_link: Proxy, took: dict[str, f
             within=60,
             what="inbox-0 holding partitions again",
         )
-
-
-@dataclass
-class _Steps:
-    """The seconds each step of a fault took, from ``since`` (wall clock), into ``took`` as
-    ``"<fault>: <step>"``."""
-
-    took: dict[str, float]
-    fault: str
-    since: float
-
-    def reached(self, step: str) -> None:
-        self.took[f"{self.fault}: {step}"] = time.time() - self.since
-
-    def restart(self) -> None:
-        """Time the next steps from now."""
-        self.since = time.time()
-
-    async def until(
-        self,
-        step: str,
-        condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
-        *,
-        what: str,
-        within: float = 30,
-    ) -> None:
-        await wait_for(condition, within=within, interval=0.2, what=what)
-        self.reached(step)
 
 
 async def _inbox_stepped_aside(worker: Worker) -> bool:

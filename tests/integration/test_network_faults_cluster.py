@@ -22,7 +22,7 @@ from outboxkit.embedded.kafka_topology import KafkaTopology
 from tests.helpers import wait_for
 from tests.network.fixtures import ProxiedKafka, TestProxies, behind_proxies
 from tests.network.toxiproxy import Proxy, ToxiproxyServer
-from tests.network.workers import MAX_GAP, lapsed, network_run, owners_are
+from tests.network.workers import MAX_GAP, Steps, lapsed, network_run, owners_are
 from tests.timeouts import SESSION_TIMEOUT
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -90,26 +90,25 @@ async def test_a_relay_cut_from_its_group_coordinator_only(
             )
             try:
                 await proxies[coordinator].disable()
-                started = time.monotonic()
-                await wait_for(
+                steps = Steps(took, "cut", time.time())
+                await steps.until(
+                    "partitions moved",
                     lambda: owners_are(run, 1),
                     within=SESSION_TIMEOUT + 20,
-                    interval=0.2,
                     what="relay-1 owning every partition",
                 )
-                took["partitions moved"] = time.monotonic() - started
-                await wait_for(
+                await steps.until(
+                    "relay-0 lapsed",
                     lambda: lapsed(relay_0),
                     within=2 * SESSION_TIMEOUT + 20,
-                    interval=0.2,
                     what="relay-0's membership lapsed (unhealthy, owning nothing)",
                 )
-                took["relay-0 lapsed"] = time.monotonic() - started
                 await run.settled()
             finally:
                 await proxies[coordinator].enable()
-            await wait_for(lambda: owners_are(run, 2), within=60, interval=0.2, what="relay-0 back")
-            took["relay-0 back"] = time.monotonic() - started
+            await steps.until(
+                "relay-0 back", lambda: owners_are(run, 2), within=60, what="relay-0 back"
+            )
         report = await run.finish()
     print(f"\n{report}\nseconds after the cut: {took}")
     report.assert_ok(max_gap=MAX_GAP)

@@ -5,7 +5,9 @@ moment, and connection resets timed by a worker's progress."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,31 @@ def network_run(
         recovery_timeout=recovery_timeout,
         worker_env=worker_env,
     )
+
+
+@dataclass
+class Steps:
+    """The seconds each step of a fault took, from ``since`` (wall clock), into ``took`` as
+    ``"<fault>: <step>"``: :meth:`until` waits for a step's condition, then records it."""
+
+    took: dict[str, float]
+    fault: str
+    since: float
+
+    def reached(self, step: str) -> None:
+        self.took[f"{self.fault}: {step}"] = time.time() - self.since
+
+    def restart(self) -> None:
+        """Time the next steps from now."""
+        self.since = time.time()
+
+    async def until(
+        self,
+        step: str,
+        condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+        *,
+        what: str,
+        within: float = 30,
+    ) -> None:
+        await wait_for(condition, within=within, interval=0.2, what=what)
+        self.reached(step)
