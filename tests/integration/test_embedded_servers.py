@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Callable
 
 import psycopg
@@ -102,3 +103,21 @@ def test_a_cluster_id_that_starts_with_a_dash_formats(
     cluster = kafka_factory(1)
     assert cluster.cluster_id.startswith("-")
     assert cluster.nodes[0].running
+
+
+def test_kafka_jvms_map_the_class_archive(kafka_factory: Callable[[int], KafkaCluster]) -> None:
+    """A started cluster's JVMs are given the archive of Kafka's classes, and the JVM accepts
+    it for this command's classpath and flags: with ``-Xshare:on`` it refuses to start on an
+    archive it cannot map (another JDK build, another classpath), where the default only
+    starts slower."""
+    cluster = kafka_factory(1)
+    [option] = cluster.jvm_options
+    assert option.startswith("-XX:SharedArchiveFile=")
+    mapped = subprocess.run(
+        [*cluster.java_command(), "-Xshare:on", "-version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert mapped.returncode == 0, mapped.stderr
+    assert "sharing" in mapped.stderr
