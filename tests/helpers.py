@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 
 async def wait_for(
@@ -79,3 +80,11 @@ def kill_leftover_workers() -> list[str]:
             left.append(" ".join(map(str, process.args)))  # type: ignore[arg-type]
     _started.clear()
     return left
+
+
+def mapped_class_archives(pid: int) -> set[str]:
+    """The class-data-sharing archives the JVM ``pid`` has mapped: the JDK's own, and the one
+    :mod:`outboxkit.embedded.class_archive` made, unless the JVM could not use it (then it
+    starts without it, only slower)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1] for line in maps if line.endswith(".jsa")}

@@ -38,6 +38,7 @@ from outboxkit.embedded._process import (
     stop_process,
     wait_until,
 )
+from outboxkit.embedded.spark_jvm import quick_jvm_options, spark_environment
 
 __all__ = [
     "SparkCluster",
@@ -48,8 +49,8 @@ __all__ = [
     "submit_command",
 ]
 
-#: The daemons' own settings (``spark-defaults.conf`` of the cluster's conf directory). The
-#: master's REST submission server would take a fixed port (6066) that two clusters share.
+#: The daemons' own settings (their ``--properties-file``). The master's REST submission
+#: server would take a fixed port (6066) that two clusters share.
 _DEFAULTS = {
     "spark.master.rest.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -71,22 +72,21 @@ def spark_bin(name: str) -> Path:
     return spark_home() / "bin" / name
 
 
-def _node_environment(base: dict[str, str], conf_dir: Path) -> dict[str, str]:
-    java = shutil.which("java")
-    if java is None:
+def _node_environment(base: dict[str, str], java_options: str) -> dict[str, str]:
+    if shutil.which("java") is None:
         raise ConfigurationError("Spark needs Java 17: apt-get install openjdk-17-jre-headless")
-    env = {
-        **base,
+    return {
+        # No SPARK_CONF_DIR: the settings come with --properties-file, so that the JVMs can
+        # map the class archive (outboxkit.embedded.spark_jvm).
+        **spark_environment(base),
         "SPARK_HOME": str(spark_home()),
-        "SPARK_CONF_DIR": str(conf_dir),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_DAEMON_MEMORY": "256m",
-        # The master and the workers only schedule and supervise: C1-compiled code and the
-        # serial collector start them faster on a busy machine. Executors keep Spark's defaults.
-        "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # The master and the workers only schedule and supervise: C1-compiled code, the serial
+        # collector and the class archive start them faster on a busy machine. Executors take
+        # the application's spark.executor.extraJavaOptions.
+        "SPARK_DAEMON_JAVA_OPTS": java_options,
     }
-    env.pop("SPARK_ENV_LOADED", None)
-    return env
 
 
 def _without_virtualenv(env: dict[str, str]) -> dict[str, str]:
@@ -160,9 +160,10 @@ class SparkMaster(ServerProcess):
                 "org.apache.spark.deploy.master.Master",
                 *("--host", "127.0.0.1", "--port", str(self.port)),
                 *("--webui-port", str(self.webui_port)),
+                *("--properties-file", str(self.cluster.properties_file)),
             ],
             log_path=self.log_path,
-            env=_node_environment(dict(os.environ), self.cluster.conf_dir),
+            env=_node_environment(dict(os.environ), self.cluster.daemon_java_options),
         )
         wait_until(
             self._alive,
@@ -202,7 +203,9 @@ class SparkWorker(ServerProcess):
         local_dir = self.dir / "local"  # executors' shuffle and block files
         local_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        env = _node_environment(_without_virtualenv(dict(os.environ)), self.cluster.conf_dir)
+        env = _node_environment(
+            _without_virtualenv(dict(os.environ)), self.cluster.daemon_java_options
+        )
         env["SPARK_LOCAL_DIRS"] = str(local_dir)
         self._process = spawn(
             [
@@ -213,6 +216,7 @@ class SparkWorker(ServerProcess):
                 *("--cores", str(self.cluster.worker_cores)),
                 *("--memory", self.cluster.worker_memory),
                 *("--work-dir", str(self.work_dir)),
+                *("--properties-file", str(self.cluster.properties_file)),
                 self.cluster.master_url,
             ],
             log_path=self.log_path,
@@ -293,7 +297,9 @@ class SparkCluster(ManagedServer):
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-spark-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.conf_dir = self.base_dir / "conf"
+        self.properties_file = self.base_dir / "spark-defaults.conf"
+        #: The daemons' JVM options (``SPARK_DAEMON_JAVA_OPTS``), set by :meth:`start`.
+        self.daemon_java_options = ""
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
         self.master = SparkMaster(self)
@@ -305,10 +311,8 @@ class SparkCluster(ManagedServer):
         return self.master.url
 
     def start(self, timeout: float = 90.0) -> Self:
-        self.conf_dir.mkdir(parents=True, exist_ok=True)
-        (self.conf_dir / "spark-defaults.conf").write_text(
-            "".join(f"{k} {v}\n" for k, v in _DEFAULTS.items())
-        )
+        self.properties_file.write_text("".join(f"{k} {v}\n" for k, v in _DEFAULTS.items()))
+        self.daemon_java_options = quick_jvm_options()
         self.master.start(timeout)
         for worker in self.workers:
             worker.launch()

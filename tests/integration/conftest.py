@@ -497,6 +497,7 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
 
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
+    from outboxkit.embedded.spark_jvm import quick_jvm_options  # noqa: PLC0415
     from outboxkit.pipeline.session import (  # noqa: PLC0415
         DELTA_CONF,
         local_delta_conf,
@@ -512,7 +513,7 @@ def spark(spark_jars: list[Path]) -> Iterator[object]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", quick_jvm_options())
     )
     for key, value in {**DELTA_CONF, **local_delta_conf(2)}.items():
         builder = builder.config(key, value)

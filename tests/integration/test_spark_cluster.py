@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,11 +39,14 @@ from outboxkit.demo.events import OrderPlaced, registry
 from outboxkit.embedded._process import wait_until
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.spark_cluster import SparkCluster, submit_command
+from outboxkit.embedded.spark_jvm import quick_jvm_options
 from outboxkit.schemas import EventDecodeError
+from tests.helpers import mapped_class_archives
 from tests.integration.conftest import REPO, MakeTopic
 from tests.integration.test_spark_pipeline import (
     T0,
-    fast_jvm_conf,
+    fast_jvm_environment,
+    fast_jvm_properties,
     garbage,
     lake,
     order,
@@ -71,18 +75,17 @@ STEP = timedelta(seconds=3)
 
 def driver_env(settings_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The driver's environment: this one's, minus any ``PYSPARK_PYTHON`` (the session fixture
-    sets it in this process; the product must choose the executors' Python itself), and a
-    ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` gives the driver and its executors
-    ``FAST_JVM`` (:func:`~tests.integration.test_spark_pipeline.fast_jvm_conf`)."""
+    sets it in this process; the product must choose the executors' Python itself), with
+    :func:`~tests.integration.test_spark_pipeline.fast_jvm_environment` for a driver that
+    pyspark starts (a spark-submit run takes ``--properties-file`` on its command line)."""
     env = {
         k: v for k, v in os.environ.items() if k not in {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"}
     }
-    conf_dir = fast_jvm_conf(tmp_path)
     # Executors on the workers connect back to the driver: on loopback, whatever the host name.
     return {
         **env,
         "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_CONF_DIR": str(conf_dir),
+        **fast_jvm_environment(tmp_path),
         **settings_env,
     }
 
@@ -203,6 +206,7 @@ async def test_spark_submit_runs_the_pipeline_on_both_workers(
     main = Path(outboxkit.pipeline.__path__[0]) / "__main__.py"
     argv = submit_command(
         spark_cluster,
+        *("--properties-file", str(fast_jvm_properties(tmp_path))),  # the JVMs' options
         *("--jars", ",".join(map(str, spark_jars))),
         *(arg for k, v in DELTA_CONF.items() for arg in ("--conf", f"{k}={v}")),
         *("--conf", f"spark.pyspark.python={sys.executable}"),
@@ -221,6 +225,10 @@ async def test_spark_submit_runs_the_pipeline_on_both_workers(
 
     assert serving_table(pg_url) == recount(events)
     assert all(count >= 1 for count in app_executors(spark_cluster).values())
+    # The master and the workers map the archive of Spark's classes (spark_jvm).
+    archive = shlex.split(quick_jvm_options())[-1].removeprefix("-XX:SharedArchiveFile=")
+    daemons = [spark_cluster.master, *spark_cluster.workers]
+    assert all(archive in mapped_class_archives(d.pid or 0) for d in daemons)
 
 
 # --- a lost worker and a lost broker -----------------------------------------------------------

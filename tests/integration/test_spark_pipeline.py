@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,9 @@ from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.embedded._process import wait_until
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
+from outboxkit.embedded.spark_jvm import quick_jvm_options
 from outboxkit.schemas import Event, EventRegistry, encode
+from tests.helpers import mapped_class_archives
 from tests.integration.conftest import REPO, MakeTopic
 
 pyspark = pytest.importorskip("pyspark", reason="the Spark pipeline needs the [spark] extra")
@@ -340,7 +343,7 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
         "OUTBOXKIT_SPARK_SHUFFLE_PARTITIONS": "2",
         "OUTBOXKIT_SPARK_MASTER": "local[2]",
         "OUTBOXKIT_SPARK_JARS": str(jars_dir),
-        "SPARK_CONF_DIR": str(fast_jvm_conf(tmp_path)),
+        **fast_jvm_environment(tmp_path),
     }
     await asyncio.to_thread(_run_and_kill, env, tmp_path / "driver.log", pg_url)
     written_before_kill = _batches_written(pg_url)
@@ -362,21 +365,26 @@ async def test_a_driver_killed_mid_run_resumes_without_double_counting(
     assert _batches_written(pg_url) > written_before_kill
 
 
-#: JVM options of the drivers and their executors: these runs last seconds, and on two cores
-#: HotSpot's C2 compiling Spark's code took about 40% of a spark-submit run's CPU (93-96 s of
-#: CPU with Spark's defaults, 48-58 s with these). The cluster's daemons use the same.
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
-def fast_jvm_conf(tmp_path: Path) -> Path:
-    """A ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` gives a driver and its executors
-    :data:`FAST_JVM` (spark-submit and the JVM pyspark starts both read it)."""
-    conf_dir = tmp_path / "spark-conf"
-    conf_dir.mkdir(exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.driver.extraJavaOptions {FAST_JVM}\nspark.executor.extraJavaOptions {FAST_JVM}\n"
+def fast_jvm_properties(tmp_path: Path) -> Path:
+    """A ``--properties-file`` that gives a driver and its executors
+    :func:`~outboxkit.embedded.spark_jvm.quick_jvm_options`: these runs last seconds, and on two
+    cores HotSpot's C2 compiling Spark's code took about 40% of a spark-submit run's CPU (93-96 s
+    of CPU with Spark's defaults, 48-58 s with C1 and the serial GC). A file, not a
+    ``SPARK_CONF_DIR``: a directory with files on the classpath keeps the JVM from mapping the
+    class archive."""
+    path = tmp_path / "spark-defaults.conf"
+    options = quick_jvm_options()
+    path.write_text(
+        f"spark.driver.extraJavaOptions {options}\nspark.executor.extraJavaOptions {options}\n"
     )
-    return conf_dir
+    return path
+
+
+def fast_jvm_environment(tmp_path: Path) -> dict[str, str]:
+    """What gives a driver that pyspark starts (``outboxkit pipeline run``) and its executors
+    :func:`fast_jvm_properties`."""
+    properties = shlex.quote(str(fast_jvm_properties(tmp_path)))
+    return {"PYSPARK_SUBMIT_ARGS": f"--properties-file {properties} pyspark-shell"}
 
 
 def _run_and_kill(env: dict[str, str], log_path: Path, pg_url: str) -> None:
@@ -517,3 +525,13 @@ async def test_a_job_on_version_2_reads_version_1_through_the_upcaster(
     assert report.input_rows == len(records)
     quarantine = Path(settings.output("quarantine"))
     assert not await asyncio.to_thread(quarantine.exists), "nothing was quarantined"
+
+
+def test_the_quick_jvm_maps_the_class_archive(spark: SparkSession) -> None:
+    """A driver given :func:`~outboxkit.embedded.spark_jvm.quick_jvm_options` (the session
+    here, and every driver and executor of these tests) maps the archive of Spark's classes:
+    one that cannot (a ``SPARK_CONF_DIR`` with files on its classpath, another JDK build)
+    starts without it, only slower."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    archive = shlex.split(quick_jvm_options())[-1].removeprefix("-XX:SharedArchiveFile=")
+    assert archive in mapped_class_archives(pid)

@@ -43,6 +43,7 @@ PUBLIC = {
     "outboxkit.embedded.mongodb",
     "outboxkit.embedded.postgres",
     "outboxkit.embedded.spark_cluster",
+    "outboxkit.embedded.spark_jvm",
 }
 
 
