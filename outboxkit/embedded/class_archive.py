@@ -41,7 +41,8 @@ def class_archive(
     ``train(options)`` runs the server once with ``options`` added to its JVM's and ends it
     cleanly (the JVM writes the archive as it exits). Concurrent callers (parallel test
     workers) wait for one training run under a file lock."""
-    path = directory / f"{name}-{_fingerprint(java, classpath, flags)}.jsa"
+    stamps = [_stamp(jar) for jar in classpath]
+    path = directory / f"{name}-{_fingerprint(java, stamps, flags)}.jsa"
     if path.exists():
         return path
     try:
@@ -52,7 +53,11 @@ def class_archive(
                 try:
                     train([f"-XX:ArchiveClassesAtExit={partial}"])
                     if partial.exists():
+                        path.with_suffix(".classpath").write_text(
+                            "".join(f"{stamp}\n" for stamp in stamps)
+                        )
                         partial.replace(path)
+                        _remove_unusable(directory, name)
                 finally:
                     partial.unlink(missing_ok=True)
     except Exception as error:  # a start without the archive is only slower
@@ -65,19 +70,40 @@ def archive_options(archive: Path | None) -> list[str]:
     return [f"-XX:SharedArchiveFile={archive}"] if archive else []
 
 
-def _fingerprint(java: str, classpath: Sequence[Path], flags: Sequence[str]) -> str:
-    """Changes with the JDK's build (its ``libjvm.so``), the jars and the flags that shape an
-    archive (the GC among them)."""
+def _stamp(jar: Path) -> str:
+    """What the JVM checks of a jar on an archive's classpath: its path, size and time."""
+    stat = jar.stat()
+    return f"{jar.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}"
+
+
+def _fingerprint(java: str, stamps: Sequence[str], flags: Sequence[str]) -> str:
+    """Changes with the JDK's build (its ``libjvm.so``), the jars (where they are: two
+    virtualenvs' pyspark are two classpaths) and the flags that shape an archive."""
     digest = hashlib.sha256()
     binary = Path(shutil.which(java) or java).resolve()
     for library in binary.parent.parent.glob("lib/server/libjvm.so"):
         stat = library.stat()
         digest.update(f"{library}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     digest.update(str(binary).encode())
-    for jar in classpath:
-        digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
-    digest.update("\0".join(flags).encode())
+    digest.update("\0".join([*stamps, *flags]).encode())
     return digest.hexdigest()[:16]
+
+
+def _remove_unusable(directory: Path, name: str) -> None:
+    """Delete the archives no JVM can map any more: a jar of their classpath was removed or
+    replaced (a virtualenv made again, a new version). A JVM that maps one keeps its mapping."""
+    for archive in directory.glob(f"{name}-*.jsa"):
+        listing = archive.with_suffix(".classpath")
+        try:
+            usable = all(
+                _stamp(Path(line.split("\t")[0])) == line
+                for line in listing.read_text().splitlines()
+            )
+        except OSError:  # no listing (an older archive), or a jar gone
+            usable = False
+        if not usable:
+            for stale in (archive, listing, archive.with_name(f"{archive.name}.lock")):
+                stale.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -62,8 +62,35 @@ def test_other_jars_or_flags_get_their_own(tmp_path: Path, jar: Path) -> None:
     g1 = _archive(tmp_path, jar, train, ["-XX:+UseG1GC"])
     jar.write_bytes(b"another version of the jar")
     upgraded = _archive(tmp_path, jar, train, ["-XX:+UseSerialGC"])
-    assert len({serial, g1, upgraded}) == 3
-    assert train.runs == 3
+    # The same jar in another place (another virtualenv's pyspark): the JVM checks the paths.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = elsewhere / jar.name
+    moved.write_bytes(jar.read_bytes())
+    other_place = _archive(tmp_path, moved, train, ["-XX:+UseSerialGC"])
+    assert len({serial, g1, upgraded, other_place}) == 4
+    assert train.runs == 4
+
+
+def test_archives_no_jvm_can_map_are_removed(tmp_path: Path, jar: Path) -> None:
+    """Each new virtualenv or version makes an archive of its own: those whose jars were
+    replaced go when the next one is made; those still valid (other flags, other jars) stay."""
+    train = Trainer()
+    serial = _archive(tmp_path / "cache", jar, train, ["-XX:+UseSerialGC"])
+    g1 = _archive(tmp_path / "cache", jar, train, ["-XX:+UseG1GC"])
+    other_jar = tmp_path / "other.jar"
+    other_jar.write_bytes(b"another server's jar")
+    other = _archive(tmp_path / "cache", other_jar, train, ["-XX:+UseSerialGC"])
+    assert all(a is not None and a.exists() for a in (serial, g1, other))
+
+    jar.write_bytes(b"the jar installed again")
+    again = _archive(tmp_path / "cache", jar, train, ["-XX:+UseSerialGC"])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        name
+        for archive in (other, again)
+        for name in (archive.name, f"{archive.stem}.classpath", f"{archive.name}.lock")
+        if archive is not None
+    )
 
 
 def test_concurrent_callers_wait_for_one_training_run(tmp_path: Path, jar: Path) -> None:
