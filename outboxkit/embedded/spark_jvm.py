@@ -22,7 +22,7 @@ from pathlib import Path
 
 from outboxkit.embedded.class_archive import archive_options, class_archive
 
-__all__ = ["QUICK_JVM", "quick_jvm_options", "spark_environment"]
+__all__ = ["QUICK_JVM", "quick_jvm_options", "spark_class_archive", "spark_environment"]
 
 #: HotSpot's C1 compiler only and the serial GC.
 QUICK_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
@@ -60,10 +60,12 @@ def spark_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def quick_jvm_options() -> str:
     """:data:`QUICK_JVM` and the class archive's option, as ``extraJavaOptions`` take them."""
-    return shlex.join([*QUICK_JVM, *archive_options(_spark_class_archive())])
+    return shlex.join([*QUICK_JVM, *archive_options(spark_class_archive())])
 
 
-def _spark_class_archive() -> Path | None:
+def spark_class_archive() -> Path | None:
+    """The class-data-sharing archive of the installed pyspark's classes (made on first use,
+    ~22 s), or None if it cannot be made."""
     from outboxkit.embedded.spark_cluster import spark_home  # noqa: PLC0415 (it imports this)
 
     def train(options: list[str]) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from outboxkit.demo.events import OrderPlaced, registry
 from outboxkit.embedded._process import wait_until
 from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.spark_cluster import SparkCluster, submit_command
-from outboxkit.embedded.spark_jvm import quick_jvm_options
+from outboxkit.embedded.spark_jvm import spark_class_archive
 from outboxkit.schemas import EventDecodeError
 from tests.helpers import mapped_class_archives
 from tests.integration.conftest import REPO, MakeTopic
@@ -226,7 +225,7 @@ async def test_spark_submit_runs_the_pipeline_on_both_workers(
     assert serving_table(pg_url) == recount(events)
     assert all(count >= 1 for count in app_executors(spark_cluster).values())
     # The master and the workers map the archive of Spark's classes (spark_jvm).
-    archive = shlex.split(quick_jvm_options())[-1].removeprefix("-XX:SharedArchiveFile=")
+    archive = str(spark_class_archive())
     daemons = [spark_cluster.master, *spark_cluster.workers]
     assert all(archive in mapped_class_archives(d.pid or 0) for d in daemons)
 

@@ -31,7 +31,7 @@ from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
 from outboxkit.embedded._process import wait_until
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
-from outboxkit.embedded.spark_jvm import quick_jvm_options
+from outboxkit.embedded.spark_jvm import quick_jvm_options, spark_class_archive
 from outboxkit.schemas import Event, EventRegistry, encode
 from tests.helpers import mapped_class_archives
 from tests.integration.conftest import REPO, MakeTopic
@@ -533,5 +533,5 @@ def test_the_quick_jvm_maps_the_class_archive(spark: SparkSession) -> None:
     one that cannot (a ``SPARK_CONF_DIR`` with files on its classpath, another JDK build)
     starts without it, only slower."""
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    archive = shlex.split(quick_jvm_options())[-1].removeprefix("-XX:SharedArchiveFile=")
+    archive = str(spark_class_archive())
     assert archive in mapped_class_archives(pid)
