@@ -13,7 +13,8 @@ tests meaningful on a loaded 2-core machine (two pytest-xdist workers share it):
 The servers' own are set where they start: Kafka test brokers (``group.initial.rebalance.delay.ms
 =0``, a 3 s broker session: :mod:`outboxkit.embedded.kafka`), three-member replica sets (a 2 s
 election timeout: ``FAST_FAILOVER`` in tests/integration/conftest.py), test mongods (a 2 s
-transaction lifetime where a test kills a client mid-transaction).
+transaction lifetime where a test kills a client mid-transaction, a 10 s one where a link goes
+half-open under one: :data:`ORPHANED_TRANSACTION_LIFETIME`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ STEP_ASIDE_AFTER = 3.0
 #: (one quick read each).
 STORE_READ_TIMEOUT = 1.0
 STORE_CONNECT_TIMEOUT = 1.0
+
+#: mongod's transactionLifetimeLimitSeconds where a worker's database link goes half-open
+#: (test_network_faults.py): a transaction it had open lives on until then, and its successor
+#: waits on its dedupe records' locks. Long enough for the inbox's transactions on a loaded
+#: machine (it keeps each to a quarter of the limit).
+ORPHANED_TRANSACTION_LIFETIME = 10
 
 #: Group membership, as ``OUTBOXKIT_*`` variables: what every relay and inbox process takes.
 GROUP_ENV = {

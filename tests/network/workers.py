@@ -5,13 +5,15 @@ moment, and connection resets timed by a worker's progress."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pymongo import AsyncMongoClient
 
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
@@ -19,6 +21,7 @@ from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker, effect_times
 from tests.helpers import wait_for
 from tests.network.toxiproxy import Proxy
+from tests.timeouts import ORPHANED_TRANSACTION_LIFETIME
 
 #: The longest commit→Kafka delay a fault may cause on this loaded 2-core machine. The targets
 #: are the session timeout (3 s in the tests) plus a rebalance, plus a few seconds.
@@ -133,6 +136,34 @@ async def lapsed(worker: Worker) -> bool:
     """A relay's /healthz is 503 for a lapsed membership, listing no partition."""
     health = await worker_health(worker)
     return bool(health.get("membership_lapsed_for")) and health.get("owned") == []
+
+
+@contextlib.asynccontextmanager
+async def orphaned_transactions_expire(url: str) -> AsyncIterator[None]:
+    """On MongoDB, mongod's ``transactionLifetimeLimitSeconds`` at
+    :data:`~tests.timeouts.ORPHANED_TRANSACTION_LIFETIME` for the block, restored after it.
+
+    A worker whose database link goes half-open may leave a transaction open on mongod: its
+    writes never end, and a session outlives its connections, so nothing ends it but the
+    lifetime limit (or the worker, once the link heals). Until then the worker that takes its
+    partitions over retries write conflicts on the same dedupe records (docs/mongodb.md). The
+    inbox reads the limit when it starts, so the block must hold the workers. PostgreSQL rolls
+    such a transaction back when the worker gives its connection up: nothing to do there."""
+    if not url.startswith("mongodb"):
+        yield
+        return
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+    admin = client.admin
+    try:
+        name = "transactionLifetimeLimitSeconds"
+        was = (await admin.command({"getParameter": 1, name: 1}))[name]
+        await admin.command({"setParameter": 1, name: ORPHANED_TRANSACTION_LIFETIME})
+        try:
+            yield
+        finally:
+            await admin.command({"setParameter": 1, name: was})
+    finally:
+        await client.close()
 
 
 def network_run(
