@@ -5,7 +5,9 @@ tests/unit needs no server. tests/integration uses real servers (tests/integrati
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             callspec is not None and "mongodb" in callspec.params.values()
         ):
             item.add_marker(pytest.mark.mongodb)
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found() -> Iterator[None]:
+    """Undo what a command run in-process (typer's ``CliRunner``) did to logging: its
+    ``configure_logging`` puts the root logger on the runner's stderr, closed once the command
+    returns, so every later record of the worker printed "--- Logging error ---" and a stack
+    instead (the progress listener's on a py4j thread, httpx's in the network tests). pytest's
+    own capture handlers come and go with each phase and are left to it."""
+    root, aiokafka = logging.getLogger(), logging.getLogger("aiokafka")
+    before, levels = set(root.handlers), (root.level, aiokafka.level)
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler).__module__ != "_pytest.logging":
+            root.removeHandler(handler)
+    root.setLevel(levels[0])
+    aiokafka.setLevel(levels[1])
 
 
 def _built(tool: GoTool) -> Path:
