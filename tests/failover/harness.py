@@ -52,7 +52,7 @@ from outboxkit.relay.records import TopicPartition
 from tests.failover.arrivals import ArrivalRecorder
 from tests.failover.publishers import check_one_publisher, producer_sessions
 from tests.failover.report import Fault, Report, gaps
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
@@ -86,7 +86,7 @@ class Worker:
 
     async def healthy(self) -> bool:
         try:
-            async with httpx.AsyncClient() as http:
+            async with http_client() as http:
                 response = await http.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2)
                 return response.status_code == 200
         except (httpx.HTTPError, OSError):

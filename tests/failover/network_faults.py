@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from tests.failover.harness import FailoverRun, Worker
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.network.toxiproxy import Proxy
 
 #: Seconds a fault that nothing takes over from (a slow link) is held.
@@ -136,7 +136,7 @@ async def _rejoined(run: FailoverRun) -> None:
 async def owns_partitions(worker: Worker) -> bool:
     """Whether ``worker`` (a relay) lists partitions it owns on its ``/healthz``."""
     try:
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)
             return bool(response.json().get("owned"))
     except (httpx.HTTPError, OSError, ValueError):

@@ -37,7 +37,7 @@ from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded import free_port
 from outboxkit.embedded.postgres import EmbeddedPostgres
 from outboxkit.relay import RelaySettings
-from tests.helpers import run_cli, wait_for
+from tests.helpers import http_client, run_cli, wait_for
 from tests.integration.conftest import MakeTopic, migrate_database
 from tests.integration.relay_harness import RelayProcess, register_topic
 
@@ -297,20 +297,20 @@ def test_settings_and_their_errors_do_not_show_the_password(password: str) -> No
 
 
 async def _get(port: int, path: str) -> str:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+    async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
         return (await http.get(path, timeout=5)).text
 
 
 async def _healthy(port: int) -> bool:
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
             return (await http.get("/healthz", timeout=5)).status_code == 200
     except (httpx.HTTPError, OSError):
         return False
 
 
 async def _erred(port: int) -> bool:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+    async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
         return (await http.get("/healthz", timeout=5)).json()["last_error"] is not None
 
 

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import kubernetes_validate
 import pytest
 import yaml
@@ -32,6 +31,7 @@ from outboxkit.probes import serve_probes
 from outboxkit.relay import RelaySettings
 from tests import deploy
 from tests.gotools import BUILD_TIMEOUT
+from tests.helpers import http_client
 
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 120)
 
@@ -183,7 +183,7 @@ async def test_the_probes_ask_what_a_worker_serves(
     port = free_port()
     server = await serve_probes(port, lambda: (True, {"running": True}), host="127.0.0.1")
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
             for component, deployment in _deployments(objects):
                 [container] = deployment["spec"]["template"]["spec"]["containers"]
                 env = {var["name"]: var.get("value") for var in container["env"]}

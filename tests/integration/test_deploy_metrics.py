@@ -25,7 +25,7 @@ from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.relay.metrics import ORDER_HOLDS
 from outboxkit.schemas import Event, encode
 from tests import deploy
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import FAILING_ENTITY, Payment
 from tests.integration.inbox_harness import (
@@ -132,7 +132,7 @@ async def test_every_metric_and_label_the_rules_and_dashboard_use_is_exported(
     async def everything_exported() -> bool:
         scraped.clear()
         sampled.clear()
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             for port in (relay_port, inbox_port):
                 try:
                     response = await http.get(f"http://127.0.0.1:{port}/metrics")

@@ -15,12 +15,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from outboxkit.embedded._process import free_port
 from tests.docs_snippets import REPO
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -78,7 +77,7 @@ async def test_the_first_order_after_the_banner_is_taken_and_paid(package: str) 
             return "payments on :" in log.read_text()
 
         await wait_for(banner, within=100, interval=0.05, what="the runner's banner")
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        async with http_client(base_url=url, timeout=30) as client:
             placed = await client.post("/orders", json=ORDER)  # at once, no retry
             assert placed.status_code == 201, placed.text + log.read_text()[-3000:]
             order_id = placed.json()["order_id"]

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from outboxkit.embedded._process import free_port
 from outboxkit.schemas import encode, partition_for_key
-from tests.helpers import run_cli, wait_for
+from tests.helpers import http_client, run_cli, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -208,7 +208,7 @@ async def _health(port: int, *, until: Callable[[dict[str, Any]], bool]) -> dict
     async def check() -> bool:
         nonlocal seen
         try:
-            async with httpx.AsyncClient() as client:
+            async with http_client() as client:
                 response = await client.get(f"http://127.0.0.1:{port}/healthz")
         except httpx.HTTPError:
             return False

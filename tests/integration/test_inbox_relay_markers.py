@@ -7,10 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from outboxkit.embedded._process import free_port
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -25,7 +23,7 @@ from tests.integration.relay_harness import Writers, register_topic, relay_env, 
 
 
 async def _health(port: int) -> tuple[int, dict[str, Any]]:
-    async with httpx.AsyncClient() as http:
+    async with http_client() as http:
         response = await http.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
         return response.status_code, response.json()
 

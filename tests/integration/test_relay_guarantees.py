@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -25,7 +24,7 @@ from outboxkit.core.settings import ConnectionSettings
 from outboxkit.embedded import KafkaCluster
 from outboxkit.embedded._process import free_port
 from outboxkit.relay import PostgresOutbox
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.relay_harness import (
     Big,
@@ -80,7 +79,7 @@ async def test_publishes_everything_in_order(
         await writers.stop()
         summary = await _drained(db_url, writers, kafka_bootstrap, topic, 3)
         # The worker's probe and metrics.
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
             health = await http.get("/healthz")
             assert health.status_code == 200
             assert health.json()["owned"] == [f"{topic}/0", f"{topic}/1", f"{topic}/2"]

@@ -19,7 +19,7 @@ from aiokafka import TopicPartition as KafkaTP
 
 from outboxkit.embedded._process import free_port
 from outboxkit.inbox import PostgresInboxStore
-from tests.helpers import run_cli, wait_for
+from tests.helpers import http_client, run_cli, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.relay_harness import (
     RelayProcess,
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 async def _health(port: int) -> dict[str, object]:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+    async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
         response = await http.get("/healthz", timeout=5)
         body: dict[str, object] = response.json()
         return body

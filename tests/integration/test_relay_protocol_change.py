@@ -10,12 +10,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
 from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from outboxkit.embedded._process import free_port
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.relay_harness import RelayProcess, register_topic, relay_env
 
 
@@ -50,7 +49,7 @@ async def test_a_relay_refused_by_another_protocol_waits_then_takes_over(
         assert relay.process.poll() is None, relay.log()
 
         async def owned() -> list[str]:
-            async with httpx.AsyncClient() as http:
+            async with http_client() as http:
                 response = await http.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
                 return list(response.json()["owned"])
 

@@ -18,7 +18,7 @@ import pytest
 from outboxkit.embedded._process import free_port
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.kafka_acls import CLUSTER, Acl, inbox_acls, relay_acls
-from tests.helpers import run_cli, wait_for
+from tests.helpers import http_client, run_cli, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -321,7 +321,7 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
         "OUTBOXKIT_STALL_AFTER": "5",
     }
     writers = Writers(url, topic, entities=4)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+    async with http_client(base_url=f"http://127.0.0.1:{port}") as http:
 
         async def health() -> tuple[int, str]:
             try:

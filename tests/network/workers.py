@@ -19,7 +19,7 @@ from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
 from tests.failover.harness import FailoverRun, Worker, effect_times
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.network.toxiproxy import Proxy
 from tests.timeouts import ORPHANED_TRANSACTION_LIFETIME
 
@@ -40,7 +40,7 @@ def committed_since(run: FailoverRun, moment: float, count: int) -> Callable[[],
 async def metric(worker: Worker, name: str) -> float:
     """The sum of ``name``'s samples on the worker's /metrics (0 while it does not answer)."""
     try:
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             text = (await http.get(f"http://127.0.0.1:{worker.port}/metrics", timeout=5)).text
     except (httpx.HTTPError, OSError):
         return 0.0
@@ -95,7 +95,7 @@ async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> Non
 async def worker_health(worker: Worker) -> dict[str, Any]:
     """The worker's /healthz as JSON ({} while it does not answer)."""
     try:
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             response = await http.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=2)
             return dict(response.json())
     except (httpx.HTTPError, OSError, ValueError):
