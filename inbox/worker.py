@@ -197,6 +197,7 @@ class InboxWorker(Generic[TX]):
             finally:
                 self._running = False
                 await side_tasks.cancel()
+                kafka_clients.abandoned_commits_read()  # a periodic commit cut short
                 await leave_group(
                     self._commit_and_stop(consumer, offsets),
                     within=2 * s.session_timeout,

@@ -326,6 +326,8 @@ class KafkaOwnership:
                     position = await self._consumer.position(tp)
                     await self._consumer.commit({tp: position})
             except (KafkaError, TimeoutError) as exc:
+                if isinstance(exc, TimeoutError):
+                    kafka_clients.abandoned_commits_read()
                 logger.info("membership not confirmed", error=repr(exc))
                 return False
         return True

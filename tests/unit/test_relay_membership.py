@@ -6,12 +6,16 @@ group coordinator, whose heartbeats the relay notes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition as KafkaTP
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.structs import OffsetAndMetadata
 
 from outboxkit.relay import ownership
 from outboxkit.relay.ownership import KafkaOwnership
@@ -171,3 +175,44 @@ async def test_a_member_that_steps_aside_leaves_first_then_gives_up_its_partitio
     assert member.lapsed() is None  # its clock starts again with the join
     now[0] += 19.0
     assert member.lapsed() is None
+
+
+async def test_a_commit_given_up_by_its_timeout_fails_later_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
+) -> None:
+    """Would catch the traceback a relay behind a half-open Kafka link logged ("Task exception
+    was never retrieved", health failing): confirming its membership, it gave up an offset
+    commit after its session timeout, and the commit aiokafka still sent (its own task, under
+    ``asyncio.shield``, as here) failed when the link closed. The relay must not be confirmed."""
+    member, coordinator, _ = member_of(members)
+    monkeypatch.setattr(
+        member, "_settings", member._settings.model_copy(update={"session_timeout": 0.05})
+    )
+    link_closed = asyncio.Event()
+
+    async def send_req(request: Any) -> Any:
+        await link_closed.wait()
+        raise KafkaConnectionError("Connection at 127.0.0.1:9092 closed")
+
+    coordinator.group_id, coordinator._send_req = "g", send_req
+
+    async def commit(offsets: dict[KafkaTP, int]) -> None:
+        sent = {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items()}
+        await asyncio.shield(GroupCoordinator._do_commit_offsets(coordinator, {}, sent))
+
+    async def position(tp: KafkaTP) -> int:
+        return 7
+
+    consumer: Any = member._consumer
+    monkeypatch.setattr(consumer, "assignment", lambda: {KafkaTP("t", 0), KafkaTP("t", 1)})
+    monkeypatch.setattr(consumer, "position", position)
+    monkeypatch.setattr(consumer, "commit", commit)
+    unhandled: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
+
+    assert not await member.confirm(OWNED)
+    link_closed.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    gc.collect()  # a task's unread exception is reported when the task is collected
+    assert unhandled == []
