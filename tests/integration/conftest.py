@@ -82,7 +82,7 @@ def collect_leaks() -> Iterator[None]:
     What outlives the collection outlives the test (session and module fixtures, caches): it is
     frozen (``gc.freeze``), so the next test's collection walks only what that test made, not
     the whole heap again (on a worker with Spark and hypothesis loaded, a full walk after every
-    test was an eighth of the worker's CPU). An object that dies later still goes at once
+    test was 14 % of the worker's CPU samples). An object that dies later still goes at once
     when nothing refers to it; only a cycle that dies later stays in memory."""
     yield
     gc.collect()
