@@ -379,7 +379,7 @@ async def _drained(url: str) -> bool:
 
 async def _effect_count(url: str) -> int:
     if database_kind(url) == "mongodb":
-        async with _mongo(url) as client:
+        async with mongo_client(url) as client:
             return await client.get_database(database_name(url)).effects.count_documents({})
     async with await psycopg.AsyncConnection.connect(url) as conn:
         row = await (await conn.execute("SELECT count(*) FROM effects")).fetchone()
@@ -390,7 +390,7 @@ async def effect_times(url: str) -> dict[UUID, list[float]]:
     """Event id → when each of its effects was written (one, unless G6 broke)."""
     found: dict[UUID, list[float]] = {}
     if database_kind(url) == "mongodb":
-        async with _mongo(url) as client:
+        async with mongo_client(url) as client:
             db = client.get_database(database_name(url))
             async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
                 at = doc["at"].replace(tzinfo=UTC).timestamp()
@@ -404,7 +404,7 @@ async def effect_times(url: str) -> dict[UUID, list[float]]:
 
 
 @contextlib.asynccontextmanager
-async def _mongo(url: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
+async def mongo_client(url: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
     try:
         yield client

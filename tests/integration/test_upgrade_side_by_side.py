@@ -48,14 +48,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(300)]
 OLD_WRITERS = """
 import asyncio, json, pathlib, sys
 from tests.integration.inbox_app import Payment
+from tests.helpers import wait_for
 from tests.integration.relay_harness import Writers
 
 async def main(url, topic, rate, stop, out):
     writers = Writers(url, topic, kind=Payment)
     names = [f"n-1-entity-{i}" for i in range(6)]
     tasks = [asyncio.create_task(writers._write(names[w::2], 0.0, 2 / rate)) for w in range(2)]
-    while not pathlib.Path(stop).exists():
-        await asyncio.sleep(0.1)
+    stopped = pathlib.Path(stop).exists
+    await wait_for(stopped, within=600, interval=0.1, what="the stop file")  # or end by itself
     await writers.stop()
     await asyncio.gather(*tasks)
     pathlib.Path(out).write_text(json.dumps({

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pymongo import AsyncMongoClient
 
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
-from tests.failover.harness import FailoverRun, Worker, effect_times
+from tests.failover.harness import FailoverRun, Worker, effect_times, mongo_client
 from tests.helpers import http_client, wait_for
 from tests.network.toxiproxy import Proxy
 from tests.timeouts import ORPHANED_TRANSACTION_LIFETIME
@@ -152,18 +151,14 @@ async def orphaned_transactions_expire(url: str) -> AsyncIterator[None]:
     if not url.startswith("mongodb"):
         yield
         return
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
-    admin = client.admin
-    try:
-        name = "transactionLifetimeLimitSeconds"
-        was = (await admin.command({"getParameter": 1, name: 1}))[name]
-        await admin.command({"setParameter": 1, name: ORPHANED_TRANSACTION_LIFETIME})
+    name = "transactionLifetimeLimitSeconds"
+    async with mongo_client(url) as client:
+        was = (await client.admin.command({"getParameter": 1, name: 1}))[name]
+        await client.admin.command({"setParameter": 1, name: ORPHANED_TRANSACTION_LIFETIME})
         try:
             yield
         finally:
-            await admin.command({"setParameter": 1, name: was})
-    finally:
-        await client.close()
+            await client.admin.command({"setParameter": 1, name: was})
 
 
 def network_run(
