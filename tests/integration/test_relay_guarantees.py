@@ -189,8 +189,13 @@ async def test_frozen_relay_is_fenced(
             # It notices by Kafka's fencing or revocation, or first by its own membership
             # check (it heard nothing from the coordinator while frozen): all three stop it.
             noticed = ("fenced", "partitions revoked", "no answer from the group coordinator")
+
+            def woke_and_noticed() -> bool:
+                since = zombie.log()[before:]  # one read of the log per poll
+                return any(line in since for line in noticed)
+
             await wait_for(
-                lambda: any(line in zombie.log()[before:] for line in noticed),
+                woke_and_noticed,
                 within=30,
                 what="the zombie to notice",
             )
