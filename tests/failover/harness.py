@@ -41,14 +41,16 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from pymongo import AsyncMongoClient
 
+from outboxkit.backends import backend_for
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.mongodb import database_name
-from outboxkit.core.settings import KafkaConnectionSettings, database_kind
+from outboxkit.core.settings import ConnectionSettings, KafkaConnectionSettings, database_kind
 from outboxkit.embedded._process import free_port
 from outboxkit.embedded.kafka_topology import KafkaTopology
 from outboxkit.relay.blocks import plan
 from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.records import TopicPartition
+from outboxkit.relay.storage import OutboxStorage
 from tests.failover.arrivals import ArrivalRecorder
 from tests.failover.publishers import check_one_publisher, producer_sessions
 from tests.failover.report import Fault, Report, gaps
@@ -65,7 +67,6 @@ from tests.integration.relay_harness import (
     RelayProcess,
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
@@ -129,6 +130,8 @@ class FailoverRun:
         self.topology = KafkaTopology(self.bootstrap)
         self._exit = contextlib.AsyncExitStack()
         self._writing = False
+        self._mongo: AsyncMongoClient[dict[str, Any]] | None = None
+        self._outbox: OutboxStorage | None = None
 
     @property
     def relay_group(self) -> str:
@@ -158,6 +161,16 @@ class FailoverRun:
 
     async def _start(self) -> None:
         await self._exit.enter_async_context(self.topology)
+        if database_kind(self.url) == "mongodb":
+            # One client for every read of the run, polls included: pymongo's async client,
+            # closed while its monitors still connect (as a client made for one query is),
+            # leaks their sockets (PYTHON-5867); a client per 0.25 s poll through a failover
+            # did, and the leak check failed the test.
+            self._mongo = await self._exit.enter_async_context(mongo_client(self.url))
+        settings = ConnectionSettings(database_url=self.url)
+        self._outbox = await self._exit.enter_async_context(
+            backend_for(self.url).outbox_storage(settings)
+        )
         brokers = len(self.bootstrap.split(","))
         replicas = min(3, brokers)
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
@@ -266,7 +279,7 @@ class FailoverRun:
             return all(e in arrived for e in due)
 
         async def effective() -> bool:
-            return await _effect_count(self.url) >= len(due)
+            return await self._effect_count() >= len(due)
 
         try:
             await wait_for(on_kafka, within=within, interval=0.1, what="events reaching Kafka")
@@ -275,7 +288,7 @@ class FailoverRun:
             missing = [e for e in due if e not in arrived]
             raise AssertionError(
                 f"{exc}: {len(missing)} of {len(due)} committed events not on Kafka; "
-                f"{await _effect_count(self.url)} effects. Logs in {self.log_dir}"
+                f"{await self._effect_count()} effects. Logs in {self.log_dir}"
             ) from None
 
     # -- the checks -----------------------------------------------------------------------------
@@ -287,7 +300,7 @@ class FailoverRun:
         await self.writers.stop()
         commits = sorted(self.writers.committed_at.values())
         load = len(commits) / (commits[-1] - commits[0]) if len(commits) > 1 else 0.0
-        await wait_for(lambda: _drained(self.url), within=90, interval=0.25, what="outbox drain")
+        await wait_for(self._drained, within=90, interval=0.25, what="outbox drain")
         await self._caught_up_to(time.time(), within=90)
         await wait_for(
             lambda: caught_up(self.bootstrap, self.inbox_group, self.topic, self.partitions),
@@ -304,7 +317,7 @@ class FailoverRun:
         sessions = await producer_sessions(self.bootstrap, self.topic, self.partitions)
         offsets = self.arrivals.offsets
         report.guarantees["G4"] = _outcome(lambda: check_one_publisher(offsets, sessions))
-        effects = await effect_times(self.url)
+        effects = await self.effect_times()
         distinct = {event_id for records in published.values() for _, event_id in records}
         report.guarantees["G6"] = _outcome(lambda: check_effects_once(effects, distinct))
         effect_at = {e: min(times) for e, times in effects.items()}
@@ -313,6 +326,36 @@ class FailoverRun:
             gaps(f, self.writers.committed_at, arrivals, effect_at) for f in self.faults
         ]
         return report
+
+    # -- the database -------------------------------------------------------------------------
+
+    async def _drained(self) -> bool:
+        assert self._outbox is not None, "the run has not started"
+        return sum(b.pending for b in await self._outbox.backlog()) == 0
+
+    async def _effect_count(self) -> int:
+        if self._mongo is not None:
+            return await self._mongo.get_database(database_name(self.url)).effects.count_documents(
+                {}
+            )
+        async with await psycopg.AsyncConnection.connect(self.url) as conn:
+            row = await (await conn.execute("SELECT count(*) FROM effects")).fetchone()
+            return int(row[0]) if row else 0
+
+    async def effect_times(self) -> dict[UUID, list[float]]:
+        """Event id → when each of its effects was written (one, unless G6 broke)."""
+        found: dict[UUID, list[float]] = {}
+        if self._mongo is not None:
+            db = self._mongo.get_database(database_name(self.url))
+            async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
+                at = doc["at"].replace(tzinfo=UTC).timestamp()
+                found.setdefault(doc["event_id"], []).append(at)
+            return found
+        async with await psycopg.AsyncConnection.connect(self.url) as conn:
+            cur = await conn.execute("SELECT event_id, extract(epoch FROM at)::float8 FROM effects")
+            for event_id, at in await cur.fetchall():
+                found.setdefault(event_id, []).append(at)
+        return found
 
     async def _health(self) -> list[str]:
         """Every process still the one started (none died), each ``/healthz`` 200 again within
@@ -371,36 +414,6 @@ def _outcome(check: Any) -> tuple[bool, str]:
         return True, str(check())
     except AssertionError as exc:
         return False, str(exc)
-
-
-async def _drained(url: str) -> bool:
-    return await pending(url) == 0
-
-
-async def _effect_count(url: str) -> int:
-    if database_kind(url) == "mongodb":
-        async with mongo_client(url) as client:
-            return await client.get_database(database_name(url)).effects.count_documents({})
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        row = await (await conn.execute("SELECT count(*) FROM effects")).fetchone()
-        return int(row[0]) if row else 0
-
-
-async def effect_times(url: str) -> dict[UUID, list[float]]:
-    """Event id → when each of its effects was written (one, unless G6 broke)."""
-    found: dict[UUID, list[float]] = {}
-    if database_kind(url) == "mongodb":
-        async with mongo_client(url) as client:
-            db = client.get_database(database_name(url))
-            async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
-                at = doc["at"].replace(tzinfo=UTC).timestamp()
-                found.setdefault(doc["event_id"], []).append(at)
-        return found
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cur = await conn.execute("SELECT event_id, extract(epoch FROM at)::float8 FROM effects")
-        for event_id, at in await cur.fetchall():
-            found.setdefault(event_id, []).append(at)
-    return found
 
 
 @contextlib.asynccontextmanager

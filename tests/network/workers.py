@@ -17,7 +17,7 @@ import httpx
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
-from tests.failover.harness import FailoverRun, Worker, effect_times, mongo_client
+from tests.failover.harness import FailoverRun, Worker, mongo_client
 from tests.helpers import http_client, wait_for
 from tests.network.toxiproxy import Proxy
 from tests.timeouts import ORPHANED_TRANSACTION_LIFETIME
@@ -86,7 +86,7 @@ async def taken_effect(run: FailoverRun, moment: float, *, within: float) -> Non
     due = {e for e, at in list(run.writers.committed_at.items()) if at <= moment}
 
     async def effective() -> bool:
-        return due <= (await effect_times(run.url)).keys()
+        return due <= (await run.effect_times()).keys()
 
     await wait_for(effective, within=within, interval=0.5, what="every event's effect")
 
