@@ -23,11 +23,11 @@ from tests.integration.inbox_harness import (
     inbox_env,
 )
 from tests.integration.relay_harness import (
-    pending,
     read_topic,
     register_topic,
     relay_env,
     relays,
+    wait_pending,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -101,11 +101,7 @@ async def test_the_documented_grants_let_each_worker_do_its_job(
     with relays(tmp_path, relay_env(relay_url, kafka_bootstrap, topic)) as [relay]:
         worker.start()
         try:
-
-            async def published() -> bool:
-                return await pending(pg_url) == 0
-
-            await wait_for(published, within=60, what="the relay to publish everything")
+            await wait_pending(pg_url, within=60, what="the relay to publish everything")
 
             async def handled() -> bool:
                 return len(await effects(pg_url)) >= len(events)

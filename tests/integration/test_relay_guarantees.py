@@ -32,18 +32,18 @@ from tests.integration.relay_harness import (
     Step,
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
     relays,
+    wait_pending,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 async def _drained(url: str, writers: Writers, bootstrap: str, topic: str, partitions: int) -> str:
-    await wait_for(lambda: _is_empty(url), within=60, what="the outbox to drain")
+    await wait_pending(url, within=60)
     return check_guarantees(writers, await read_topic(bootstrap, topic, partitions))
 
 
@@ -54,15 +54,6 @@ def _owns(relay: RelayProcess) -> bool:
 async def _written_more(writers: Writers, count: int) -> None:
     target = writers.total + count
     await wait_for(lambda: writers.total >= target, within=30, what=f"{count} more events")
-
-
-async def _is_empty(url: str) -> bool:
-    return await pending(url) == 0
-
-
-async def _publishing(url: str, writers: Writers) -> bool:
-    """Some committed events have left the outbox: the relay publishes."""
-    return await pending(url) < writers.total - 50
 
 
 async def test_publishes_everything_in_order(
@@ -111,9 +102,9 @@ async def test_late_commit_is_not_skipped(
             writers.start()
             await wait_for(lambda: writers.total >= 100, within=30, what="later commits")
             await writers.stop()
-            await wait_for(lambda: _is_empty(db_url), within=30, what="later events published")
+            await wait_pending(db_url, within=30, what="later events published")
         # the late transaction committed here
-        await wait_for(lambda: _is_empty(db_url), within=30, what="the late event published")
+        await wait_pending(db_url, within=30, what="the late event published")
         published = await read_topic(kafka_bootstrap, topic, 1)
     ids = [event_id for records in published.values() for _, event_id in records]
     assert ids[-1] == late.id, "the late event comes after the ones committed before it"
@@ -178,7 +169,10 @@ async def test_frozen_relay_is_fenced(
     with relays(tmp_path, env) as (zombie,):
         await wait_for(lambda: _owns(zombie), within=30, what="ownership")
         await _written_more(writers, 200)
-        await wait_for(lambda: _publishing(db_url, writers), within=30, what="it publishing")
+        # Some committed events have left the outbox: it publishes.
+        await wait_pending(
+            db_url, lambda pending: pending < writers.total - 50, within=30, what="it publishing"
+        )
         zombie.signal(signal.SIGSTOP)
         with relays(tmp_path, env) as (successor,):
             # It gets the partitions only once the frozen one's session timed out.
@@ -346,7 +340,7 @@ async def test_record_the_broker_refuses_is_parked_and_blocks_only_its_key(
             )
 
             assert await operations.skip_failed([poison.id]) == 1
-            await wait_for(lambda: _is_empty(db_url), within=30, what="the key released")
+            await wait_pending(db_url, within=30, what="the key released")
             published = await read_topic(kafka_bootstrap, topic, 1)
     ids = [event_id for _, event_id in published[0]]
     assert ids == [other.id, behind.id]
@@ -364,7 +358,7 @@ async def test_writers_through_pgbouncer_still_wake_the_relay(
     env = relay_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_SWEEP_INTERVAL="60")
     with relays(tmp_path, env) as (relay,):
         await wait_for(lambda: "partitions assigned" in relay.log(), within=30, what="ownership")
-        await wait_for(lambda: _is_empty(pg_url), within=30, what="the relay to go idle")
+        await wait_pending(pg_url, within=30, what="the relay to go idle")
         # PgBouncer 1.18 cannot carry server-side prepared statements in transaction mode.
         async with await psycopg.AsyncConnection.connect(
             pgbouncer_url, prepare_threshold=None
@@ -375,5 +369,5 @@ async def test_writers_through_pgbouncer_still_wake_the_relay(
                     await outbox.add(conn, Step(topic=topic, entity="pooled", seq=seq))
                 # Milliseconds when woken; 15 s leaves room for a loaded CI and is still far
                 # below the 60 s sweep.
-                await wait_for(lambda: _is_empty(pg_url), within=15, what="a woken relay")
+                await wait_pending(pg_url, within=15, what="a woken relay")
                 assert time.monotonic() - started < 15

@@ -20,17 +20,16 @@ from typing import Any
 import pytest
 
 from outboxkit.backends import Transactions, backend_for
-from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, migrate_mongodb_database
 from tests.integration.relay_harness import (
     Step,
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
     relays,
+    wait_pending,
 )
 from tests.integration.test_mongodb_order import YIELD_ALWAYS
 
@@ -110,10 +109,7 @@ async def test_transactions_of_many_events_per_key_reach_kafka_in_commit_order(
                 )
             )
 
-        async def drained() -> bool:
-            return await pending(url) == 0
-
-        await wait_for(drained, within=90, what="the outbox to drain")
+        await wait_pending(url, within=90)
         published = await read_topic(kafka_bootstrap, topic, PARTITIONS)
     summary = check_guarantees(ledger, published)  # G1 and G2, asserted inside
     assert ledger.total >= WRITERS * TRANSACTIONS, summary  # every transaction added events

@@ -25,10 +25,10 @@ from tests.integration.relay_harness import (
     RelayProcess,
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
+    wait_pending,
 )
 from tests.timeouts import SESSION_TIMEOUT
 
@@ -234,10 +234,7 @@ async def test_a_live_relay_taken_for_dead_rejoins_and_nothing_is_lost_or_reorde
 
 
 async def _drained(url: str, writers: Writers, bootstrap: str, topic: str) -> str:
-    async def empty() -> bool:
-        return await pending(url) == 0
-
-    await wait_for(empty, within=60, what="the outbox to drain")
+    await wait_pending(url, within=60)
     return check_guarantees(writers, await read_topic(bootstrap, topic, 6))
 
 

@@ -34,11 +34,11 @@ from tests.integration.relay_harness import (
     RelayProcess,
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
     relays,
+    wait_pending,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -97,10 +97,6 @@ async def relay_topic(
     return topic, f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-async def _drained(url: str) -> bool:
-    return await pending(url) == 0
-
-
 @pytest.mark.parametrize("auth", ["scram", "mtls"])
 async def test_relay_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
     auth: str,
@@ -126,7 +122,7 @@ async def test_relay_with_only_its_acls_keeps_g1_g2_across_a_sigkill(
             target = writers.total + 150
             await wait_for(lambda: writers.total >= target, within=60, what="150 more")
             await writers.stop()
-            await wait_for(lambda: _drained(url), within=90, what="the outbox to drain")
+            await wait_pending(url, within=90)
         finally:
             second.kill()
         logs = first.log() + second.log()
@@ -357,7 +353,7 @@ async def test_an_acl_revoked_while_the_relay_runs_shows_on_health_then_it_recov
             assert relay.process.poll() is None, "the relay keeps running"
             await secured_kafka.grant(f"User:{user}", "TOPIC", topic, ["WRITE"])
             await writers.stop()
-            await wait_for(lambda: _drained(url), within=90, what="the backlog to drain")
+            await wait_pending(url, within=90, what="the backlog to drain")
             await wait_for(lambda: status_is(200), within=30, what="healthy again")
             shown = [relay.log(), (await health())[1], (await http.get("/metrics")).text]
             status = run_cli("relay", "status", env={**env, "OUTBOXKIT_HTTP_PORT": ""})

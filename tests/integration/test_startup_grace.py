@@ -17,11 +17,11 @@ from tests.integration.conftest import MakeTopic, migrate_database
 from tests.integration.relay_harness import (
     Writers,
     check_guarantees,
-    pending,
     read_topic,
     register_topic,
     relay_env,
     relays,
+    wait_pending,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -55,10 +55,7 @@ async def test_a_relay_started_while_its_database_is_down_starts_when_it_is_back
         await wait_for(lambda: writers.total >= 100, within=30, what="100 events written")
         await writers.stop()
 
-        async def drained() -> bool:
-            return await pending(url) == 0
-
-        await wait_for(drained, within=60, what="the outbox to drain")
+        await wait_pending(url, within=60)
         assert relay.process is not None
         assert relay.process.poll() is None
         assert "Traceback" not in relay.log()
