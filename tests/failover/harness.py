@@ -58,10 +58,10 @@ from tests.helpers import http_client, wait_for
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     group_of,
     inbox_env,
+    wait_caught_up,
 )
 from tests.integration.relay_harness import (
     RelayProcess,
@@ -302,11 +302,14 @@ class FailoverRun:
         load = len(commits) / (commits[-1] - commits[0]) if len(commits) > 1 else 0.0
         await wait_for(self._drained, within=90, interval=0.25, what="outbox drain")
         await self._caught_up_to(time.time(), within=90)
-        await wait_for(
-            lambda: caught_up(self.bootstrap, self.inbox_group, self.topic, self.partitions),
+        await wait_caught_up(
+            self.bootstrap,
+            self.inbox_group,
+            self.topic,
+            self.partitions,
             within=60,
-            interval=0.5,
             what="the inbox's offsets to reach the end",
+            interval=0.5,
         )
         report = Report(
             load=f"{len(commits)} events written, {load:.0f}/s (asked {self.rate:.0f}/s)"

@@ -11,7 +11,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -28,7 +28,7 @@ from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
 from outboxkit.schemas import Event, encode
 from tests import timeouts
-from tests.helpers import started_worker
+from tests.helpers import started_worker, wait_for
 from tests.integration.inbox_app import EFFECTS_DDL
 from tests.raw_batches import RawRecord, raw_batch
 
@@ -159,24 +159,64 @@ async def _mongo(url: str) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
         await client.close()
 
 
-async def caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
-    """Whether ``group`` has committed offsets up to the end of every partition of ``topic``."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    await admin.start()
-    await consumer.start()
-    try:
+class GroupProgress:
+    """Whether a consumer group has committed offsets up to the end of every partition of a
+    topic, read through one admin client and one consumer for as long as the ``async with``
+    lasts. A new pair for each look cost 8 ms of the test's CPU, 26 ms of the broker's and
+    116 ms; polled every 20 ms, test_inbox.py spent 88 of its 138 s in such looks, beside the
+    workers under test."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, isolation_level="read_committed"
+        )
+
+    async def __aenter__(self) -> Self:
+        await self._admin.start()
         try:
-            committed = await admin.list_consumer_group_offsets(group)
+            await self._consumer.start()
+        except BaseException:
+            await self._admin.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._admin.close()
+
+    async def caught_up(self, group: str, topic: str, partitions: int) -> bool:
+        try:
+            committed = await self._admin.list_consumer_group_offsets(group)
         except KafkaError:  # no group yet, or its coordinator is loading
             return False
         tps = [KafkaTP(topic, p) for p in range(partitions)]
-        end = await consumer.end_offsets(tps)
+        end = await self._consumer.end_offsets(tps)
         # A partition that never had a record has no committed offset, and needs none.
         return all((committed[tp].offset if tp in committed else 0) >= end[tp] for tp in tps)
-    finally:
-        await consumer.stop()
-        await admin.close()
+
+
+async def wait_caught_up(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    partitions: int,
+    *,
+    within: float,
+    what: str,
+    interval: float = 0.02,
+) -> None:
+    """Wait until ``group`` has committed offsets up to the end of every partition of
+    ``topic``, looking through one :class:`GroupProgress` for the whole wait."""
+    async with GroupProgress(bootstrap) as progress:
+        await wait_for(
+            lambda: progress.caught_up(group, topic, partitions),
+            within=within,
+            interval=interval,
+            what=what,
+        )
 
 
 async def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:

@@ -11,17 +11,17 @@ import psycopg
 import pytest
 
 from outboxkit.relay import PostgresOutbox
-from tests.helpers import run_cli, wait_for
+from tests.helpers import run_cli
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
     inbox_env,
     produce,
+    wait_caught_up,
 )
 from tests.integration.relay_harness import Step
 
@@ -31,9 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 async def _run_until_caught_up(tmp_path: Path, env: dict[str, str], kafka: str, topic: str) -> None:
     worker = InboxProcess(tmp_path, env).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka, group_of(topic), topic, 1), within=60, what="caught up"
-        )
+        await wait_caught_up(kafka, group_of(topic), topic, 1, within=60, what="caught up")
         assert worker.alive(), worker.log()
     finally:
         assert worker.terminate() == 0, worker.log()

@@ -20,17 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.failover.harness import FailoverRun
-from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
     inbox_env,
     produce,
+    wait_caught_up,
 )
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -74,11 +73,14 @@ async def test_a_skewed_inbox_worker_never_takes_a_duplicate_twice(
             worker = InboxProcess(tmp_path, {**env, **extra}).start()
             try:
                 await produce(kafka_bootstrap, events)
-                await wait_for(
-                    lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1),
+                await wait_caught_up(
+                    kafka_bootstrap,
+                    group_of(topic),
+                    topic,
+                    1,
                     within=30,
-                    interval=0.2,
                     what=f"the inbox worker (clock {clock or 'real'}) to catch up",
+                    interval=0.2,
                 )
             finally:
                 assert worker.terminate() == 0, worker.log()

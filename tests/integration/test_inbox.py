@@ -20,8 +20,8 @@ from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.inbox_app import Payment, Refund
 from tests.integration.inbox_harness import (
     CRASHING,
+    GroupProgress,
     InboxProcess,
-    caught_up,
     create_effects_table,
     dedupe_records,
     effects,
@@ -29,6 +29,7 @@ from tests.integration.inbox_harness import (
     inbox_env,
     produce,
     read_all,
+    wait_caught_up,
 )
 from tests.integration.relay_harness import register_topic
 
@@ -56,15 +57,9 @@ async def test_duplicates_from_any_source_take_effect_once(
     await produce(kafka_bootstrap, [*events, *events])
     worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3),
-            within=60,
-            what="catch up",
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 3, within=60, what="catch up")
         await produce(kafka_bootstrap, events[:10])
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3), within=30, what="replay"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 3, within=30, what="replay")
         _once_each(await effects(db_url), events)
         assert worker.terminate() == 0, worker.log()
         assert "inbox stopped" in worker.log()
@@ -98,9 +93,7 @@ async def test_bad_input_is_dead_lettered_and_the_consumer_goes_on(
     env = inbox_env(db_url, kafka_bootstrap, topic, TEST_BATCH_HANDLER=batch)
     worker = InboxProcess(tmp_path, env).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
         assert worker.alive(), worker.log()
     finally:
         worker.kill()
@@ -145,29 +138,31 @@ async def test_crash_between_database_commit_and_offset_commit(
     events: list[Payment] = []
     crashes = 0
 
-    async def done_or_dead(worker: InboxProcess) -> bool:
-        return not worker.alive() or await caught_up(kafka_bootstrap, group_of(topic), topic, 2)
+    async with GroupProgress(kafka_bootstrap) as progress:
 
-    # 400 events; the crash is drawn by chance, so while it came fewer than 3 times, 200 more
-    # (up to four times: a loaded machine once drew only 2 crashes in 800 events).
-    for size in (400, 200, 200, 200, 200):
-        if crashes >= 3:
-            break
-        seqs = range(len(events), len(events) + size)
-        more = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in seqs]
-        events += more
-        await produce(kafka_bootstrap, more)
-        while not await caught_up(kafka_bootstrap, group_of(topic), topic, 2):
-            worker = InboxProcess(tmp_path, env, CRASHING).start()
-            try:
-                await wait_for(
-                    lambda w=worker: done_or_dead(w), within=60, what="a crash or the end"
-                )
-                crashed = not worker.alive()  # died by the test app's SIGKILL
-            finally:
-                worker.kill()
-            crashes += crashed
-            assert crashes < 60, "too many rounds"
+        async def done_or_dead(worker: InboxProcess) -> bool:
+            return not worker.alive() or await progress.caught_up(group_of(topic), topic, 2)
+
+        # 400 events; the crash is drawn by chance, so while it came fewer than 3 times, 200
+        # more (up to four times: a loaded machine once drew only 2 crashes in 800 events).
+        for size in (400, 200, 200, 200, 200):
+            if crashes >= 3:
+                break
+            seqs = range(len(events), len(events) + size)
+            more = [Payment(topic=topic, entity=f"e{i % 5}", seq=i) for i in seqs]
+            events += more
+            await produce(kafka_bootstrap, more)
+            while not await progress.caught_up(group_of(topic), topic, 2):
+                worker = InboxProcess(tmp_path, env, CRASHING).start()
+                try:
+                    await wait_for(
+                        lambda w=worker: done_or_dead(w), within=60, what="a crash or the end"
+                    )
+                    crashed = not worker.alive()  # died by the test app's SIGKILL
+                finally:
+                    worker.kill()
+                crashes += crashed
+                assert crashes < 60, "too many rounds"
     assert crashes >= 3, "the test app crashed the worker too rarely to prove anything"
     _once_each(await effects(db_url), events)
     print(f"{crashes} crashes between database commit and offset commit")
@@ -188,16 +183,12 @@ async def test_database_restart_loses_nothing_and_dead_letters_nothing(
     worker = InboxProcess(tmp_path, inbox_env(url, kafka_bootstrap, topic)).start()
     try:
         await produce(kafka_bootstrap, first)
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=60, what="first"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=60, what="first")
         await asyncio.to_thread(server.stop, "immediate")
         await produce(kafka_bootstrap, second)  # arrives while the database is down
         await wait_for(lambda: "database unavailable" in worker.log(), within=30, what="a pause")
         await asyncio.to_thread(server.start)
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=90, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=90, what="all")
         assert worker.alive(), worker.log()
         assert "record dead-lettered" not in worker.log()
     finally:
@@ -229,9 +220,7 @@ async def test_two_workers_rebalancing_take_each_effect_once(
         one.kill()  # dies without leaving: its partitions move after the session timeout
         await produce(kafka_bootstrap, batches[2])
         await produce(kafka_bootstrap, batches[3])
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 4), within=90, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 4, within=90, what="all")
     finally:
         one.kill()
         two.kill()
@@ -261,16 +250,12 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
 
     try:
         await produce(kafka_bootstrap, events)
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
         assert await dedupe_rows() > 0
         await wait_for(lambda: _is_zero(dedupe_rows), within=15, what="cleanup")
         later = [Payment(topic=topic, entity="e", seq=i) for i in range(50, 60)]
         await produce(kafka_bootstrap, later)
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=30, what="more"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=30, what="more")
     finally:
         worker.kill()
     _once_each(await effects(db_url), events + later)
@@ -287,9 +272,7 @@ async def test_handler_chains_an_outbox_event_once(
     await produce(kafka_bootstrap, [*refunds, *refunds])
     worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
     finally:
         worker.kill()
     settings = ConnectionSettings(database_url=db_url)

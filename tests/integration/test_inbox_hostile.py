@@ -21,7 +21,6 @@ from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
@@ -29,6 +28,7 @@ from tests.integration.inbox_harness import (
     produce,
     produce_raw_batch,
     read_all,
+    wait_caught_up,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -69,9 +69,7 @@ async def test_a_record_aiokafka_cannot_read_is_dead_lettered_and_skipped(
     await produce(kafka_bootstrap, [after])
     worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 3), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 3, within=60, what="all")
         assert worker.alive(), worker.log()
     finally:
         worker.kill()
@@ -102,9 +100,7 @@ async def test_a_bad_record_too_large_to_dead_letter_whole_is_cut_to_fit(
     await produce(kafka_bootstrap, [after])
     worker = InboxProcess(tmp_path, inbox_env(pg_url, kafka_bootstrap, topic)).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
         assert worker.alive(), worker.log()
     finally:
         worker.kill()

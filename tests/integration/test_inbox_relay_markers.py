@@ -13,11 +13,11 @@ from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
     inbox_env,
+    wait_caught_up,
 )
 from tests.integration.relay_harness import Writers, register_topic, relay_env, relays
 
@@ -55,11 +55,14 @@ async def test_idle_inbox_after_relay_transactions_has_no_lag_and_is_not_stalled
                 return len(await effects(url)) >= writers.total
 
             await wait_for(all_effects, within=60, what="every effect")
-            await wait_for(
-                lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2),
+            await wait_caught_up(
+                kafka_bootstrap,
+                group_of(topic),
+                topic,
+                2,
                 within=30,
-                interval=0.5,
                 what="the inbox's committed offsets to reach the end of the topic",
+                interval=0.5,
             )
 
             async def idle_past_stall_after() -> bool:

@@ -18,13 +18,13 @@ from tests.integration.conftest import MakeTopic, migrate_mongodb_database
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
     inbox_env,
     produce,
     read_all,
+    wait_caught_up,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -89,9 +89,7 @@ async def test_a_record_whose_handler_outlives_the_limit_is_dead_lettered_and_th
     try:
         await wait_for(lambda: _took_effect(url, [before, *others]), within=60, what="the others")
         assert await read_all(kafka_bootstrap, dlq) == [], "the others went first"
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 2), within=90, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=90, what="all")
         assert worker.alive(), worker.log()
     finally:
         worker.kill()
@@ -121,9 +119,7 @@ async def test_a_batch_stops_growing_before_the_limit(
     await produce(kafka_bootstrap, events)
     worker = InboxProcess(tmp_path, inbox_env(url, kafka_bootstrap, topic), SLOW_APP).start()
     try:
-        await wait_for(
-            lambda: caught_up(kafka_bootstrap, group_of(topic), topic, 1), within=60, what="all"
-        )
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
         assert worker.alive(), worker.log()
     finally:
         worker.kill()

@@ -33,9 +33,8 @@ from outboxkit.schemas import Event, EventRegistry
 from outboxkit.schemas.compatibility import Rule, check_compatibility
 from outboxkit.schemas.snapshot import Snapshot
 from outboxkit.service import Outboxkit
-from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic
-from tests.integration.inbox_harness import caught_up, group_of, produce, read_all
+from tests.integration.inbox_harness import group_of, produce, read_all, wait_caught_up
 from tests.timeouts import SERVICE_SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -168,10 +167,8 @@ async def consume(
         registry=metrics,
     )
     async with kit.lifespan():
-        await wait_for(
-            lambda: caught_up(kafka, group_of(topic), topic, PARTITIONS),
-            within=60,
-            what="the inbox caught up",
+        await wait_caught_up(
+            kafka, group_of(topic), topic, PARTITIONS, within=60, what="the inbox caught up"
         )
         assert kit.health().healthy, kit.health()
 

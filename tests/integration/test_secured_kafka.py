@@ -23,12 +23,12 @@ from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
-    caught_up,
     create_effects_table,
     effects,
     group_of,
     inbox_env,
     produce,
+    wait_caught_up,
 )
 from tests.integration.relay_harness import (
     RelayProcess,
@@ -149,9 +149,7 @@ async def test_inbox_with_only_its_acls_takes_each_effect_once(
     env = {**inbox_env(url, secured_kafka.sasl_ssl_bootstrap, topic), **kafka_env}
     worker = InboxProcess(tmp_path, env).start()
     try:
-        await wait_for(
-            lambda: caught_up(admin, group_of(topic), topic, 2), within=90, what="catch up"
-        )
+        await wait_caught_up(admin, group_of(topic), topic, 2, within=90, what="catch up")
         found = await effects(url)
         assert sorted(event_id for event_id, _, _ in found) == sorted(e.id for e in events)
         assert worker.terminate() == 0, worker.log()
