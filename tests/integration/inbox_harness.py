@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -130,26 +130,6 @@ async def produce(
         await producer.stop()
 
 
-async def effects(url: str) -> list[tuple[uuid.UUID, str, int]]:
-    if url.startswith("mongodb"):
-        async with _mongo(url) as db:
-            return [(d["event_id"], d["entity"], d["seq"]) async for d in db.effects.find()]
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cur = await conn.execute("SELECT event_id, entity, seq FROM effects")
-        return await cur.fetchall()
-
-
-async def dedupe_records(url: str) -> int:
-    """The inbox's dedupe rows (documents), all consumers."""
-    if url.startswith("mongodb"):
-        async with _mongo(url) as db:
-            return await db.get_collection("outboxkit.inbox").count_documents({})
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cur = await conn.execute("SELECT count(*) FROM outboxkit.inbox")
-        row = await cur.fetchone()
-        return int(row[0]) if row else -1
-
-
 @contextlib.asynccontextmanager
 async def _mongo(url: str) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
@@ -157,6 +137,69 @@ async def _mongo(url: str) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
         yield client.get_database(database_name(url))
     finally:
         await client.close()
+
+
+Effect = tuple[uuid.UUID, str, int]
+
+
+class InboxTables:
+    """The test app's ``effects`` (event id, entity, seq) and the inbox's dedupe records, read
+    through one MongoDB client or PostgreSQL connection for as long as the ``async with``
+    lasts: a test that polls keeps one (tests/README.md)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._mongo: AsyncMongoClient[dict[str, Any]] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> Self:
+        if self.url.startswith("mongodb"):
+            self._mongo = AsyncMongoClient(self.url, uuidRepresentation="standard")
+        else:
+            self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._mongo is not None:
+            await self._mongo.close()
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def effects(self) -> list[Effect]:
+        if self._mongo is not None:
+            db = self._mongo.get_database(database_name(self.url))
+            return [(d["event_id"], d["entity"], d["seq"]) async for d in db.effects.find()]
+        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
+        cur = await self._conn.execute("SELECT event_id, entity, seq FROM effects")
+        return await cur.fetchall()
+
+    async def dedupe_records(self) -> int:
+        """The inbox's dedupe rows (documents), all consumers."""
+        if self._mongo is not None:
+            db = self._mongo.get_database(database_name(self.url))
+            return await db.get_collection("outboxkit.inbox").count_documents({})
+        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
+        cur = await self._conn.execute("SELECT count(*) FROM outboxkit.inbox")
+        row = await cur.fetchone()
+        return int(row[0]) if row else -1
+
+
+async def effects(url: str) -> list[Effect]:
+    async with InboxTables(url) as tables:
+        return await tables.effects()
+
+
+async def wait_effects(
+    url: str, until: Callable[[list[Effect]], bool], *, within: float, what: str
+) -> None:
+    """Wait until ``until`` holds for the effects taken so far, reading them through one
+    :class:`InboxTables` for the whole wait."""
+    async with InboxTables(url) as tables:
+
+        async def holds() -> bool:
+            return until(await tables.effects())
+
+        await wait_for(holds, within=within, what=what)
 
 
 class GroupProgress:

@@ -13,7 +13,6 @@ import psycopg
 import pytest
 
 from outboxkit.backends import backend_for
-from tests.helpers import wait_for
 from tests.integration.conftest import REPO, MakeTopic
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -21,6 +20,7 @@ from tests.integration.inbox_harness import (
     create_effects_table,
     effects,
     inbox_env,
+    wait_effects,
 )
 from tests.integration.relay_harness import (
     read_topic,
@@ -103,10 +103,12 @@ async def test_the_documented_grants_let_each_worker_do_its_job(
         try:
             await wait_pending(pg_url, within=60, what="the relay to publish everything")
 
-            async def handled() -> bool:
-                return len(await effects(pg_url)) >= len(events)
-
-            await wait_for(handled, within=60, what="the inbox to handle everything")
+            await wait_effects(
+                pg_url,
+                lambda found: len(found) >= len(events),
+                within=60,
+                what="the inbox to handle everything",
+            )
         finally:
             worker.kill()
         log = relay.log() + worker.log()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,15 @@ from tests.integration.inbox_harness import (
     CRASHING,
     GroupProgress,
     InboxProcess,
+    InboxTables,
     create_effects_table,
-    dedupe_records,
     effects,
     group_of,
     inbox_env,
     produce,
     read_all,
     wait_caught_up,
+    wait_effects,
 )
 from tests.integration.relay_harness import register_topic
 
@@ -216,7 +216,7 @@ async def test_two_workers_rebalancing_take_each_effect_once(
         await produce(kafka_bootstrap, batches[0])
         two.start()  # joins: a rebalance while records flow
         await produce(kafka_bootstrap, batches[1])
-        await wait_for(lambda: _count_at_least(db_url, 200), within=60, what="two batches")
+        await wait_effects(db_url, lambda found: len(found) >= 200, within=60, what="two batches")
         one.kill()  # dies without leaving: its partitions move after the session timeout
         await produce(kafka_bootstrap, batches[2])
         await produce(kafka_bootstrap, batches[3])
@@ -245,14 +245,16 @@ async def test_ttl_cleanup_removes_old_dedupe_rows_while_consuming(
     events = [Payment(topic=topic, entity="e", seq=i) for i in range(50)]
     worker = InboxProcess(tmp_path, env).start()
 
-    async def dedupe_rows() -> int:
-        return await dedupe_records(db_url)
-
     try:
         await produce(kafka_bootstrap, events)
         await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=60, what="all")
-        assert await dedupe_rows() > 0
-        await wait_for(lambda: _is_zero(dedupe_rows), within=15, what="cleanup")
+        async with InboxTables(db_url) as tables:
+            assert await tables.dedupe_records() > 0
+
+            async def cleaned_up() -> bool:
+                return await tables.dedupe_records() == 0
+
+            await wait_for(cleaned_up, within=15, what="cleanup")
         later = [Payment(topic=topic, entity="e", seq=i) for i in range(50, 60)]
         await produce(kafka_bootstrap, later)
         await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 1, within=30, what="more")
@@ -281,11 +283,3 @@ async def test_handler_chains_an_outbox_event_once(
     assert Counter(r.key for r in chained if r.topic == "refunds-issued") == {
         f"r{i}".encode(): 1 for i in range(20)
     }
-
-
-async def _count_at_least(url: str, count: int) -> bool:
-    return len(await effects(url)) >= count
-
-
-async def _is_zero(count: Callable[[], object]) -> bool:
-    return await count() == 0  # type: ignore[misc]

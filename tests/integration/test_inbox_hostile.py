@@ -29,6 +29,7 @@ from tests.integration.inbox_harness import (
     produce_raw_batch,
     read_all,
     wait_caught_up,
+    wait_effects,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -135,7 +136,7 @@ async def test_a_dead_letter_topic_that_refuses_even_a_pointer_parks_only_its_pa
     env = inbox_env(pg_url, kafka_bootstrap, topic, OUTBOXKIT_HTTP_PORT=str(port))
     worker = InboxProcess(tmp_path, env).start()
     try:
-        await wait_for(lambda: _count_at_least(pg_url, len(flowing)), within=60, what="p1")
+        await wait_effects(pg_url, lambda found: len(found) >= len(flowing), within=60, what="p1")
         health = await _health(port, until=lambda h: bool(h.get("partitions")))
         [parked] = health["partitions"]
         assert (parked["partition"], parked["offset"]) == (f"{topic}/0", 0)
@@ -191,10 +192,6 @@ async def _produce_to(bootstrap: str, topic: str, partition: int, value: bytes) 
         await producer.send_and_wait(topic, value, key=b"raw", partition=partition)
     finally:
         await producer.stop()
-
-
-async def _count_at_least(pg_url: str, count: int) -> bool:
-    return len(await effects(pg_url)) >= count
 
 
 async def _health(port: int, *, until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

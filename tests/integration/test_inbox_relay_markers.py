@@ -14,10 +14,10 @@ from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
     create_effects_table,
-    effects,
     group_of,
     inbox_env,
     wait_caught_up,
+    wait_effects,
 )
 from tests.integration.relay_harness import Writers, register_topic, relay_env, relays
 
@@ -51,10 +51,9 @@ async def test_idle_inbox_after_relay_transactions_has_no_lag_and_is_not_stalled
             await wait_for(lambda: writers.total >= 20, within=30, what="20 events written")
             await writers.stop()
 
-            async def all_effects() -> bool:
-                return len(await effects(url)) >= writers.total
-
-            await wait_for(all_effects, within=60, what="every effect")
+            await wait_effects(
+                url, lambda found: len(found) >= writers.total, within=60, what="every effect"
+            )
             await wait_caught_up(
                 kafka_bootstrap,
                 group_of(topic),

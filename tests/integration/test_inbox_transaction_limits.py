@@ -13,7 +13,6 @@ import psycopg
 import pytest
 
 from outboxkit.schemas import partition_for_key
-from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, migrate_mongodb_database
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -25,6 +24,7 @@ from tests.integration.inbox_harness import (
     produce,
     read_all,
     wait_caught_up,
+    wait_effects,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -87,7 +87,10 @@ async def test_a_record_whose_handler_outlives_the_limit_is_dead_lettered_and_th
     )
     worker = InboxProcess(tmp_path, env, SLOW_APP).start()
     try:
-        await wait_for(lambda: _took_effect(url, [before, *others]), within=60, what="the others")
+        wanted = {e.id for e in [before, *others]}
+        await wait_effects(
+            url, lambda found: wanted <= {e for e, _, _ in found}, within=60, what="the others"
+        )
         assert await read_all(kafka_bootstrap, dlq) == [], "the others went first"
         await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=90, what="all")
         assert worker.alive(), worker.log()
@@ -126,7 +129,3 @@ async def test_a_batch_stops_growing_before_the_limit(
     assert sorted(seq for _, _, seq in await effects(url)) == list(range(8))
     assert await read_all(kafka_bootstrap, dlq) == []
     assert "splitting the batch" not in worker.log(), "no transaction was aborted"
-
-
-async def _took_effect(url: str, events: list[Payment]) -> bool:
-    return {e.id for e in events} <= {event_id for event_id, _, _ in await effects(url)}
