@@ -64,15 +64,23 @@ class KafkaTopology:
     ) -> None:
         await self._client.close()
 
-    async def partition_leader(self, topic: str, partition: int) -> int:
-        """Node id of the broker that leads ``topic``'s ``partition``."""
+    async def partition_leader(
+        self, topic: str, partition: int, *, other_than: int | None = None
+    ) -> int:
+        """Node id of the broker that leads ``topic``'s ``partition``; with ``other_than``, of
+        the one that leads it once that broker no longer does (after it was killed or shut
+        down: the election's outcome)."""
 
         async def ask() -> int | None:
             self._client.add_topic(topic)
             await self._client.force_metadata_update()
-            leader = self._client.cluster.leader_for_partition(TopicPartition(topic, partition))
+            leader: int | None = self._client.cluster.leader_for_partition(
+                TopicPartition(topic, partition)
+            )
             # None: unknown partition; -1: no leader (an election is running).
-            return leader if leader is not None and leader >= 0 else None
+            if leader is None or leader < 0 or leader == other_than:
+                return None
+            return leader
 
         return await self._retry(ask, f"the leader of {topic}/{partition}")
 

@@ -21,36 +21,41 @@ import asyncio
 from collections.abc import Iterable, Mapping
 
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import for_code
+from aiokafka.errors import LeaderNotAvailableError, NotLeaderForPartitionError, for_code
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.memory_records import MemoryRecords
-from aiokafka.structs import TopicPartition
+
+from outboxkit.embedded.kafka_topology import KafkaTopology
 
 #: (producer id, producer epoch)
 Session = tuple[int, int]
 
 
 async def producer_sessions(
-    bootstrap: str, topic: str, partitions: int
+    topology: KafkaTopology, bootstrap: str, topic: str, partitions: int
 ) -> dict[int, dict[int, Session]]:
     """Partition → offset → the producer session of the batch that holds it (data records
-    only, committed or not)."""
+    only, committed or not). ``topology`` names each partition's leader."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, client_id="failover-g4")
     await client.bootstrap()
     try:
-        client.add_topic(topic)
-        await client.force_metadata_update()
-        return {p: await _read_partition(client, topic, p) for p in range(partitions)}
+        return {p: await _read_partition(topology, client, topic, p) for p in range(partitions)}
     finally:
         await client.close()
 
 
-async def _read_partition(client: AIOKafkaClient, topic: str, partition: int) -> dict[int, Session]:
+#: Errors after which the partition's leader is another broker (or is being elected).
+_LEADER_MOVED = (NotLeaderForPartitionError, LeaderNotAvailableError)
+
+
+async def _read_partition(
+    topology: KafkaTopology, client: AIOKafkaClient, topic: str, partition: int
+) -> dict[int, Session]:
     sessions: dict[int, Session] = {}
     offset = 0
+    leader = await topology.partition_leader(topic, partition)
     async with asyncio.timeout(60):
         while True:
-            leader = client.cluster.leader_for_partition(TopicPartition(topic, partition))
             request = FetchRequest(500, 1, 4 << 20, 0, [(topic, [(partition, offset, 4 << 20)])])
             response = await client.send(leader, request)
             [(_, [(_, error_code, highwater, *data)])] = response.topics
@@ -58,8 +63,11 @@ async def _read_partition(client: AIOKafkaClient, topic: str, partition: int) ->
                 error = for_code(error_code)
                 if not error.retriable:
                     raise error(f"fetching {topic}/{partition} at {offset}")
-                await client.force_metadata_update()  # the leader moved: ask the new one
-                await asyncio.sleep(0.2)
+                # Ask the broker that leads it now: once elected, if the leader moved.
+                moved = issubclass(error, _LEADER_MOVED)
+                leader = await topology.partition_leader(
+                    topic, partition, other_than=leader if moved else None
+                )
                 continue
             records = MemoryRecords(data[-1])
             while (batch := records.next_batch()) is not None:
