@@ -29,22 +29,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
-import psycopg
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
-from pymongo import AsyncMongoClient
 
 from outboxkit.backends import backend_for
 from outboxkit.core.kafka import admin_client
-from outboxkit.core.mongodb import database_name
-from outboxkit.core.settings import ConnectionSettings, KafkaConnectionSettings, database_kind
+from outboxkit.core.settings import ConnectionSettings, KafkaConnectionSettings
 from outboxkit.embedded._process import free_port
 from outboxkit.embedded.kafka_topology import KafkaTopology
 from outboxkit.relay.blocks import plan
@@ -58,6 +54,7 @@ from tests.helpers import http_client, wait_for
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
     InboxProcess,
+    InboxTables,
     create_effects_table,
     group_of,
     inbox_env,
@@ -130,7 +127,7 @@ class FailoverRun:
         self.topology = KafkaTopology(self.bootstrap)
         self._exit = contextlib.AsyncExitStack()
         self._writing = False
-        self._mongo: AsyncMongoClient[dict[str, Any]] | None = None
+        self._effects: InboxTables | None = None
         self._outbox: OutboxStorage | None = None
 
     @property
@@ -161,12 +158,11 @@ class FailoverRun:
 
     async def _start(self) -> None:
         await self._exit.enter_async_context(self.topology)
-        if database_kind(self.url) == "mongodb":
-            # One client for every read of the run, polls included: pymongo's async client,
-            # closed while its monitors still connect (as a client made for one query is),
-            # leaks their sockets (PYTHON-5867); a client per 0.25 s poll through a failover
-            # did, and the leak check failed the test.
-            self._mongo = await self._exit.enter_async_context(mongo_client(self.url))
+        # One client for every read of the run, polls included: pymongo's async client, closed
+        # while its monitors still connect (as a client made for one query is), leaks their
+        # sockets (PYTHON-5867); a client per 0.25 s poll through a failover did, and the leak
+        # check failed the test.
+        self._effects = await self._exit.enter_async_context(InboxTables(self.url))
         settings = ConnectionSettings(database_url=self.url)
         self._outbox = await self._exit.enter_async_context(
             backend_for(self.url).outbox_storage(settings)
@@ -279,7 +275,7 @@ class FailoverRun:
             return all(e in arrived for e in due)
 
         async def effective() -> bool:
-            return await self._effect_count() >= len(due)
+            return await self._tables().effect_count() >= len(due)
 
         try:
             await wait_for(on_kafka, within=within, interval=0.1, what="events reaching Kafka")
@@ -288,7 +284,7 @@ class FailoverRun:
             missing = [e for e in due if e not in arrived]
             raise AssertionError(
                 f"{exc}: {len(missing)} of {len(due)} committed events not on Kafka; "
-                f"{await self._effect_count()} effects. Logs in {self.log_dir}"
+                f"{await self._tables().effect_count()} effects. Logs in {self.log_dir}"
             ) from None
 
     # -- the checks -----------------------------------------------------------------------------
@@ -317,7 +313,9 @@ class FailoverRun:
         report.health = await self._health()
         published = await read_topic(self.bootstrap, self.topic, self.partitions)
         report.guarantees["G1+G2"] = _outcome(lambda: check_guarantees(self.writers, published))
-        sessions = await producer_sessions(self.bootstrap, self.topic, self.partitions)
+        sessions = await producer_sessions(
+            self.topology, self.bootstrap, self.topic, self.partitions
+        )
         offsets = self.arrivals.offsets
         report.guarantees["G4"] = _outcome(lambda: check_one_publisher(offsets, sessions))
         effects = await self.effect_times()
@@ -336,29 +334,13 @@ class FailoverRun:
         assert self._outbox is not None, "the run has not started"
         return sum(b.pending for b in await self._outbox.backlog()) == 0
 
-    async def _effect_count(self) -> int:
-        if self._mongo is not None:
-            return await self._mongo.get_database(database_name(self.url)).effects.count_documents(
-                {}
-            )
-        async with await psycopg.AsyncConnection.connect(self.url) as conn:
-            row = await (await conn.execute("SELECT count(*) FROM effects")).fetchone()
-            return int(row[0]) if row else 0
+    def _tables(self) -> InboxTables:
+        assert self._effects is not None, "the run has not started"
+        return self._effects
 
     async def effect_times(self) -> dict[UUID, list[float]]:
         """Event id → when each of its effects was written (one, unless G6 broke)."""
-        found: dict[UUID, list[float]] = {}
-        if self._mongo is not None:
-            db = self._mongo.get_database(database_name(self.url))
-            async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
-                at = doc["at"].replace(tzinfo=UTC).timestamp()
-                found.setdefault(doc["event_id"], []).append(at)
-            return found
-        async with await psycopg.AsyncConnection.connect(self.url) as conn:
-            cur = await conn.execute("SELECT event_id, extract(epoch FROM at)::float8 FROM effects")
-            for event_id, at in await cur.fetchall():
-                found.setdefault(event_id, []).append(at)
-        return found
+        return await self._tables().effect_times()
 
     async def _health(self) -> list[str]:
         """Every process still the one started (none died), each ``/healthz`` 200 again within
@@ -417,12 +399,3 @@ def _outcome(check: Any) -> tuple[bool, str]:
         return True, str(check())
     except AssertionError as exc:
         return False, str(exc)
-
-
-@contextlib.asynccontextmanager
-async def mongo_client(url: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
-    try:
-        yield client
-    finally:
-        await client.close()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any, Self
 
@@ -22,7 +23,6 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.structs import ConsumerRecord
 from pymongo import AsyncMongoClient
-from pymongo.asynchronous.database import AsyncDatabase
 
 from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
@@ -103,7 +103,8 @@ def group_of(topic: str) -> str:
 
 async def create_effects_table(url: str) -> None:
     if url.startswith("mongodb"):
-        async with _mongo(url) as db:
+        async with mongo_client(url) as client:
+            db = client.get_database(database_name(url))
             await db.create_collection("effects")
         return
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -131,10 +132,10 @@ async def produce(
 
 
 @contextlib.asynccontextmanager
-async def _mongo(url: str) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
+async def mongo_client(url: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url, uuidRepresentation="standard")
     try:
-        yield client.get_database(database_name(url))
+        yield client
     finally:
         await client.close()
 
@@ -172,6 +173,31 @@ class InboxTables:
         assert self._conn is not None, "use as: async with InboxTables(url) as tables"
         cur = await self._conn.execute("SELECT event_id, entity, seq FROM effects")
         return await cur.fetchall()
+
+    async def effect_count(self) -> int:
+        if self._mongo is not None:
+            db = self._mongo.get_database(database_name(self.url))
+            return await db.effects.count_documents({})
+        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
+        row = await (await self._conn.execute("SELECT count(*) FROM effects")).fetchone()
+        return int(row[0]) if row else 0
+
+    async def effect_times(self) -> dict[uuid.UUID, list[float]]:
+        """Event id → when each of its effects was written (one, unless G6 broke)."""
+        found: dict[uuid.UUID, list[float]] = {}
+        if self._mongo is not None:
+            db = self._mongo.get_database(database_name(self.url))
+            async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
+                at = doc["at"].replace(tzinfo=UTC).timestamp()
+                found.setdefault(doc["event_id"], []).append(at)
+            return found
+        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
+        cur = await self._conn.execute(
+            "SELECT event_id, extract(epoch FROM at)::float8 FROM effects"
+        )
+        for event_id, at in await cur.fetchall():
+            found.setdefault(event_id, []).append(at)
+        return found
 
     async def dedupe_records(self) -> int:
         """The inbox's dedupe rows (documents), all consumers."""

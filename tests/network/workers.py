@@ -17,8 +17,9 @@ import httpx
 from outboxkit.core.kafka import admin_client
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.relay.ownership import GroupMember, describe_group
-from tests.failover.harness import FailoverRun, Worker, mongo_client
+from tests.failover.harness import FailoverRun, Worker
 from tests.helpers import http_client, wait_for
+from tests.integration.inbox_harness import mongo_client
 from tests.network.toxiproxy import Proxy
 from tests.timeouts import ORPHANED_TRANSACTION_LIFETIME
 
