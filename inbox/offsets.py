@@ -22,6 +22,7 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.inbox.metrics import InboxMetrics
 from outboxkit.inbox.progress import PartitionProgress, is_stalled
 from outboxkit.inbox.settings import InboxSettings
@@ -97,7 +98,7 @@ class OffsetCommitter:
     async def commit_regularly(self, interval: float) -> None:
         """Commit every ``interval`` seconds, until cancelled."""
         while True:
-            await asyncio.sleep(interval)
+            await sleep_unless_cancelled(interval)
             await self.commit()
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:

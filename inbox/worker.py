@@ -35,7 +35,7 @@ from aiokafka.structs import TopicPartition
 from outboxkit.core import kafka_clients
 from outboxkit.core.kafka import leave_group
 from outboxkit.core.supervisor import Supervisor
-from outboxkit.core.waiting import wait_set
+from outboxkit.core.waiting import sleep_unless_cancelled, wait_set
 from outboxkit.inbox.deadletter import DeadLetterWriter
 from outboxkit.inbox.delivery import DeliveryPath, wait_or_stop
 from outboxkit.inbox.exceptions import InboxStorageUnavailableError
@@ -291,4 +291,4 @@ class InboxWorker(Generic[TX]):
                 self.metrics.dedupe_rows.labels(self.inbox.name).set(
                     await self.store.count(self.inbox.name)
                 )
-            await asyncio.sleep(self.settings.cleanup_interval)
+            await sleep_unless_cancelled(self.settings.cleanup_interval)

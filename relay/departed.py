@@ -22,7 +22,7 @@ from typing import Protocol
 import structlog
 from aiokafka.errors import KafkaError
 
-from outboxkit.core.waiting import wait_set
+from outboxkit.core.waiting import raise_if_cancelled, wait_set
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.settings import RelaySettings
@@ -79,6 +79,7 @@ class DepartedCheck:
     async def run(self) -> None:
         while True:
             await self.check()
+            raise_if_cancelled()  # the database call may have lost it (core/waiting.py)
             await wait_set(self._assigned, self.settings.departed_check_interval)
             self._assigned.clear()
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import structlog
 
+from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
@@ -156,11 +157,11 @@ class BacklogMonitor:
                         retry_in=self.settings.metrics_interval,
                     )
                 self._failing = True
-                await asyncio.sleep(self._retry_in())
+                await sleep_unless_cancelled(self._retry_in())
             else:
                 self._failing = False
                 self._unanswered_since = None
-                await asyncio.sleep(self.settings.metrics_interval)
+                await sleep_unless_cancelled(self.settings.metrics_interval)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class StageWatch:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await sleep_unless_cancelled(1.0)
             self.check(time.monotonic())
 
     def check(self, now: float) -> None:
@@ -251,7 +252,7 @@ class StepAside:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(_RETRY_MEASURE_AFTER)
+            await sleep_unless_cancelled(_RETRY_MEASURE_AFTER)
             await self.check()
 
     async def check(self) -> None:
@@ -290,4 +291,4 @@ async def clean_up(storage: OutboxStorage, settings: RelaySettings) -> None:
             deleted = settings.cleanup_batch
             while deleted == settings.cleanup_batch:
                 deleted = await storage.purge_published(settings.retention, settings.cleanup_batch)
-        await asyncio.sleep(settings.cleanup_interval)
+        await sleep_unless_cancelled(settings.cleanup_interval)

@@ -47,6 +47,25 @@ async def holds_for(
         await asyncio.sleep(interval)
 
 
+class LosesOneCancellation:
+    """A driver call that loses a cancellation, as pymongo's can on Python 3.11
+    (``asyncio.wait_for``: core/waiting.py): each call waits until cancelled, and the first one
+    then returns as if it had not been (``lost``)."""
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+        self.lost = False
+
+    async def __call__(self) -> None:
+        self.called.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.lost:
+                raise
+            self.lost = True
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()

@@ -13,17 +13,22 @@ still resumes by itself across the transient errors it knows, before we see them
 stream cannot be opened at all, the relay runs on its periodic sweep until it can, and this logs
 why. (A standalone mongod, which has neither change streams nor snapshot reads, is refused at
 start: ``outboxkit relay`` says it is not a replica set.)
+
+The stream is read one ``getMore`` at a time (``try_next``, each waiting at most
+:data:`_AWAIT_MS` for a change), not with ``async for``, whose loop over empty answers stays
+inside pymongo: between two of them the reader raises the cancellation pymongo may have lost
+(:mod:`outboxkit.core.waiting`), so a stopping relay is not kept waiting by its change stream.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 import structlog
 from pymongo.errors import PyMongoError
 
 from outboxkit.core.mongodb import Collection, Document, describe
+from outboxkit.core.waiting import raise_if_cancelled, sleep_unless_cancelled
 from outboxkit.relay.records import TopicPartition
 
 logger = structlog.get_logger("outboxkit.relay")
@@ -49,6 +54,10 @@ _PIPELINE: list[Document] = [
 
 _RETRY_MIN, _RETRY_MAX = 0.1, 5.0
 
+#: How long mongod holds an empty ``getMore`` for a change (its own default, made explicit):
+#: the longest a cancellation pymongo lost waits to be raised again.
+_AWAIT_MS = 1000
+
 
 class MongoWakeups:
     """The :class:`~outboxkit.relay.storage.WakeupSource` of a MongoDB outbox."""
@@ -67,10 +76,16 @@ class MongoWakeups:
         delay = _RETRY_MIN
         while True:
             try:
-                async with await self._outbox.watch(_PIPELINE) as stream:
+                async with await self._outbox.watch(
+                    _PIPELINE, max_await_time_ms=_AWAIT_MS
+                ) as stream:
                     delay = _RETRY_MIN
                     yield None  # the stream starts now: whatever came before must be read
-                    async for change in stream:
+                    while stream.alive:
+                        change = await stream.try_next()
+                        raise_if_cancelled()
+                        if change is None:
+                            continue
                         kind = change["operationType"]
                         if kind == "insert":
                             doc = change["fullDocument"]
@@ -86,5 +101,5 @@ class MongoWakeups:
                     error=describe(exc),
                     retry_in=round(delay, 2),
                 )
-                await asyncio.sleep(delay)
+                await sleep_unless_cancelled(delay)
                 delay = min(delay * 2, _RETRY_MAX)

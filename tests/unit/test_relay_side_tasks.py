@@ -37,7 +37,7 @@ from outboxkit.relay.side_tasks import (
 )
 from outboxkit.relay.storage import OutboxStorage
 from outboxkit.relay.worker import BlockWorker
-from tests.helpers import holds_for
+from tests.helpers import LosesOneCancellation, holds_for
 from tests.unit.relay_engine_harness import TOPIC, Ping, keys_on, tp, until
 from tests.unit.relay_fakes import ManualOwnership, SpyStorage
 
@@ -88,6 +88,51 @@ async def test_stopping_returns_and_cancel_ends_every_side_task() -> None:
     await asyncio.wait_for(waiting, 2)
     await asyncio.wait_for(tasks.cancel(), 2)
     assert [t.cancelled() for t in tasks._tasks] == [True]
+
+
+class _LosesCancellation(SpyStorage):
+    """An outbox whose calls lose the first cancellation (:class:`LosesOneCancellation`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loses = LosesOneCancellation()
+
+    async def backlog(self) -> list[PartitionBacklog]:
+        await self.loses()
+        return await super().backlog()
+
+    async def purge_published(self, older_than: timedelta, limit: int) -> int:
+        await self.loses()
+        return 0
+
+    async def announce_member(self, group: str, member_id: str) -> None:
+        await self.loses()
+        await super().announce_member(group, member_id)
+
+
+@pytest.mark.parametrize("side_task", ["backlog", "purge", "departed check"])
+async def test_a_side_task_ends_when_its_database_call_lost_the_cancellation(
+    side_task: str,
+) -> None:
+    """Would catch a side task that polls on after its cancellation was lost in a driver call
+    (the MongoDB change stream's did, 4 runs in 5: the contract's G5 wake-up test): a stopping
+    relay would wait out its 5 s grace, log an error, and leave the task running."""
+    storage = _LosesCancellation()
+    configured = settings(retention=60.0, metrics_interval=0.01, cleanup_interval=0.01)
+    m = metrics()[0]
+    work = {
+        "backlog": lambda: BacklogMonitor(storage, configured, m).run(),
+        "purge": lambda: clean_up(storage, configured),
+        "departed check": lambda: DepartedCheck(
+            configured, storage, ManualOwnership({TOPIC: 1}), m
+        ).run(),
+    }[side_task]()
+    task = asyncio.create_task(work)
+    await asyncio.wait_for(storage.loses.called.wait(), 2)
+    task.cancel()
+    await asyncio.wait([task], timeout=2)
+    assert storage.loses.lost
+    assert task.cancelled(), "the side task ran on after its cancellation"
 
 
 async def test_work_unless_stopped_ends_raises_or_is_cancelled() -> None:
