@@ -36,6 +36,7 @@ from outboxkit.backends import Transactions, backend_for
 from outboxkit.config_reference import unknown_variable_warnings, with_typo_hints
 from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
 from outboxkit.core.settings import ConnectionSettings, load_settings
+from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.inbox import (
     Inbox,
     InboxHealth,
@@ -307,7 +308,7 @@ class Outboxkit(Generic[TX]):
                         "counts are registered; run `outboxkit topics sync` (or start the relay)",
                         topics=self._unregistered,
                     )
-            await asyncio.sleep(self.topics_recheck)
+            await sleep_unless_cancelled(self.topics_recheck)
 
     async def _stop_tasks(self) -> None:
         """The inbox first (it may write outbox events), then the relay; each drains."""

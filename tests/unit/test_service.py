@@ -1,13 +1,15 @@
 """The embedded service's lifecycle and settings, without servers."""
 
+import asyncio
 import uuid
+from typing import cast
 
 import pytest
 from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from prometheus_client import CollectorRegistry
 
-from outboxkit.backends import forget_memory_database, memory_database
+from outboxkit.backends import Transactions, forget_memory_database, memory_database
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.demo.events import OrderPlaced, PaymentCaptured
@@ -16,7 +18,7 @@ from outboxkit.inbox import Inbox
 from outboxkit.relay import UnknownTopicError
 from outboxkit.schemas import Event
 from outboxkit.service import Outboxkit, ServiceStateError
-from tests.helpers import wait_for
+from tests.helpers import LosesOneCancellation, wait_for
 
 
 async def test_a_bad_setting_fails_the_startup_and_says_what_to_fix(
@@ -89,6 +91,27 @@ async def test_not_ready_while_a_written_topic_is_not_registered() -> None:
                 await kit.add(tx, _order())
     finally:
         forget_memory_database(url)
+
+
+async def test_the_topics_check_ends_when_its_database_call_lost_the_cancellation() -> None:
+    """Would catch a lifespan whose shutdown waits for good: it awaits the cancelled readiness
+    check, which on MongoDB could lose its cancellation in a driver call (core/waiting.py) and
+    look again every few seconds until the topics were registered."""
+    kit = Outboxkit(source="orders", writes=[_Placed], registry=CollectorRegistry())
+    kit.topics_recheck = 0.01
+    loses = LosesOneCancellation()
+
+    class Registered:
+        async def registered_topics(self, topics: list[str]) -> set[str]:
+            await loses()
+            return set()
+
+    task = asyncio.create_task(kit._await_topics(cast(Transactions, Registered())))
+    await asyncio.wait_for(loses.called.wait(), 2)
+    task.cancel()
+    await asyncio.wait([task], timeout=2)
+    assert loses.lost
+    assert task.cancelled(), "the topics check ran on after its cancellation"
 
 
 class _Placed(Event, type="test.service.placed", topic="test.service.orders", key_field="order_id"):
