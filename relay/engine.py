@@ -21,6 +21,7 @@ import structlog
 
 from outboxkit.core.kafka import leave_group
 from outboxkit.core.supervisor import Supervisor, unless_stopped
+from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.relay.batches import InFlightLimit
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
@@ -276,7 +277,7 @@ class Relay:
             except StorageUnavailableError as exc:
                 self._progress.failed(exc)
                 logger.warning("cannot record the topics' partition counts yet", error=repr(exc))
-                await asyncio.sleep(delay)
+                await sleep_unless_cancelled(delay)
                 delay = min(delay * 2, self.settings.retry_backoff_max)
 
 

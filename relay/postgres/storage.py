@@ -19,6 +19,7 @@ from psycopg.rows import TupleRow
 
 from outboxkit.core.postgres import connect_session
 from outboxkit.core.sql import load_queries
+from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.relay.postgres.presence import PostgresPresence
 from outboxkit.relay.postgres.statements import NamedStatements
 from outboxkit.relay.records import (
@@ -220,7 +221,7 @@ class PostgresOutboxStorage(NamedStatements):
                 )
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)
-                await asyncio.sleep(delay)
+                await sleep_unless_cancelled(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             delay = 0.1
