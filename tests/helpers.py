@@ -9,7 +9,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,18 @@ class LosesOneCancellation:
             if self.lost:
                 raise
             self.lost = True
+
+    async def assert_ends_when_cancelled(
+        self, work: Coroutine[Any, Any, None], what: str = "the side task"
+    ) -> None:
+        """Run ``work`` until it makes this call, cancel it there, and assert that it ends
+        within 2 s all the same."""
+        task = asyncio.create_task(work)
+        await asyncio.wait_for(self.called.wait(), 2)
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+        assert self.lost
+        assert task.cancelled(), f"{what} ran on after its cancellation"
 
 
 @functools.cache

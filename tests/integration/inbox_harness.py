@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.structs import ConsumerRecord
 from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from outboxkit.core.mongodb import database_name
 from outboxkit.embedded._process import die_with_parent
@@ -166,48 +167,46 @@ class InboxTables:
         if self._conn is not None:
             await self._conn.close()
 
-    async def effects(self) -> list[Effect]:
-        if self._mongo is not None:
-            db = self._mongo.get_database(database_name(self.url))
-            return [(d["event_id"], d["entity"], d["seq"]) async for d in db.effects.find()]
+    def _db(self) -> AsyncDatabase[dict[str, Any]] | None:
+        """The MongoDB database, or None on PostgreSQL (then :meth:`_sql` answers)."""
+        return None if self._mongo is None else self._mongo.get_database(database_name(self.url))
+
+    async def _sql(self, query: str) -> list[Any]:
         assert self._conn is not None, "use as: async with InboxTables(url) as tables"
-        cur = await self._conn.execute("SELECT event_id, entity, seq FROM effects")
+        cur = await self._conn.execute(query)
         return await cur.fetchall()
 
+    async def effects(self) -> list[Effect]:
+        if (db := self._db()) is not None:
+            return [(d["event_id"], d["entity"], d["seq"]) async for d in db.effects.find()]
+        return await self._sql("SELECT event_id, entity, seq FROM effects")
+
     async def effect_count(self) -> int:
-        if self._mongo is not None:
-            db = self._mongo.get_database(database_name(self.url))
+        if (db := self._db()) is not None:
             return await db.effects.count_documents({})
-        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
-        row = await (await self._conn.execute("SELECT count(*) FROM effects")).fetchone()
-        return int(row[0]) if row else 0
+        [(count,)] = await self._sql("SELECT count(*) FROM effects")
+        return int(count)
 
     async def effect_times(self) -> dict[uuid.UUID, list[float]]:
         """Event id → when each of its effects was written (one, unless G6 broke)."""
         found: dict[uuid.UUID, list[float]] = {}
-        if self._mongo is not None:
-            db = self._mongo.get_database(database_name(self.url))
+        if (db := self._db()) is not None:
             async for doc in db.effects.find({}, {"event_id": 1, "at": 1}):
                 at = doc["at"].replace(tzinfo=UTC).timestamp()
                 found.setdefault(doc["event_id"], []).append(at)
             return found
-        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
-        cur = await self._conn.execute(
+        for event_id, at in await self._sql(
             "SELECT event_id, extract(epoch FROM at)::float8 FROM effects"
-        )
-        for event_id, at in await cur.fetchall():
+        ):
             found.setdefault(event_id, []).append(at)
         return found
 
     async def dedupe_records(self) -> int:
         """The inbox's dedupe rows (documents), all consumers."""
-        if self._mongo is not None:
-            db = self._mongo.get_database(database_name(self.url))
+        if (db := self._db()) is not None:
             return await db.get_collection("outboxkit.inbox").count_documents({})
-        assert self._conn is not None, "use as: async with InboxTables(url) as tables"
-        cur = await self._conn.execute("SELECT count(*) FROM outboxkit.inbox")
-        row = await cur.fetchone()
-        return int(row[0]) if row else -1
+        [(count,)] = await self._sql("SELECT count(*) FROM outboxkit.inbox")
+        return int(count)
 
 
 async def effects(url: str) -> list[Effect]:

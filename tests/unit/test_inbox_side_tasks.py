@@ -5,7 +5,6 @@ otherwise wait for them until its grace ran out, then leave them running."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
@@ -52,9 +51,4 @@ def _regular_commit(loses: LosesOneCancellation) -> Coroutine[Any, Any, None]:
 @pytest.mark.parametrize("side_task", [_purge, _regular_commit], ids=["purge", "regular commit"])
 async def test_a_side_task_ends_when_its_call_lost_the_cancellation(side_task: Any) -> None:
     loses = LosesOneCancellation()
-    task = asyncio.create_task(side_task(loses))
-    await asyncio.wait_for(loses.called.wait(), 2)
-    task.cancel()
-    await asyncio.wait([task], timeout=2)
-    assert loses.lost
-    assert task.cancelled(), "the side task ran on after its cancellation"
+    await loses.assert_ends_when_cancelled(side_task(loses))

@@ -127,12 +127,7 @@ async def test_a_side_task_ends_when_its_database_call_lost_the_cancellation(
             configured, storage, ManualOwnership({TOPIC: 1}), m
         ).run(),
     }[side_task]()
-    task = asyncio.create_task(work)
-    await asyncio.wait_for(storage.loses.called.wait(), 2)
-    task.cancel()
-    await asyncio.wait([task], timeout=2)
-    assert storage.loses.lost
-    assert task.cancelled(), "the side task ran on after its cancellation"
+    await storage.loses.assert_ends_when_cancelled(work)
 
 
 async def test_work_unless_stopped_ends_raises_or_is_cancelled() -> None:

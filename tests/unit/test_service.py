@@ -1,6 +1,5 @@
 """The embedded service's lifecycle and settings, without servers."""
 
-import asyncio
 import uuid
 from typing import cast
 
@@ -106,12 +105,9 @@ async def test_the_topics_check_ends_when_its_database_call_lost_the_cancellatio
             await loses()
             return set()
 
-    task = asyncio.create_task(kit._await_topics(cast(Transactions, Registered())))
-    await asyncio.wait_for(loses.called.wait(), 2)
-    task.cancel()
-    await asyncio.wait([task], timeout=2)
-    assert loses.lost
-    assert task.cancelled(), "the topics check ran on after its cancellation"
+    await loses.assert_ends_when_cancelled(
+        kit._await_topics(cast(Transactions, Registered())), "the topics check"
+    )
 
 
 class _Placed(Event, type="test.service.placed", topic="test.service.orders", key_field="order_id"):
