@@ -40,6 +40,7 @@ ILLUSTRATIVE = "illustrative"
 RUN_ELSEWHERE = {
     ("docs/security.md", "sql"): "tests/integration/test_database_grants.py",
     ("docs/testing.md", "python test_my_backend.py"): "tests/integration/test_shipped_contract.py",
+    ("docs/operations.md", "sh chart"): "tests/integration/test_deploy_chart.py",
 }
 
 

@@ -50,10 +50,13 @@ class GoTool:
     ldflags: str = ""
     #: Build tags (``go install -tags``).
     tags: str = ""
+    #: What sets this build apart from an earlier one of the same version (its flags), in the
+    #: cached binary's name: a cache from before a change of flags is not taken for this build.
+    variant: str = ""
 
     @property
     def cached(self) -> Path:
-        return CACHE / f"{self.name}-{self.version}"
+        return CACHE / "-".join(part for part in (self.name, self.version, self.variant) if part)
 
     def path(self) -> Path:
         """The cached binary, built first if it is missing."""
@@ -117,11 +120,26 @@ PROMTOOL = GoTool(
     ldflags="-X github.com/prometheus/common/version.Version=3.16.0",
     tags="remove_all_sd",
 )
+#: The Kubernetes version helm assumes without ``--kube-version`` (``helm template``): its
+#: release builds set it from the client-go module they build with (helm's Makefile), while a
+#: plain ``go install`` leaves 1.20, which the chart's ``kubeVersion: >=1.25.0-0`` refuses.
+#: helm v3.22.0 builds with client-go v0.37.0, hence 1.37, as a helm from get.helm.sh says.
+HELM_KUBE_VERSION = ("1", "37")
 HELM = GoTool(
     "helm",
     "helm.sh/helm/v3/cmd/helm",
     "v3.22.0",
-    ldflags="-X helm.sh/helm/v3/internal/version.version=v3.22.0",
+    ldflags=" ".join(
+        [
+            "-X helm.sh/helm/v3/internal/version.version=v3.22.0",
+            *(
+                f"-X helm.sh/helm/v3/pkg/{package}.k8sVersion{part}={value}"
+                for package in ("chartutil", "lint/rules")
+                for part, value in zip(("Major", "Minor"), HELM_KUBE_VERSION, strict=True)
+            ),
+        ]
+    ),
+    variant="k8s1.37",
 )
 TOOLS = {tool.name: tool for tool in (TOXIPROXY, PROMTOOL, HELM)}
 

@@ -29,6 +29,22 @@ app.kubernetes.io/component: {{ .component }}
 outboxkit.io/worker: {{ .worker }}
 {{- end -}}
 
+{{/*
+An object's labels as one map, so that no key appears twice (tools built on yaml.v3 refuse a
+mapping with a duplicate key): the chart's labels, a worker's selector labels (with "worker"),
+else its "component", then the user's "extra" labels, which never replace the chart's own.
+(dict "root" $ "component" "relay" "worker" "relay" "extra" .Values.podLabels)
+*/}}
+{{- define "outboxkit.labelMap" -}}
+{{- $labels := fromYaml (include "outboxkit.labels" .root) -}}
+{{- if .worker -}}
+{{- $labels = mergeOverwrite $labels (fromYaml (include "outboxkit.selectorLabels" .)) -}}
+{{- else if .component -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .component -}}
+{{- end -}}
+{{- toYaml (merge $labels (.extra | default dict)) -}}
+{{- end -}}
+
 {{- define "outboxkit.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "outboxkit.fullname" .) .Values.serviceAccount.name -}}
@@ -37,13 +53,31 @@ outboxkit.io/worker: {{ .worker }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret every worker reads: the chart's own with secrets.create, else the one named. */}}
 {{- define "outboxkit.secretName" -}}
-{{- if .Values.secrets.existingSecret -}}
-{{- .Values.secrets.existingSecret -}}
-{{- else if .Values.secrets.create -}}
+{{- if .Values.secrets.create -}}
 {{- include "outboxkit.fullname" . -}}
+{{- else if .Values.secrets.existingSecret -}}
+{{- .Values.secrets.existingSecret -}}
 {{- else -}}
 {{- fail "set secrets.existingSecret (a Secret with the workers' database URLs), or secrets.create with secrets.values" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The container image: your service's, which outboxkit's version says nothing about. */}}
+{{- define "outboxkit.image" -}}
+{{- $repository := required "image.repository: your service's image, with outboxkit installed (outboxkit publishes none)" .Values.image.repository -}}
+{{- $tag := required "image.tag: the tag of your service's image (the chart's appVersion is outboxkit's version, not your image's)" (.Values.image.tag | default "" | toString) -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{/* A setting a worker cannot run without, from its env or the shared config: the name of
+the worker, the setting and what it is, or the chart fails to render.
+(dict "root" $ "env" $w.env "name" "OUTBOXKIT_TOPICS" "worker" "relay" "what" "…") */}}
+{{- define "outboxkit.requireSetting" -}}
+{{- $value := include "outboxkit.setting" (dict "root" .root "env" .env "name" .name "default" "") -}}
+{{- if not $value -}}
+{{- fail (printf "%s: set %s (%s) in its env or in config" .worker .name .what) -}}
 {{- end -}}
 {{- end -}}
 
@@ -107,14 +141,9 @@ The pod template of one worker: (dict "root" $ "name" "relay" "component" "relay
 {{- define "outboxkit.podTemplate" -}}
 {{- $root := .root -}}
 {{- $w := .worker -}}
-{{- $secret := include "outboxkit.secretName" $root -}}
 metadata:
   labels:
-    {{- include "outboxkit.labels" $root | nindent 4 }}
-    {{- include "outboxkit.selectorLabels" (dict "root" $root "component" .component "worker" .name) | nindent 4 }}
-    {{- with $root.Values.podLabels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
+    {{- include "outboxkit.labelMap" (dict "root" $root "component" .component "worker" .name "extra" $root.Values.podLabels) | nindent 4 }}
   annotations:
     checksum/config: {{ toJson (list $root.Values.config $w.env) | sha256sum }}
     {{- with (merge (dict) ($w.podAnnotations | default dict) $root.Values.podAnnotations) }}
@@ -133,7 +162,7 @@ spec:
   {{- end }}
   containers:
     - name: {{ .component }}
-      image: {{ printf "%s:%s" (required "image.repository: your service's image, with outboxkit installed" $root.Values.image.repository) (default $root.Chart.AppVersion $root.Values.image.tag) | quote }}
+      image: {{ include "outboxkit.image" $root | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       command: ["outboxkit"]
       args:
@@ -147,54 +176,7 @@ spec:
       env:
         - name: OUTBOXKIT_HTTP_PORT
           value: {{ $root.Values.httpPort | quote }}
-        {{- range $name, $value := $root.Values.config }}
-        {{- if not (hasKey ($w.env | default dict) $name) }}
-        - name: {{ $name }}
-          value: {{ $value | toString | quote }}
-        {{- end }}
-        {{- end }}
-        {{- range $name, $value := $w.env }}
-        - name: {{ $name }}
-          value: {{ $value | toString | quote }}
-        {{- end }}
-        - name: OUTBOXKIT_DATABASE_URL
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $w.databaseUrlKey }}
-        - name: OUTBOXKIT_KAFKA_SASL_USERNAME
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $root.Values.secrets.kafkaSaslUsernameKey }}
-              optional: true
-        - name: OUTBOXKIT_KAFKA_SASL_PASSWORD
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $root.Values.secrets.kafkaSaslPasswordKey }}
-              optional: true
-        - name: OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD
-          valueFrom:
-            secretKeyRef:
-              name: {{ $secret }}
-              key: {{ $root.Values.secrets.kafkaSslKeyPasswordKey }}
-              optional: true
-        {{- with $root.Values.kafkaTls }}
-        {{- if .existingSecret }}
-        - name: OUTBOXKIT_KAFKA_SSL_CA_FILE
-          value: {{ printf "/etc/outboxkit/kafka-tls/%s" .caKey | quote }}
-        {{- if .clientCertificate }}
-        - name: OUTBOXKIT_KAFKA_SSL_CERT_FILE
-          value: {{ printf "/etc/outboxkit/kafka-tls/%s" .certKey | quote }}
-        - name: OUTBOXKIT_KAFKA_SSL_KEY_FILE
-          value: {{ printf "/etc/outboxkit/kafka-tls/%s" .keyKey | quote }}
-        {{- end }}
-        {{- end }}
-        {{- end }}
-        {{- with $w.extraEnv }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
+        {{- include "outboxkit.env" (dict "root" $root "env" $w.env "databaseUrlKey" $w.databaseUrlKey "extraEnv" $w.extraEnv) | trim | nindent 8 }}
       startupProbe:
         httpGet:
           path: /metrics
@@ -214,33 +196,9 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       volumeMounts:
-        - name: tmp
-          mountPath: /tmp
-        {{- if $root.Values.kafkaTls.existingSecret }}
-        - name: kafka-tls
-          mountPath: /etc/outboxkit/kafka-tls
-          readOnly: true
-        {{- end }}
-        {{- if $root.Values.databaseTls.existingSecret }}
-        - name: database-tls
-          mountPath: /etc/outboxkit/database-tls
-          readOnly: true
-        {{- end }}
+        {{- include "outboxkit.volumeMounts" $root | nindent 8 }}
   volumes:
-    - name: tmp
-      emptyDir: {}
-    {{- if $root.Values.kafkaTls.existingSecret }}
-    - name: kafka-tls
-      secret:
-        secretName: {{ $root.Values.kafkaTls.existingSecret }}
-        defaultMode: 0440
-    {{- end }}
-    {{- if $root.Values.databaseTls.existingSecret }}
-    - name: database-tls
-      secret:
-        secretName: {{ $root.Values.databaseTls.existingSecret }}
-        defaultMode: 0440
-    {{- end }}
+    {{- include "outboxkit.volumes" $root | nindent 4 }}
   {{- with ($w.nodeSelector | default $root.Values.nodeSelector) }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -253,4 +211,176 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end -}}
+
+
+{{/*
+A container's environment: the shared config and the worker's own settings (its own win), the
+database URL from the Secret's key databaseUrlKey, the Kafka SASL and TLS settings, extraEnv.
+(dict "root" $ "env" $w.env "databaseUrlKey" "database-url" "extraEnv" $w.extraEnv); without
+"databaseUrlKey", no database URL.
+*/}}
+{{- define "outboxkit.env" -}}
+{{- $root := .root -}}
+{{- $env := .env | default dict -}}
+{{- $secret := include "outboxkit.secretName" $root -}}
+{{- range $name, $value := $root.Values.config }}
+{{- if not (hasKey $env $name) }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- range $name, $value := $env }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- if .databaseUrlKey }}
+- name: OUTBOXKIT_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ .databaseUrlKey }}
+{{- end }}
+- name: OUTBOXKIT_KAFKA_SASL_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $root.Values.secrets.kafkaSaslUsernameKey }}
+      optional: true
+- name: OUTBOXKIT_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $root.Values.secrets.kafkaSaslPasswordKey }}
+      optional: true
+- name: OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $root.Values.secrets.kafkaSslKeyPasswordKey }}
+      optional: true
+{{- with $root.Values.kafkaTls }}
+{{- if .existingSecret }}
+- name: OUTBOXKIT_KAFKA_SSL_CA_FILE
+  value: {{ printf "/etc/outboxkit/kafka-tls/%s" .caKey | quote }}
+{{- if .clientCertificate }}
+- name: OUTBOXKIT_KAFKA_SSL_CERT_FILE
+  value: {{ printf "/etc/outboxkit/kafka-tls/%s" .certKey | quote }}
+- name: OUTBOXKIT_KAFKA_SSL_KEY_FILE
+  value: {{ printf "/etc/outboxkit/kafka-tls/%s" .keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A container's mounts: a writable /tmp (the root filesystem is read-only), the Kafka and
+database TLS files. */}}
+{{- define "outboxkit.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.kafkaTls.existingSecret }}
+- name: kafka-tls
+  mountPath: /etc/outboxkit/kafka-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.databaseTls.existingSecret }}
+- name: database-tls
+  mountPath: /etc/outboxkit/database-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "outboxkit.volumes" -}}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.kafkaTls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ .Values.kafkaTls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.databaseTls.existingSecret }}
+- name: database-tls
+  secret:
+    secretName: {{ .Values.databaseTls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* The labels a Prometheus Operator object carries for its Prometheus to select it: `labels`,
+and `release` (kube-prometheus-stack's Prometheus selects by its own Helm release's name). */}}
+{{- define "outboxkit.operatorLabels" -}}
+{{- $labels := deepCopy (.labels | default dict) -}}
+{{- if .release -}}
+{{- $_ := set $labels "release" .release -}}
+{{- end -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/* The ServiceAccount of the hook Jobs. They run before the release's objects exist, so not
+the one the chart creates: jobs.serviceAccountName (the namespace's default when empty), or the
+existing one the workers use when the chart creates none. */}}
+{{- define "outboxkit.hookServiceAccountName" -}}
+{{- if .Values.jobs.serviceAccountName -}}
+{{- .Values.jobs.serviceAccountName -}}
+{{- else if .Values.serviceAccount.create -}}
+default
+{{- else -}}
+{{- include "outboxkit.serviceAccountName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every topic of the release as a YAML list: createTopics.topics, else the OUTBOXKIT_TOPICS
+of the relay and of each inbox (without repeats). */}}
+{{- define "outboxkit.allTopics" -}}
+{{- $topics := list -}}
+{{- if .Values.createTopics.topics -}}
+{{- $topics = .Values.createTopics.topics -}}
+{{- else -}}
+{{- $settings := list -}}
+{{- if .Values.relay.enabled -}}
+{{- $settings = append $settings (include "outboxkit.setting" (dict "root" . "env" .Values.relay.env "name" "OUTBOXKIT_TOPICS" "default" "")) -}}
+{{- end -}}
+{{- range $entry := .Values.inboxes -}}
+{{- $w := mergeOverwrite (deepCopy $.Values.inboxDefaults) $entry -}}
+{{- $settings = append $settings (include "outboxkit.setting" (dict "root" $ "env" $w.env "name" "OUTBOXKIT_TOPICS" "default" "")) -}}
+{{- end -}}
+{{- range $setting := $settings -}}
+{{- range $topic := splitList "," $setting -}}
+{{- if trim $topic -}}
+{{- $topics = append $topics (trim $topic) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (uniq $topics) -}}
+{{- end -}}
+
+{{/* One container of a hook Job: (dict "root" $ "name" "migrate" "job" .Values.migrate "args"
+(list "migrate") "database" true). */}}
+{{- define "outboxkit.jobContainer" -}}
+{{- $root := .root -}}
+- name: {{ .name }}
+  image: {{ include "outboxkit.image" $root | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["outboxkit"]
+  args:
+    {{- range .args }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    {{- include "outboxkit.env" (dict "root" $root "env" .job.env "databaseUrlKey" (ternary .job.databaseUrlKey "" .database) "extraEnv" .job.extraEnv) | trim | nindent 4 }}
+  {{- with .job.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    {{- include "outboxkit.volumeMounts" $root | nindent 4 }}
 {{- end -}}
