@@ -5,6 +5,7 @@
     │   └── MissingTopicsError          topics the settings name do not exist on Kafka
     ├── CoordinatorNotReadyError        Kafka's coordinator of a consumer group does not answer yet
     ├── TopicsNotDescribedError         Kafka will not describe topics to this client (an ACL)
+    ├── KafkaClientMismatchError        the installed aiokafka lacks an internal outboxkit uses
     ├── outboxkit.schemas.SchemaError   events, registry, wire format
     ├── outboxkit.relay.RelayError      outbox → Kafka
     └── outboxkit.inbox.InboxError      Kafka → handler
@@ -52,3 +53,8 @@ class CoordinatorNotReadyError(OutboxkitError):
     """Kafka's coordinator of a consumer group is not ready yet: retry in a few seconds."""
 
     retriable = True
+
+
+class KafkaClientMismatchError(OutboxkitError):
+    """The installed aiokafka lacks an internal that outboxkit reaches for
+    (outboxkit/core/kafka_internals.py): install the aiokafka version pyproject.toml allows."""

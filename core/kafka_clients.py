@@ -15,7 +15,6 @@ options: the settings refuse them.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 import ssl
@@ -26,35 +25,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
-from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.helpers import create_ssl_context
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import KafkaConnectionSettings
 
 T = TypeVar("T")
-
-
-#: The coroutine aiokafka sends an offset commit with, in a task of its own.
-_COMMIT_CODE = GroupCoordinator._do_commit_offsets.__code__
-
-
-def abandoned_commits_read() -> None:
-    """Mark the outcome of every offset commit still in flight as read, once it comes.
-
-    ``AIOKafkaConsumer.commit`` sends the request in a task under ``asyncio.shield``. When the
-    caller's wait is cancelled (a timeout, a stop), Python unhooks the shield from that task, so
-    its failure, when the connection finally closes (a half-open link), was logged as "Task
-    exception was never retrieved" with a traceback. The caller has already given that commit
-    up and said so; call this right after cancelling a wait on one."""
-    for task in asyncio.all_tasks():
-        if getattr(task.get_coro(), "cr_code", None) is _COMMIT_CODE:
-            task.add_done_callback(_read_outcome)
-
-
-def _read_outcome(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def build(cls: type[T], settings: KafkaConnectionSettings, *args: Any, **options: Any) -> T:

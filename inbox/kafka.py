@@ -20,7 +20,8 @@ where noted: :meth:`InboxConsumer.poll` is ``getmany`` that, when a fetched batc
 2. reads the partitions one at a time, and the failing one a record at a time, up to the record
    aiokafka cannot read;
 3. fetches that record's batch itself (a plain Fetch request on the consumer's client, which is
-   private to aiokafka) and reads it leniently: the unreadable record becomes an
+   private to aiokafka: :func:`outboxkit.core.kafka_internals.consumer_client`) and reads it
+   leniently: the unreadable record becomes an
    :class:`UnreadableRecord` with what could be recovered of it (key, value, headers with raw
    names), the readable records after it in the batch are returned as usual;
 4. seeks past that batch, so it is never fetched again.
@@ -43,6 +44,8 @@ from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from outboxkit.core import kafka_internals
 
 logger = structlog.get_logger("outboxkit.inbox")
 
@@ -86,6 +89,8 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
     def __init__(self, *topics: str, **config: Any) -> None:
         super().__init__(*topics, **config)
         self._reset_to = config.get("auto_offset_reset", "latest")
+        #: Bytes of one partition's fetch (aiokafka's default, 1 MiB, unless configured).
+        self._fetch_bytes = max(config.get("max_partition_fetch_bytes", 0), 1024 * 1024)
         self._read_committed = config.get("isolation_level") == "read_committed"
         #: Per partition, the offset after the last record :meth:`poll` returned.
         self._returned: dict[TopicPartition, int] = {}
@@ -221,10 +226,10 @@ class InboxConsumer(AIOKafkaConsumer):  # type: ignore[misc]
 
     async def _fetch_raw(self, tp: TopicPartition, offset: int) -> bytes:
         """The bytes Kafka returns for ``tp`` from ``offset``: whole record batches, the first
-        holding ``offset``. (aiokafka's client and fetch size are private to it.)"""
-        client = self._client
+        holding ``offset``."""
+        client = kafka_internals.consumer_client(self)
         node = client.cluster.leader_for_partition(tp)
-        size = max(self._max_partition_fetch_bytes, 1024 * 1024)
+        size = self._fetch_bytes
         request = FetchRequest(
             500, 1, size, int(self._read_committed), [(tp.topic, [(tp.partition, offset, size)])]
         )

@@ -32,7 +32,7 @@ from typing import Generic
 import structlog
 from aiokafka.structs import TopicPartition
 
-from outboxkit.core import kafka_clients
+from outboxkit.core import kafka_clients, kafka_internals
 from outboxkit.core.kafka import leave_group
 from outboxkit.core.supervisor import Supervisor
 from outboxkit.core.waiting import sleep_unless_cancelled, wait_set
@@ -197,7 +197,7 @@ class InboxWorker(Generic[TX]):
             finally:
                 self._running = False
                 await side_tasks.cancel()
-                kafka_clients.abandoned_commits_read()  # a periodic commit cut short
+                kafka_internals.abandoned_commits_read()  # a periodic commit cut short
                 await leave_group(
                     self._commit_and_stop(consumer, offsets),
                     within=2 * s.session_timeout,

@@ -48,12 +48,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
-from aiokafka import ConsumerRebalanceListener
+from aiokafka import AIOKafkaClient, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import ConnectionGroup, CoordinationType
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import (
     GroupIdNotFound,
@@ -64,7 +64,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.group import LeaveGroupRequest
 
-from outboxkit.core import kafka_clients
+from outboxkit.core import kafka_clients, kafka_internals
 from outboxkit.core.kafka import admin_client, missing_topics
 from outboxkit.relay.assignor import BlockAssignor
 from outboxkit.relay.records import TopicPartition
@@ -115,12 +115,15 @@ class KafkaOwnership:
             partition_assignment_strategy=(BlockAssignor,),
             client_id=self.process_key,
         )
+        #: What aiokafka's consumer knows of its membership (its group coordinator's state).
+        self._membership = kafka_internals.GroupMembership(self._consumer)
         self.owned: frozenset[TopicPartition] = frozenset()
         self.rebalances = 0
         #: Monotonic time of the last completed assignment.
         self.assigned_at: float | None = None
         self._refused_logged = 0.0
         self._admin: AIOKafkaAdminClient | None = None
+        self._client: AIOKafkaClient | None = None
         self._closing = contextlib.AsyncExitStack()
         self._confirming = asyncio.Lock()
         #: Monotonic time the group coordinator last answered this member (a heartbeat, a
@@ -134,9 +137,7 @@ class KafkaOwnership:
     @property
     def member_id(self) -> str | None:
         """This member's id in the group (for operators), once joined."""
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        member_id = getattr(coordinator, "member_id", None)
-        return member_id if isinstance(member_id, str) and member_id else None
+        return self._membership.member_id
 
     async def start(self) -> dict[str, int]:
         """Join the group; return each topic's partition count from Kafka's metadata."""
@@ -271,24 +272,15 @@ class KafkaOwnership:
         self._consumer.subscribe(self._settings.topics, listener=_Listener(self))
 
     def _hear_heartbeats(self) -> None:
-        """Note every heartbeat the coordinator answers. aiokafka keeps the time of the last
-        one to itself (a local of its heartbeat task), so its coordinator's heartbeat is
-        wrapped; with an aiokafka that has none, no membership ever lapses here (Kafka still
-        fences what the relay sends)."""
-        coordinator: Any = getattr(self._consumer, "_coordinator", None)
-        beat = getattr(coordinator, "_do_heartbeat", None)
+        """Note every heartbeat the coordinator answers (also while the group rebalances: the
+        member is still in it). Without a coordinator to hear (a consumer that did not start),
+        no membership ever lapses here (Kafka still fences what the relay sends)."""
         self._heard_at = time.monotonic()
-        if beat is None:
+        if not self._membership.on_heartbeat_answered(self._heard):
             self._heard_at = None
-            return
 
-        async def heartbeat() -> bool:
-            answered = bool(await beat())
-            if answered:  # also while the group rebalances: the member is still in it
-                self._heard_at = time.monotonic()
-            return answered
-
-        coordinator._do_heartbeat = heartbeat
+    def _heard(self) -> None:
+        self._heard_at = time.monotonic()
 
     def _refused(self) -> None:
         now = time.monotonic()
@@ -327,24 +319,16 @@ class KafkaOwnership:
                     await self._consumer.commit({tp: position})
             except (KafkaError, TimeoutError) as exc:
                 if isinstance(exc, TimeoutError):
-                    kafka_clients.abandoned_commits_read()
+                    kafka_internals.abandoned_commits_read()
                 logger.info("membership not confirmed", error=repr(exc))
                 return False
         return True
 
     def _coordinator_unknown(self) -> bool:
-        coordinator: Any = getattr(self._consumer, "_coordinator", None)
-        return coordinator is None or getattr(coordinator, "coordinator_id", None) is None
+        return not self._membership.coordinator_known
 
     def _rejoining(self) -> bool:
-        coordinator: Any = getattr(self._consumer, "_coordinator", None)
-        if coordinator is None:
-            return True
-        return (
-            not coordinator.member_id
-            or coordinator.generation < 0
-            or coordinator._rejoin_needed_fut.done()
-        )
+        return self._membership.rejoining
 
     async def evict_process(self, process_key: str) -> int:
         """Remove from the group now every member whose client id is ``process_key`` (in any
@@ -356,8 +340,14 @@ class KafkaOwnership:
         for member in members:
             if member.client_id != process_key:
                 continue
-            node = await admin.find_coordinator(group)
-            response = await admin._send_request(LeaveGroupRequest(group, member.member_id), node)
+            # A LeaveGroup on the member's behalf, through aiokafka's public low-level client.
+            client = await self._low_level_client()
+            node = await client.coordinator_lookup(CoordinationType.GROUP, group)
+            response = await client.send(
+                node,
+                LeaveGroupRequest(group, member.member_id),
+                group=ConnectionGroup.COORDINATION,
+            )
             error = for_code(response.error_code)
             if response.error_code == 0:
                 removed += 1
@@ -372,6 +362,17 @@ class KafkaOwnership:
                 admin_client(self._settings, client_id=f"{self._settings.group_id}-admin")
             )
         return self._admin
+
+    async def _low_level_client(self) -> AIOKafkaClient:
+        """Made at the first eviction; closed by :meth:`stop`."""
+        if self._client is None:
+            client = kafka_clients.client(
+                self._settings, client_id=f"{self._settings.group_id}-evictions"
+            )
+            self._closing.push_async_callback(client.close)
+            await client.bootstrap()
+            self._client = client
+        return self._client
 
     async def stop(self) -> None:
         """Leave the group (revocation drains first). A static member (``instance_id``) does

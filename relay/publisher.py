@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.client import CoordinationType
 from aiokafka.errors import (
-    ConcurrentTransactions,
     CorruptRecordException,
     InvalidProducerEpoch,
     InvalidTopicError,
@@ -30,12 +28,10 @@ from aiokafka.errors import (
     RecordTooLargeError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
-    for_code,
 )
-from aiokafka.producer.sender import AddPartitionsToTxnHandler, Sender
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from outboxkit.core import kafka_clients
+from outboxkit.core import kafka_clients, kafka_internals
 from outboxkit.core.kafka import AUTHORIZATION_ERRORS, denied
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.exceptions import OwnershipLostError
@@ -113,85 +109,6 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-# -- aiokafka, scoped ---------------------------------------------------------------------------
-
-#: Seconds before the first AddPartitionsToTxn of a transaction is retried after
-#: CONCURRENT_TRANSACTIONS (the broker still writes the previous transaction's markers,
-#: KAFKA-5477). aiokafka waits 20 ms (``sender.BACKOFF_OVERRIDE``); on a healthy broker the
-#: markers take a few ms, so back-to-back transactions would mostly wait for nothing (measured:
-#: docs/relay.md, "Measurements", Kafka transactions back to back). Only this retry changes, and
-#: only for the relay's producers.
-CONCURRENT_TRANSACTIONS_BACKOFF = 0.002
-
-
-class _AddPartitionsHandler(AddPartitionsToTxnHandler):  # type: ignore[misc]
-    def handle_response(self, resp: Any) -> float | None:
-        backoff: float | None = super().handle_response(resp)
-        concurrent = any(
-            for_code(code) is ConcurrentTransactions
-            for _topic, partitions in resp.errors
-            for _partition, code in partitions
-        )
-        if backoff is not None and concurrent and not self._sender._txn_manager.txn_partitions:
-            return CONCURRENT_TRANSACTIONS_BACKOFF
-        return backoff
-
-
-def _consume_failures(sender: Any) -> None:
-    """A fenced producer fails its pending batches and its transaction: aiokafka stores the
-    error (ProducerFenced) in futures that only a waiting call would read (each batch's drain
-    waiter, the transaction waiter). The relay reports the fence itself, once; mark those read,
-    or asyncio logs "Future exception was never retrieved" with a traceback for each."""
-    accumulator = getattr(sender, "_message_accumulator", None)
-    batches = [
-        *(b for queue in getattr(accumulator, "_batches", {}).values() for b in queue),
-        *getattr(accumulator, "_pending_batches", ()),
-    ]
-    waiters = [getattr(b, "_drain_waiter", None) for b in batches]
-    waiters.append(getattr(getattr(sender, "_txn_manager", None), "_transaction_waiter", None))
-    for waiter in waiters:
-        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
-            waiter.exception()
-
-
-class _Sender(Sender):  # type: ignore[misc]
-    def _fail_all(self, task: Any) -> None:
-        super()._fail_all(task)
-        _consume_failures(self)
-
-    async def _do_add_partitions_to_txn(self, tps: Any) -> Any:
-        node_id = await self._find_coordinator(
-            CoordinationType.TRANSACTION, self._txn_manager.transactional_id
-        )
-        return await _AddPartitionsHandler(self, tps).do(node_id)
-
-
-class RelayProducer(AIOKafkaProducer):  # type: ignore[misc]
-    """aiokafka's producer with :data:`CONCURRENT_TRANSACTIONS_BACKOFF`, and quiet about a fence
-    it has already reported. It swaps the sender that ``AIOKafkaProducer.__init__`` built (same
-    arguments) for one whose AddPartitionsToTxn handler retries sooner and which marks the
-    errors a fence leaves in aiokafka's futures as read (:func:`_consume_failures`);
-    tests/unit/test_relay_publisher.py fails if an aiokafka upgrade moves these internals."""
-
-    def __init__(self, **config: Any) -> None:
-        super().__init__(**config)
-        built: Any = self.__dict__["_sender"]
-        self._sender = _Sender(
-            built.client,
-            acks=built._acks,
-            txn_manager=built._txn_manager,
-            message_accumulator=built._message_accumulator,
-            retry_backoff_ms=built._retry_backoff * 1000,
-            request_timeout_ms=built._request_timeout_ms,
-        )
-
-    async def stop(self) -> None:
-        try:
-            await super().stop()
-        finally:
-            _consume_failures(self.__dict__["_sender"])
-
-
 # -- the publisher ------------------------------------------------------------------------------
 
 
@@ -211,8 +128,10 @@ class KafkaPublisher:
     def __init__(self, block: Block, settings: RelaySettings) -> None:
         self.block = block
         self._transactional = settings.transactional
+        # aiokafka's producer, retrying AddPartitionsToTxn sooner and quiet about a fence it
+        # already reported (kafka_internals.TransactionalProducer).
         self._producer = kafka_clients.build(
-            RelayProducer,
+            kafka_internals.TransactionalProducer,
             settings,
             acks="all",
             enable_idempotence=settings.transactional,

@@ -35,6 +35,7 @@ from bench.broker_probes.harness import (
     since,
     stop_quietly,
 )
+from outboxkit.core import kafka_internals
 
 # --------------------------------------------------------------------------- protocol
 
@@ -65,7 +66,7 @@ VERSIONED_REQUESTS: Sequence[type[Any]] = (
 
 def negotiated(request: type[Any], broker: dict[int, tuple[int, int]]) -> tuple[str, bool]:
     """Which version aiokafka will use for `request` against the broker's advertised range."""
-    ours = [c.API_VERSION for c in request._CLASSES]
+    ours = kafka_internals.request_versions(request)
     name = request.__name__.removesuffix("Request")
     if request.API_KEY not in broker:
         return f"{name}: not offered by broker", False
@@ -80,8 +81,11 @@ async def probe_protocol(ctx: Ctx) -> None:
     t0 = time.monotonic()
     host, port = ctx.bootstrap.split(",")[0].rsplit(":", 1)
     conn = await create_conn(host, int(port), request_timeout_ms=10000)
-    broker: dict[int, tuple[int, int]] = dict(conn._versions)
-    conn.close()
+    try:
+        offered = await conn.send(admin.ApiVersionRequest())
+    finally:
+        conn.close()
+    broker = {key: (low, high) for key, low, high in offered.api_versions}
     results = [negotiated(r, broker) for r in VERSIONED_REQUESTS]
     missing = [text for text, ok in results if not ok]
     status = OK if not missing else FAIL
@@ -163,7 +167,7 @@ async def probe_idempotent(ctx: Ctx) -> None:
         futures = [await producer.send(topic, f"{i}".encode()) for i in range(200)]
         await producer.send_and_wait(topic, b"END")
         await asyncio.gather(*futures)
-        pid = producer._txn_manager.producer_id
+        pid = kafka_internals.producer_id(producer)
     finally:
         await stop_quietly(producer)
     read = await read_until(ctx, topic, b"END")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trustme
+from aiokafka import AIOKafkaClient
 from aiokafka.abc import AbstractTokenProvider
 from pydantic import ValidationError
 
@@ -79,8 +80,19 @@ def scram(**more: Any) -> KafkaSettings:
     )
 
 
-async def test_sasl_ssl_gives_every_client_tls_and_the_login(tls_files: dict[str, Path]) -> None:
+async def test_sasl_ssl_gives_every_client_tls_and_the_login(
+    tls_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = scram(kafka_ssl_ca_file=tls_files["ca"])
+    # Every aiokafka client connects through an AIOKafkaClient: what each one was given.
+    given: list[dict[str, Any]] = []
+    connect = AIOKafkaClient.__init__
+
+    def recording(self: AIOKafkaClient, **options: Any) -> None:
+        given.append(options)
+        connect(self, **options)
+
+    monkeypatch.setattr(AIOKafkaClient, "__init__", recording)
     options = kafka_clients.connection_options(settings)
     assert options["security_protocol"] == "SASL_SSL"
     assert options["sasl_mechanism"] == "SCRAM-SHA-512"
@@ -94,10 +106,11 @@ async def test_sasl_ssl_gives_every_client_tls_and_the_login(tls_files: dict[str
     admin = kafka_clients.admin(settings)
     client = kafka_clients.client(settings)
     try:
-        for made in (producer.client, consumer._client, admin._client, client):
-            assert made._security_protocol == "SASL_SSL"
-            assert made._sasl_plain_password == PASSWORD
-            assert made._ssl_context is not None
+        assert len(given) == 4  # the producer's, the consumer's, the admin's, the low-level one
+        for options in given:
+            assert options["security_protocol"] == "SASL_SSL"
+            assert options["sasl_plain_password"] == PASSWORD
+            assert isinstance(options["ssl_context"], ssl.SSLContext)
     finally:
         await producer.stop()
         await consumer.stop()

@@ -1,21 +1,18 @@
-"""A relay's membership lapses when the group coordinator stops answering it (issue #41,
-finding 2: a relay behind a half-open Kafka link kept /healthz 200 listing partitions the group
-had moved): :meth:`KafkaOwnership.lapsed`, on a clock of the test's and a stand-in for aiokafka's
-group coordinator, whose heartbeats the relay notes."""
+"""A relay's membership lapses when the group coordinator stops answering it (a relay behind a
+half-open Kafka link kept /healthz 200 listing partitions the group had moved):
+:meth:`KafkaOwnership.lapsed`, on a clock of the test's and a stand-in for what aiokafka's
+consumer knows of its membership (:class:`outboxkit.core.kafka_internals.GroupMembership`, whose
+canary is tests/integration/test_kafka_internals.py), whose heartbeats the relay notes."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.consumer.group_coordinator import GroupCoordinator
-from aiokafka.errors import KafkaConnectionError
-from aiokafka.structs import OffsetAndMetadata
 
 from outboxkit.relay import ownership
 from outboxkit.relay.ownership import KafkaOwnership
@@ -25,18 +22,26 @@ from tests.unit.relay_parts import settings
 OWNED = frozenset({TopicPartition("t", 0), TopicPartition("t", 1)})
 
 
-class Coordinator:
-    """What the relay reads of aiokafka's coordinator: its member, and a heartbeat that the
-    coordinator answers (``answers``) or not."""
+class Group:
+    """What the relay reads of its consumer's membership: its member, whether it rejoins or
+    looks for its coordinator, and heartbeats that the coordinator answers (``answers``) or
+    not."""
 
     def __init__(self) -> None:
-        self.member_id = "member-1"
-        self.generation = 1
-        self.coordinator_id: int | None = 1
-        self._rejoin_needed_fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.member_id: str | None = "member-1"
+        self.rejoining = False
+        self.coordinator_known = True
         self.answers = True
+        self._heard: Callable[[], None] | None = None
 
-    async def _do_heartbeat(self) -> bool:
+    def on_heartbeat_answered(self, heard: Callable[[], None]) -> bool:
+        self._heard = heard
+        return True
+
+    async def heartbeat(self) -> bool:
+        """One heartbeat, as aiokafka's coordinator sends it."""
+        if self.answers and self._heard is not None:
+            self._heard()
         return self.answers
 
 
@@ -46,9 +51,7 @@ async def members() -> AsyncIterator[list[KafkaOwnership]]:
     made: list[KafkaOwnership] = []
     yield made
     for member in made:
-        consumer: Any = member._consumer
-        consumer._coordinator = None  # the stand-in has nothing to close
-        await consumer.stop()
+        await member._consumer.stop()
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def member_of(
     members: list[KafkaOwnership], **values: Any
-) -> tuple[KafkaOwnership, Coordinator, list[Any]]:
+) -> tuple[KafkaOwnership, Group, list[Any]]:
     """A member on the stand-in coordinator, owning :data:`OWNED`, and the list it calls back
     into, in order: ``("assigned" | "revoked", partitions)`` (a test adds its own entries)."""
     calls: list[Any] = []
@@ -78,8 +81,8 @@ def member_of(
         on_revoked=on_revoked,
     )
     members.append(member)
-    consumer: Any = member._consumer
-    coordinator = consumer._coordinator = Coordinator()
+    coordinator = Group()
+    member._membership = coordinator  # type: ignore[assignment]
     member._hear_heartbeats()
     member.owned = OWNED
     return member, coordinator, calls
@@ -101,22 +104,22 @@ async def test_a_member_the_coordinator_stops_answering_lapses_after_two_session
     monkeypatch.setattr(member._consumer, "pause", lambda *tps: None)
 
     now[0] += 9.0
-    assert await coordinator._do_heartbeat()  # answered: heard now
+    assert await coordinator.heartbeat()  # answered: heard now
     coordinator.answers = False
     now[0] += 19.9  # a coordinator failover may take a session timeout and more
-    assert not await coordinator._do_heartbeat()
+    assert not await coordinator.heartbeat()
     await member._check_membership()
     assert (member.lapsed(), called(calls, "revoked"), member.owned) == (None, [], OWNED)
 
     # While a join is pending the coordinator may hold it until every member joined; while
     # the coordinator is looked for, it may be moving to another broker, keeping the group.
     now[0] += 0.6  # 20.5 s without an answer
-    coordinator._rejoin_needed_fut.set_result(None)
+    coordinator.rejoining = True
     assert member.lapsed() is None
-    coordinator._rejoin_needed_fut = asyncio.get_running_loop().create_future()
-    coordinator.coordinator_id = None
+    coordinator.rejoining = False
+    coordinator.coordinator_known = False
     assert member.lapsed() is None
-    coordinator.coordinator_id = 2
+    coordinator.coordinator_known = True
 
     assert member.lapsed() == pytest.approx(20.5)
     await member._check_membership()
@@ -142,7 +145,7 @@ async def test_a_lapsed_member_answered_again_without_a_rebalance_takes_back_its
     now[0] += 21.0
     await member._check_membership()
     assert member.owned == frozenset()
-    assert await coordinator._do_heartbeat()  # the coordinator answers: same generation
+    assert await coordinator.heartbeat()  # the coordinator answers: same generation
     await member._check_membership()
     assert (member.owned, called(calls, "assigned"), member.lapsed()) == (OWNED, [OWNED], None)
 
@@ -177,28 +180,25 @@ async def test_a_member_that_steps_aside_leaves_first_then_gives_up_its_partitio
     assert member.lapsed() is None
 
 
-async def test_a_commit_given_up_by_its_timeout_fails_later_without_a_traceback(
+async def test_a_commit_given_up_by_its_timeout_is_marked_read_and_not_confirmed(
     monkeypatch: pytest.MonkeyPatch, members: list[KafkaOwnership]
 ) -> None:
     """Would catch the traceback a relay behind a half-open Kafka link logged ("Task exception
     was never retrieved", health failing): confirming its membership, it gave up an offset
-    commit after its session timeout, and the commit aiokafka still sent (its own task, under
-    ``asyncio.shield``, as here) failed when the link closed. The relay must not be confirmed."""
-    member, coordinator, _ = member_of(members)
+    commit after its session timeout, and the commit aiokafka still sent failed when the link
+    closed. The relay must not be confirmed, and must mark the abandoned commit's outcome read
+    (what that does to aiokafka's commit task: tests/unit/test_kafka_internals.py)."""
+    member, _, _ = member_of(members)
     monkeypatch.setattr(
         member, "_settings", member._settings.model_copy(update={"session_timeout": 0.05})
     )
-    link_closed = asyncio.Event()
-
-    async def send_req(request: Any) -> Any:
-        await link_closed.wait()
-        raise KafkaConnectionError("Connection at 127.0.0.1:9092 closed")
-
-    coordinator.group_id, coordinator._send_req = "g", send_req
+    marked: list[bool] = []
+    monkeypatch.setattr(
+        ownership.kafka_internals, "abandoned_commits_read", lambda: marked.append(True)
+    )
 
     async def commit(offsets: dict[KafkaTP, int]) -> None:
-        sent = {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items()}
-        await asyncio.shield(GroupCoordinator._do_commit_offsets(coordinator, {}, sent))
+        await asyncio.Event().wait()  # the link is half-open: no answer
 
     async def position(tp: KafkaTP) -> int:
         return 7
@@ -207,12 +207,6 @@ async def test_a_commit_given_up_by_its_timeout_fails_later_without_a_traceback(
     monkeypatch.setattr(consumer, "assignment", lambda: {KafkaTP("t", 0), KafkaTP("t", 1)})
     monkeypatch.setattr(consumer, "position", position)
     monkeypatch.setattr(consumer, "commit", commit)
-    unhandled: list[dict[str, Any]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
 
     assert not await member.confirm(OWNED)
-    link_closed.set()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    gc.collect()  # a task's unread exception is reported when the task is collected
-    assert unhandled == []
+    assert marked == [True]
