@@ -15,6 +15,20 @@ import structlog
 LogFormat = Literal["console", "json"]
 
 
+def level_number(level: str) -> int:
+    """``logging``'s number for a level's name (any case); INFO for a name it does not know."""
+    return logging.getLevelNamesMapping().get(level.strip().upper(), logging.INFO)
+
+
+def filter_unconfigured(level: str) -> None:
+    """In a process that did not configure structlog (a web service that embeds outboxkit),
+    structlog prints every level, debug included: leave out what is below ``level`` and change
+    nothing else (where and how it prints). A process that configured structlog is left as it
+    is, and one that configures it later replaces this."""
+    if not structlog.is_configured():
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level_number(level)))
+
+
 def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,

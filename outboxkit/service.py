@@ -5,6 +5,9 @@
 
 - opens a connection pool for the service's own transactions and exposes the outbox writer:
   ``async with kit.transaction() as tx: …; await kit.add(tx, event)``;
+- refuses to start, with one line naming the server and what to check, when a database refuses
+  its login (a wrong password, an unknown user or database): no wait would fix it, and its
+  pool would otherwise retry it in the background for ever;
 - optionally runs the relay and an inbox in the background — the very engines the
   ``outboxkit relay`` / ``outboxkit inbox`` workers run, configured by the same settings
   objects (``OUTBOXKIT_*``), validated when the service starts;
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -35,6 +39,7 @@ from typing_extensions import TypeVar as DefaultTypeVar
 from outboxkit.backends import Transactions, backend_for
 from outboxkit.config_reference import unknown_variable_warnings, with_typo_hints
 from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
+from outboxkit.core.logs import filter_unconfigured, level_number
 from outboxkit.core.settings import ConnectionSettings, load_settings
 from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.inbox import (
@@ -77,6 +82,45 @@ def _topic_of(written: type[Event] | str) -> str:
             f"writes: {written.__name__} has no default topic; name the topics its events go to"
         )
     return written.event_topic
+
+
+async def _refuse_refused_logins(*settings: ConnectionSettings | None) -> None:
+    """:class:`ConfigurationError` naming each database (of the service, its relay, its inbox)
+    that refuses its login, as the ``outboxkit`` workers refuse to start on one; a database
+    that does not answer is left to the pools, which wait for it."""
+    timeouts = {s.database_url: s.connect_timeout for s in settings if s is not None}
+    problems = await asyncio.gather(
+        *(backend_for(url).login_problem(timeout) for url, timeout in timeouts.items())
+    )
+    refused = [problem for problem in problems if problem is not None]
+    if refused:
+        raise ConfigurationError("; ".join(refused))
+
+
+#: The logger through which uvicorn logs a lifespan's failed start-up: the traceback text the
+#: application (Starlette) sends with ``lifespan.startup.failed``.
+_UVICORN_ERRORS = "uvicorn.error"
+
+
+def _quiet_server_traceback(exc: OutboxkitError) -> None:
+    """Leave out uvicorn's log record of ``exc``'s traceback: its 25 lines (frames of
+    Starlette, FastAPI, contextlib and outboxkit) buried the one line that says what to fix
+    (``did you mean OUTBOXKIT_DATABASE_URL?``). Kept at OUTBOXKIT_LOG_LEVEL=debug, as the
+    ``outboxkit`` commands show a traceback only then. Under another server this filter drops
+    nothing: it matches only a traceback of ``exc``, and goes at its first match."""
+    if level_number(os.environ.get("OUTBOXKIT_LOG_LEVEL", "info")) <= logging.DEBUG:
+        return
+    errors = logging.getLogger(_UVICORN_ERRORS)
+    text = str(exc)
+
+    def drop(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Traceback (most recent call last)") and text in message:
+            errors.removeFilter(drop)
+            return False
+        return True
+
+    errors.addFilter(drop)
 
 
 class ServiceStateError(OutboxkitError):
@@ -169,6 +213,7 @@ class Outboxkit(Generic[TX]):
             )
         relay_settings, inbox_settings, settings = self._resolve_settings()
         backend = backend_for(settings.database_url)
+        await _refuse_refused_logins(settings, relay_settings, inbox_settings)
         try:
             self._transactions = await self._stack.enter_async_context(
                 backend.transactions(
@@ -220,9 +265,21 @@ class Outboxkit(Generic[TX]):
     async def lifespan(self, app: object = None) -> AsyncIterator[dict[str, Any]]:
         """A Starlette/FastAPI lifespan: ``FastAPI(lifespan=kit.lifespan)``, or nested in your
         own lifespan with ``async with kit.lifespan(app): yield``. The state it yields makes
-        the service available as ``request.state.outboxkit``."""
-        async with self:
+        the service available as ``request.state.outboxkit``.
+
+        A start-up that fails as outboxkit expects (invalid settings, a refused login) is logged
+        in one line, and the ASGI server's traceback of it left out (see
+        :func:`_quiet_server_traceback`); the exception still fails the start-up."""
+        try:
+            await self.__aenter__()
+        except OutboxkitError as exc:
+            logger.error(f"the service cannot start: {exc}")
+            _quiet_server_traceback(exc)
+            raise
+        try:
             yield {"outboxkit": self}
+        finally:
+            await self.__aexit__(None, None, None)
 
     @property
     def database_url(self) -> str:
@@ -240,6 +297,7 @@ class Outboxkit(Generic[TX]):
     def _validate_settings(
         self,
     ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:
+        filter_unconfigured(os.environ.get("OUTBOXKIT_LOG_LEVEL", "info"))
         for line in unknown_variable_warnings():  # a typo'd variable leaves a default in place
             logger.warning(line)
         try:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 from tests.gotools import HELM, PROMTOOL, GoBuildError, GoTool
@@ -68,10 +69,18 @@ def _logging_left_as_found() -> Iterator[None]:
     ``configure_logging`` puts the root logger on the runner's stderr, closed once the command
     returns, so every later record of the worker printed "--- Logging error ---" and a stack
     instead (the progress listener's on a py4j thread, httpx's in the network tests). pytest's
-    own capture handlers come and go with each phase and are left to it."""
+    own capture handlers come and go with each phase and are left to it. structlog's
+    configuration too (a service opened in-process filters an unconfigured structlog's levels:
+    a later test's ``capture_logs`` would miss its debug events)."""
     root, aiokafka = logging.getLogger(), logging.getLogger("aiokafka")
     before, levels = set(root.handlers), (root.level, aiokafka.level)
+    configured, config = structlog.is_configured(), structlog.get_config()
     yield
+    if (structlog.is_configured(), structlog.get_config()) != (configured, config):
+        if configured:
+            structlog.configure(**config)
+        else:
+            structlog.reset_defaults()
     for handler in root.handlers[:]:
         if handler not in before and type(handler).__module__ != "_pytest.logging":
             root.removeHandler(handler)

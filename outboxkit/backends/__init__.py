@@ -125,6 +125,12 @@ class Backend(Protocol):
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]: ...
 
+    async def login_problem(self, connect_timeout: float) -> str | None:
+        """Why the server refuses this URL's login, in one line naming the server, the user and
+        what to check (a wrong password, an unknown user or database): a mistake no wait fixes.
+        ``None`` when it lets the login in, or does not answer within ``connect_timeout`` (an
+        outage, which the pools ride out)."""
+
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         """What a failure of this database's driver means and what to do (naming the server),
         or ``None`` when ``exc`` is not one."""

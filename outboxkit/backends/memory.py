@@ -118,5 +118,8 @@ class MemoryBackend:
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_memory(settings)
 
+    async def login_problem(self, connect_timeout: float) -> str | None:
+        return None  # no login
+
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         return None  # nothing in memory fails as a driver does

@@ -337,6 +337,15 @@ class MongoBackend:
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_database(settings)
 
+    async def login_problem(self, connect_timeout: float) -> str | None:
+        settings = ConnectionSettings.model_construct(
+            database_url=self.url, connect_timeout=connect_timeout
+        )
+        server = await check_server(settings)
+        # A refused login, or a server outboxkit cannot use (a standalone mongod, another
+        # replica set than the URL's): not waited for. A server that does not answer is.
+        return None if server.ok or server.unreachable else server.summary
+
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         if isinstance(exc, PyMongoError):
             return explain_error(exc, redact(self.url), login_user(self.url))

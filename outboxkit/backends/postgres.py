@@ -50,6 +50,10 @@ _LOGIN_REFUSED = re.compile(
 )
 
 
+#: PostgreSQL has no database of the URL's name.
+_NO_DATABASE = re.compile(r"database .* does not exist")
+
+
 def _refused_user(message: str, where: str | None) -> str | None:
     """The user PostgreSQL refused: named in its message, else the URL's."""
     named = re.search(r'(?:user|role) "([^"]+)"', message)
@@ -92,7 +96,7 @@ def explain_error(exc: psycopg.Error, where: str | None = None) -> tuple[str, st
             + (", and pg_hba.conf" if "pg_hba" in message else ""),
             _server_words(message),
         ), None
-    if re.search(r"database .* does not exist", message):
+    if _NO_DATABASE.search(message):
         return (
             f"PostgreSQL{at} has no such database: {message}",
             "Create it (CREATE DATABASE …) or fix the name in OUTBOXKIT_DATABASE_URL.",
@@ -251,6 +255,24 @@ class PostgresBackend:
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
         return await check_database(settings)
+
+    async def login_problem(self, connect_timeout: float) -> str | None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=max(1, round(connect_timeout)),
+                application_name="outboxkit-service",
+            )
+        except psycopg.Error as exc:
+            message = first_line(exc)
+            if _LOGIN_REFUSED.search(message) or _NO_DATABASE.search(message):
+                return explain_error(exc, redact(self.url))[0]
+            return None  # not answering: an outage, not a mistake
+        except OSError:
+            return None
+        await conn.close()
+        return None
 
     def explain(self, exc: BaseException) -> tuple[str, str | None] | None:
         if isinstance(exc, psycopg.Error):

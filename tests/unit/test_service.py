@@ -1,9 +1,11 @@
 """The embedded service's lifecycle and settings, without servers."""
 
+import logging
 import uuid
 from typing import cast
 
 import pytest
+import structlog
 from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from prometheus_client import CollectorRegistry
@@ -116,3 +118,36 @@ class _Placed(Event, type="test.service.placed", topic="test.service.orders", ke
 
 def _order() -> _Placed:
     return _Placed(order_id="o-1")
+
+
+async def test_a_service_in_a_process_without_log_configuration_logs_no_debug_lines(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """structlog unconfigured prints every level: a service's "[debug] cannot read the
+    registered topics" showed at the default level in an app that configured no logging. The
+    service now leaves out what is below OUTBOXKIT_LOG_LEVEL, and only in such a process."""
+    monkeypatch.delenv("OUTBOXKIT_LOG_LEVEL", raising=False)
+    structlog.reset_defaults()  # the conftest fixture restores what was before
+    url = f"memory://quiet-{uuid.uuid4().hex}"
+    log = structlog.get_logger("outboxkit.test")
+    try:
+        async with Outboxkit(
+            source="orders",
+            settings=ConnectionSettings(database_url=url),
+            registry=CollectorRegistry(),
+        ):
+            log.debug("a debug line")
+            log.info("an info line")
+    finally:
+        forget_memory_database(url)
+    printed = capsys.readouterr().out
+    assert "an info line" in printed
+    assert "a debug line" not in printed
+    # A process that configured structlog keeps its own configuration.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    async with Outboxkit(
+        source="orders", settings=ConnectionSettings(database_url=url), registry=CollectorRegistry()
+    ):
+        log.debug("a debug line")
+    forget_memory_database(url)
+    assert "a debug line" in capsys.readouterr().out
