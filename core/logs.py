@@ -26,7 +26,9 @@ def filter_unconfigured(level: str) -> None:
     nothing else (where and how it prints). A process that configured structlog is left as it
     is, and one that configures it later replaces this."""
     if not structlog.is_configured():
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level_number(level)))
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(level_number(level))
+        )
 
 
 def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
