@@ -1,34 +1,27 @@
-"""Every ``OUTBOXKIT_*`` variable outboxkit reads, in one place: the configuration reference
-(docs/configuration.md) generated from the settings objects, so that it can never drift from the
-code, and :func:`unknown_variables`, which names a variable nothing reads (a typo) with the
-closest one that is. Regenerate the reference with::
+"""The configuration reference (docs/configuration.md), generated from the settings objects so
+that it can never drift from the code. Regenerate it with::
 
     python -m outboxkit.config_reference > docs/configuration.md
 
-tests/unit/test_docs.py fails when the file and the settings disagree;
-tests/unit/test_unknown_variables.py when a variable in the code or the docs is not known here.
+tests/unit/test_docs.py fails when the file and the settings disagree. Which variables exist, and
+the warning on one nothing reads, is :mod:`outboxkit.variables` (what a service runs; this
+module is the operator's).
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import os
-import re
-from collections.abc import Iterator, Mapping
 from datetime import timedelta
-from functools import cache
 from typing import Any
 
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-from pydantic_settings import BaseSettings
 
-from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ENV_PREFIX
+from outboxkit.variables import load
 
-#: (title, settings class as module:name, what it configures); each section lists the fields
-#: the class adds to the sections before it.
+#: (title, settings class as module:name, what it configures), one per settings object of
+#: :data:`~outboxkit.variables.SETTINGS`, in its order; each section lists the fields the class
+#: adds to the sections before it.
 SECTIONS = [
     (
         "Kafka: brokers, TLS and SASL",
@@ -56,26 +49,6 @@ SECTIONS = [
         "`outboxkit pipeline run` and the `spark-submit` job (the `[spark]` extra).",
     ),
 ]
-
-
-#: Variables read outside the settings objects and the commands' options (those come from the
-#: objects and the commands themselves): where the embedded servers' binaries are, the pytest
-#: plugin's servers, and the repository's own tests and benches.
-OTHER_VARIABLES = {
-    "OUTBOXKIT_MONGOD": "the mongod binary the embedded MongoDB runs (outboxkit.embedded)",
-    "OUTBOXKIT_KAFKA_JARS": "the Apache Kafka jars the embedded broker runs (outboxkit.embedded)",
-    "OUTBOXKIT_TEST_PG_URL": "a PostgreSQL server for the tests (outboxkit.testing)",
-    "OUTBOXKIT_TEST_KAFKA": "a Kafka cluster for the tests (outboxkit.testing)",
-    "OUTBOXKIT_TEST_MONGO_URL": "a MongoDB replica set for the tests (outboxkit.testing)",
-    "OUTBOXKIT_BENCH_PROFILE": "the repository's relay bench: profile the relays",
-    "OUTBOXKIT_FUZZ_EXAMPLES": "the repository's inbox fuzz test: how many examples",
-}
-
-
-def _load(target: str) -> type[BaseSettings]:
-    module, _, name = target.partition(":")
-    cls: type[BaseSettings] = getattr(importlib.import_module(module), name)
-    return cls
 
 
 def _default(info: FieldInfo) -> str:
@@ -121,7 +94,7 @@ def render() -> str:
     #: that reads it with another default lists it again.
     seen: dict[str, str] = {}
     for title, target, what in SECTIONS:
-        cls = _load(target)
+        cls = load(target)
         lines += [f"## {title}", "", what, "", "| variable | default | meaning |", "|---|---|---|"]
         for name, info in cls.model_fields.items():
             if seen.get(name) == _default(info):
@@ -131,91 +104,6 @@ def render() -> str:
             lines.append(f"| `{ENV_PREFIX}{name.upper()}` | {_default(info)} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _settings_variables() -> Iterator[str]:
-    for _, target, _ in SECTIONS:
-        for name in _load(target).model_fields:
-            yield f"{ENV_PREFIX}{name.upper()}"
-
-
-def _command_variables() -> Iterator[str]:
-    """The environment twins of the ``outboxkit`` commands' options (``OUTBOXKIT_LOG_LEVEL``,
-    ``OUTBOXKIT_HTTP_PORT``, the demo's…), read from the commands themselves."""
-    import typer  # noqa: PLC0415
-
-    from outboxkit.cli import app  # noqa: PLC0415  (the commands import this module)
-
-    commands: list[Any] = [typer.main.get_command(app)]
-    while commands:
-        command = commands.pop()
-        commands += getattr(command, "commands", {}).values()  # a group's
-        for param in command.params:
-            envvars = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar]
-            yield from (v for v in envvars if isinstance(v, str) and v.startswith(ENV_PREFIX))
-
-
-@cache
-def _cheaply_known() -> frozenset[str]:
-    """What is known without walking the commands (the usual case needs no more)."""
-    return frozenset([*_settings_variables(), *OTHER_VARIABLES])
-
-
-@cache
-def known_variables() -> frozenset[str]:
-    """Every ``OUTBOXKIT_*`` variable outboxkit reads."""
-    return frozenset([*_settings_variables(), *_command_variables(), *OTHER_VARIABLES])
-
-
-def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
-    """Each ``OUTBOXKIT_*`` variable of ``environ`` (default: this process's) that nothing
-    reads, with the known one it most resembles (``None`` when none is close): a typo'd
-    variable is otherwise silently unused, its setting left at its default. Not an error:
-    other tools may share the prefix."""
-    names = sorted(
-        n for n in (os.environ if environ is None else environ) if n.startswith(ENV_PREFIX)
-    )
-    if not names:
-        return []
-    if all(name in _cheaply_known() for name in names):
-        return []
-    known = known_variables()
-    suffixes = {name.removeprefix(ENV_PREFIX): name for name in known}
-    found = []
-    for name in names:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)
-        found.append((name, suffixes[close[0]] if close else None))
-    return found
-
-
-def unknown_variable_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per unknown variable: ``<it> is not a variable outboxkit reads; did you mean
-    <the closest known one>?``"""
-    lines = []
-    for name, closest in unknown_variables(environ):
-        hint = f"; did you mean {closest}?" if closest else " (ignored)"
-        lines.append(f"{name} is not a variable outboxkit reads{hint}")
-    return lines
-
-
-def with_typo_hints(
-    exc: ConfigurationError, environ: Mapping[str, str] | None = None
-) -> ConfigurationError:
-    """``exc`` (settings that failed to load) with a line for each variable it names that an
-    unknown variable of ``environ`` resembles — ``<the misspelt name> is set: did you mean
-    OUTBOXKIT_DATABASE_URL?`` — since a required setting under a misspelt name is reported
-    missing; ``exc`` itself when there is none."""
-    message = str(exc)
-    hints = [
-        f"  {name} is set: did you mean {closest}?"
-        for name, closest in unknown_variables(environ)
-        if closest is not None and re.search(rf"\b{re.escape(closest)}\b", message)
-    ]
-    if not hints:
-        return exc
-    return type(exc)("\n".join([message, *hints]))
 
 
 if __name__ == "__main__":

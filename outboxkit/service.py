@@ -37,7 +37,6 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from typing_extensions import TypeVar as DefaultTypeVar
 
 from outboxkit.backends import Transactions, backend_for
-from outboxkit.config_reference import unknown_variable_warnings, with_typo_hints
 from outboxkit.core.exceptions import ConfigurationError, OutboxkitError
 from outboxkit.core.logs import filter_unconfigured, level_number
 from outboxkit.core.settings import ConnectionSettings, load_settings
@@ -56,6 +55,7 @@ from outboxkit.relay import (
     RelaySettings,
 )
 from outboxkit.schemas import Event
+from outboxkit.variables import unknown_variable_warnings, with_typo_hints
 
 __all__ = ["Outboxkit", "ServiceHealth", "ServiceStateError"]
 

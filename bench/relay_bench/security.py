@@ -9,9 +9,9 @@ With ``sasl_ssl`` the bench starts one :class:`~outboxkit.embedded.kafka_securit
 SecuredKafkaCluster` and both kinds of context use it: PLAINTEXT relays its PLAINTEXT listener
 (whose ANONYMOUS principal is a super user), SASL_SSL relays its SASL_SSL listener, so the two
 figures differ by the listener only. Each SASL_SSL relay group logs in as its own SCRAM-SHA-512
-user, created for it, that holds exactly :func:`outboxkit.kafka_acls.relay_acls` for its group
-and topic. After each phase that ran over both, :func:`compare_security` prints each compared
-figure of both protocols and the SASL_SSL/PLAINTEXT ratio, and adds them to the summary.
+user, created for it, that holds exactly :func:`outboxkit.preflight.kafka_acls.relay_acls` for
+its group and topic. After each phase that ran over both, :func:`compare_security` prints each
+compared figure of both protocols and the SASL_SSL/PLAINTEXT ratio, and adds them to the summary.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from outboxkit.embedded.kafka_security import (
     ScramMechanism,
     SecuredKafkaCluster,
 )
-from outboxkit.kafka_acls import relay_acls
+from outboxkit.preflight.kafka_acls import relay_acls
 
 #: ``--kafka-security`` values and how the summary names them.
 SECURITIES = {"plaintext": "PLAINTEXT", "sasl_ssl": "SASL_SSL"}

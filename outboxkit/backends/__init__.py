@@ -43,7 +43,7 @@ from outboxkit.core.kafka import partition_counts
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind, database_kind
 
 if TYPE_CHECKING:
-    from outboxkit.check import CheckResult
+    from outboxkit.backends.checks import CheckResult
     from outboxkit.inbox import InboxSettings, InboxStore
     from outboxkit.migrations import Migration
     from outboxkit.relay import (

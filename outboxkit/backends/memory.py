@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from outboxkit.check import CheckResult, check_memory
+from outboxkit.backends.checks import CheckResult
 from outboxkit.core.memory import MemoryTransaction
+from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind
 from outboxkit.inbox import InboxSettings, InboxStore, InMemoryInboxStore
 from outboxkit.relay import (
@@ -116,7 +117,14 @@ class MemoryBackend:
         return [], {}  # nothing to migrate, and no process but this one
 
     async def check(self, settings: ConnectionSettings) -> list[CheckResult]:
-        return await check_memory(settings)
+        return [
+            CheckResult(
+                "database",
+                True,
+                f"in-memory database {redact(settings.database_url)} (tests only: one process, "
+                "not durable)",
+            )
+        ]
 
     async def login_problem(self, connect_timeout: float) -> str | None:
         return None  # no login

@@ -19,7 +19,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_uri
 
 from outboxkit.backends import RelayParts, Transactions
-from outboxkit.check import CheckResult, clock_result, first_line, migrations_result
+from outboxkit.backends.checks import CheckResult, clock_result, first_line, migrations_result
 from outboxkit.core.login import refused_login
 from outboxkit.core.mongodb import (
     MongoConnection,

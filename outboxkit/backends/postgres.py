@@ -17,7 +17,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from outboxkit.backends import RelayParts, Transactions
-from outboxkit.check import DEV_HINT, CheckResult, clock_result, first_line, migrations_result
+from outboxkit.backends.checks import (
+    DEV_HINT,
+    CheckResult,
+    clock_result,
+    first_line,
+    migrations_result,
+)
 from outboxkit.core.login import refused_login
 from outboxkit.core.postgres import make_pool
 from outboxkit.core.redact import redact

@@ -4,7 +4,7 @@ Exit codes: 0 success; 1 a check or operation failed; 2 invalid configuration or
 Options that say where things are or how a worker runs have an ``OUTBOXKIT_*`` environment
 variable twin, shown in ``--help``; per-invocation flags (``--json``, ``--limit``…) do not
 (:mod:`outboxkit.cli_options`). Expected failures end the command with one or two lines on
-stderr (:mod:`outboxkit.diagnose`); ``--debug`` or ``OUTBOXKIT_LOG_LEVEL=debug`` shows the
+stderr (:mod:`outboxkit.preflight.diagnose`); ``--debug`` or ``OUTBOXKIT_LOG_LEVEL=debug`` shows the
 traceback too.
 
 One module per command group: :mod:`~outboxkit.cli.migrate` (``check``, ``migrate``),
@@ -37,10 +37,10 @@ from outboxkit.cli.outbox import outbox_app
 from outboxkit.cli.relay import relay_app
 from outboxkit.cli.schemas import schemas_app
 from outboxkit.cli.topics import topics_app
-from outboxkit.config_reference import unknown_variable_warnings
 from outboxkit.demo.cli import demo
-from outboxkit.diagnose import explain
 from outboxkit.pipeline.cli import pipeline_app
+from outboxkit.preflight.diagnose import explain
+from outboxkit.variables import unknown_variable_warnings
 
 __all__ = ["app", "main"]
 

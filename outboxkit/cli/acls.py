@@ -1,5 +1,5 @@
 """``outboxkit acls relay`` and ``outboxkit acls inbox``: the Kafka ACLs a worker needs, as
-``kafka-acls.sh`` commands (outboxkit/kafka_acls.py; docs/security.md)."""
+``kafka-acls.sh`` commands (outboxkit/preflight/kafka_acls.py; docs/security.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from outboxkit.cli.common import fail_config
 from outboxkit.cli.relay import RelayName
 from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Topics
 from outboxkit.core.exceptions import ConfigurationError
-from outboxkit.kafka_acls import Acl, inbox_acls, relay_acls
+from outboxkit.preflight.kafka_acls import Acl, inbox_acls, relay_acls
 
 acls_app = typer.Typer(
     help="The Kafka ACLs each worker needs, and no more, as kafka-acls.sh commands.",

@@ -23,7 +23,7 @@ from outboxkit.backends import Backend, backend_for
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.logs import configure_logging
 from outboxkit.core.settings import ConnectionSettings, EventLoop, KafkaSettings, load_settings
-from outboxkit.diagnose import preflight
+from outboxkit.preflight.diagnose import preflight
 from outboxkit.probes import serve_probes
 from outboxkit.relay import OutboxOperations, OutboxStorage, StorageUnavailableError
 

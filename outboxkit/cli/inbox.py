@@ -34,9 +34,9 @@ from outboxkit.cli_options import (
 )
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.printable import printable
-from outboxkit.diagnose import preflight
 from outboxkit.inbox import Inbox, InboxSettings, InboxWorker
 from outboxkit.inbox.status import PartitionStatus, read_status
+from outboxkit.preflight.diagnose import preflight
 
 inbox_app = typer.Typer(
     help="Run an inbox worker (outboxkit inbox module:inbox), or inspect and replay its "
@@ -140,7 +140,7 @@ def inbox_status(
         raise fail_config(ConfigurationError("OUTBOXKIT_TOPICS is not set: give --topics"))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     # A Kafka error (a coordinator not ready on a new cluster, a broker out of reach) is told
-    # by the command's one error style (outboxkit.diagnose).
+    # by the command's one error style (outboxkit.preflight.diagnose).
     status = asyncio.run(
         read_status(
             kafka_settings(kafka_bootstrap_servers),

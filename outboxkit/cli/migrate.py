@@ -13,10 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from outboxkit.backends import Backend, backend_for
-from outboxkit.check import (
-    CheckResult,
-    run_checks,
-)
+from outboxkit.backends.checks import CheckResult
 from outboxkit.cli import common
 from outboxkit.cli.common import EXIT_FAILED, fail_config, load
 from outboxkit.cli.inbox import _import_inbox
@@ -24,11 +21,12 @@ from outboxkit.cli_options import BootstrapServers, DatabaseUrl, JsonOutput, Top
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings
-from outboxkit.diagnose import Problem, named_by, permission_problems
 from outboxkit.inbox import InboxSettings
-from outboxkit.kafka_permissions import principal
 from outboxkit.migrations import MigrationError, load_migrations
 from outboxkit.migrations.compat import incompatible, runs_beside
+from outboxkit.preflight.check import run_checks
+from outboxkit.preflight.diagnose import Problem, named_by, permission_problems
+from outboxkit.preflight.kafka_permissions import principal
 from outboxkit.relay import RelaySettings
 
 T = TypeVar("T")
@@ -117,7 +115,8 @@ def _workers(values: dict[str, str | None], *, relay: bool, inbox: str | None) -
 
 
 async def _acl_results(workers: list[_Worker]) -> list[CheckResult]:
-    """Every Kafka ACL each worker lacks, one result each (outboxkit.kafka_permissions)."""
+    """Every Kafka ACL each worker lacks, one result each
+    (outboxkit.preflight.kafka_permissions)."""
     results = []
     for settings, topics, group in workers:
         what = "relay" if group is None else f"inbox of group {group}"

@@ -27,7 +27,7 @@ from outboxkit.cli_options import (
     Topics,
 )
 from outboxkit.core.printable import printable
-from outboxkit.diagnose import preflight
+from outboxkit.preflight.diagnose import preflight
 from outboxkit.relay import PartitionStatus, Relay, RelaySettings, group_status
 
 RelayName = Annotated[
@@ -97,7 +97,7 @@ def relay_status(
     )
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     # A Kafka error (a coordinator not ready on a new cluster, a broker out of reach) is told
-    # by the command's one error style (outboxkit.diagnose).
+    # by the command's one error style (outboxkit.preflight.diagnose).
     status = run_storage(settings.database_url, lambda s: group_status(settings, s))
     if json_output:
         typer.echo(json.dumps(asdict(status), indent=2))

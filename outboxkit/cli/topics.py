@@ -29,8 +29,8 @@ from outboxkit.core.kafka import (
     ensure_topics,
 )
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
-from outboxkit.diagnose import preflight
-from outboxkit.kafka_permissions import principal
+from outboxkit.preflight.diagnose import preflight
+from outboxkit.preflight.kafka_permissions import principal
 from outboxkit.relay import StorageUnavailableError
 
 topics_app = typer.Typer(

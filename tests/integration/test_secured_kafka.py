@@ -1,7 +1,7 @@
 """outboxkit against a secured Apache Kafka: TLS, SASL SCRAM and mutual TLS, ACLs enforced
 (outboxkit/embedded/kafka_security.py). The relay and the inbox run as processes with exactly
-the ACLs of outboxkit/kafka_acls.py (docs/security.md) and keep their guarantees; with one ACL
-taken away, or a wrong password, an untrusted certificate or another host's certificate, they
+the ACLs of outboxkit/preflight/kafka_acls.py (docs/security.md) and keep their guarantees; with one
+ACL taken away, or a wrong password, an untrusted certificate or another host's certificate, they
 stop at start with one line that says what is wrong. No output ever holds the password."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from outboxkit.embedded._process import free_port
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
-from outboxkit.kafka_acls import CLUSTER, Acl, inbox_acls, relay_acls
+from outboxkit.preflight.kafka_acls import CLUSTER, Acl, inbox_acls, relay_acls
 from tests.helpers import http_client, run_cli, wait_for
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_app import Payment

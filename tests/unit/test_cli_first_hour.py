@@ -28,7 +28,7 @@ from outboxkit.core.settings import KafkaSettings
 from outboxkit.embedded import free_port
 from outboxkit.inbox.status import InboxStatus
 from outboxkit.inbox.status import PartitionStatus as InboxPartition
-from outboxkit.kafka_permissions import principal
+from outboxkit.preflight.kafka_permissions import principal
 from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.status import GroupStatus
 

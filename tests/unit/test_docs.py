@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from outboxkit.config_reference import render
+from outboxkit.config_reference import SECTIONS, render
+from outboxkit.variables import SETTINGS
 from tests.docs_snippets import REPO, Snippets, all_snippets
+
+
+def test_the_configuration_reference_has_a_section_per_settings_object() -> None:
+    assert [target for _, target, _ in SECTIONS] == list(SETTINGS)
 
 
 def test_the_configuration_reference_is_generated_from_the_settings() -> None:

@@ -15,8 +15,8 @@ from pydantic_settings import BaseSettings
 from outboxkit.core.settings import ENV_PREFIX, KafkaConnectionSettings
 from outboxkit.embedded.kafka_jars import _ARTIFACTS
 from outboxkit.inbox import InboxSettings
-from outboxkit.kafka_acls import Acl
-from outboxkit.kafka_handshake import _describe
+from outboxkit.preflight.kafka_acls import Acl
+from outboxkit.preflight.kafka_handshake import _describe
 from outboxkit.relay import RelaySettings
 from tests.docs_snippets import REPO, blocks
 

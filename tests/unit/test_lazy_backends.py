@@ -59,7 +59,7 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
     "statement",
     [
         "import outboxkit.cli",  # every `outboxkit` command imports it before it starts
-        "import outboxkit.backends, outboxkit.check, outboxkit.diagnose",
+        "import outboxkit.backends, outboxkit.preflight.check, outboxkit.preflight.diagnose",
         "import outboxkit.service",
         "import outboxkit.testing",
         "from outboxkit.backends import backend_for; backend_for('memory://x')",
@@ -139,3 +139,53 @@ def test_a_url_whose_driver_is_not_installed_names_the_extra(
 def test_the_other_databases_driver_is_not_needed(hidden: tuple[str, ...], url: str) -> None:
     statement = f"from outboxkit.backends import backend_for; backend_for({url!r})"
     assert _without(hidden, statement) == "ok"
+
+
+#: The operator's tooling: the command line, the preflight checks and their Kafka permission
+#: probes, the configuration reference's generator, the servers and demo of a laptop.
+OPERATOR_MODULES = (
+    "outboxkit.cli",
+    "outboxkit.cli_options",
+    "outboxkit.config_reference",
+    "outboxkit.demo",
+    "outboxkit.dev",
+    "outboxkit.embedded",
+    "outboxkit.preflight",
+    "outboxkit.testing",
+    "typer",
+)
+
+
+def _operator_modules_after(statement: str) -> list[str]:
+    code = (
+        f"import sys\n{statement}\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.startswith({OPERATOR_MODULES!r}))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return [m for m in result.stdout.strip().split(",") if m]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # A FastAPI service (the writer, a relay, an inbox) on either database.
+        "import outboxkit.fastapi; from outboxkit.backends import backend_for; "
+        "backend_for('postgresql://localhost/shop'); "
+        "backend_for('mongodb://localhost/shop?replicaSet=rs0')",
+        "from outboxkit.relay import Relay, PostgresOutbox; "
+        "from outboxkit.inbox import InboxWorker, PostgresInboxStore",
+    ],
+)
+def test_a_service_loads_none_of_the_operators_tooling(statement: str) -> None:
+    """A process that writes, relays or consumes loads what it runs: the backends check their
+    database with outboxkit.backends.checks' result type, never the preflight package, and the
+    service names a typo'd variable with outboxkit.variables, never the command line."""
+    assert _operator_modules_after(statement) == []
+
+
+def test_the_operators_tooling_is_what_the_check_looks_for() -> None:
+    """Guards the test above: ``outboxkit check`` loads the modules it looks for."""
+    loaded = _operator_modules_after("import outboxkit.cli.migrate")
+    assert {"outboxkit.preflight.check", "outboxkit.preflight.diagnose", "typer"} <= set(loaded)

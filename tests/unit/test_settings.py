@@ -77,9 +77,9 @@ def test_invalid_values_are_named(values: dict[str, str], expected: str) -> None
 
 
 def _settings_fields() -> list[tuple[type[BaseSettings], str]]:
-    from outboxkit.config_reference import SECTIONS, _load  # noqa: PLC0415
+    from outboxkit.variables import SETTINGS, load  # noqa: PLC0415
 
-    classes = [_load(target) for _, target, _ in SECTIONS]
+    classes = [load(target) for target in SETTINGS]
     return [(cls, name) for cls in classes for name in cls.model_fields]
 
 

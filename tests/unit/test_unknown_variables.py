@@ -1,22 +1,30 @@
 """A typo'd ``OUTBOXKIT_*`` variable is named at start with the closest one outboxkit reads
-(#28: ``OUTBOXKIT_BATCHSIZE=5 outboxkit relay`` passed silently, ``OUTBOXKIT_DATABSE_URL`` only
+(``OUTBOXKIT_BATCHSIZE=5 outboxkit relay`` passed silently, ``OUTBOXKIT_DATABSE_URL`` only
 yielded "OUTBOXKIT_DATABASE_URL is not set"); a warning, not an error, as other tools may share
-the prefix. :func:`outboxkit.config_reference.known_variables` is the one list of what is read:
-every variable the code, the docs, the examples, the tests and the benches name must be on it."""
+the prefix. :func:`outboxkit.variables.known_variables` is the one list of what is read: every
+variable the code, the docs, the examples, the tests and the benches name must be on it, and
+every environment twin of a command's option."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from outboxkit.config_reference import known_variables, unknown_variables
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.service import Outboxkit
+from outboxkit.variables import (
+    COMMAND_VARIABLES,
+    SETTINGS,
+    known_variables,
+    load,
+    unknown_variables,
+)
 from tests.docs_snippets import REPO
 
 #: A variable's full name (a prefix such as ``OUTBOXKIT_KAFKA_SSL_*`` or an f-string's
@@ -53,13 +61,32 @@ def test_every_variable_the_repository_names_is_known() -> None:
     assert not unknown, unknown
 
 
-def test_the_commands_variables_are_known() -> None:
-    """The options' environment twins come from the commands themselves."""
-    assert {
-        "OUTBOXKIT_LOG_LEVEL",
-        "OUTBOXKIT_HTTP_PORT",
-        "OUTBOXKIT_DEMO_RATE",
-    } <= known_variables()
+def _command_variables() -> set[str]:
+    """The environment twins of the ``outboxkit`` commands' options, read from the commands."""
+    import typer  # noqa: PLC0415
+
+    from outboxkit.cli import app  # noqa: PLC0415
+
+    found: set[str] = set()
+    commands: list[Any] = [typer.main.get_command(app)]
+    while commands:
+        command = commands.pop()
+        commands += getattr(command, "commands", {}).values()  # a group's
+        for param in command.params:
+            envvars = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar]
+            found |= {v for v in envvars if isinstance(v, str) and v.startswith("OUTBOXKIT_")}
+    return found
+
+
+def test_the_commands_variables_are_the_listed_ones() -> None:
+    """outboxkit.variables lists the commands' environment twins (so that a service checks its
+    environment without loading the command line): catches an option added without its
+    variable on the list, or a variable listed that no option has."""
+    fields = {f"OUTBOXKIT_{name.upper()}" for t in SETTINGS for name in load(t).model_fields}
+    commands = _command_variables()
+    assert {"OUTBOXKIT_LOG_LEVEL", "OUTBOXKIT_HTTP_PORT", "OUTBOXKIT_DEMO_RATE"} <= commands
+    assert commands - fields == COMMAND_VARIABLES
+    assert commands <= known_variables()
 
 
 @pytest.mark.parametrize(
@@ -117,7 +144,7 @@ def test_a_service_warns_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_a_misspelt_required_setting_says_which_name_it_is_under(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """#44: the app of docs/getting-started.md, started with OUTBOXKIT_DATABSE_URL, failed with
+    """The app of docs/getting-started.md, started with OUTBOXKIT_DATABSE_URL, failed with
     "OUTBOXKIT_DATABASE_URL is not set" and no hint (the warning came only after loading)."""
     monkeypatch.delenv("OUTBOXKIT_DATABASE_URL", raising=False)
     monkeypatch.setenv("OUTBOXKIT_DATABSE_URL", "postgresql://localhost/db")

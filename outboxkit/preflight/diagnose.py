@@ -22,12 +22,7 @@ import structlog
 from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
 
 from outboxkit.backends import backend_for
-from outboxkit.check import (
-    DEV_HINT,
-    CheckResult,
-    check_kafka,
-    first_line,
-)
+from outboxkit.backends.checks import DEV_HINT, CheckResult, first_line
 from outboxkit.core.exceptions import (
     ConfigurationError,
     CoordinatorNotReadyError,
@@ -37,7 +32,8 @@ from outboxkit.core.exceptions import (
 from outboxkit.core.kafka import AUTHORIZATION_ERRORS, COORDINATOR_ERRORS, denied
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox.settings import InboxSettings
-from outboxkit.kafka_permissions import (
+from outboxkit.preflight.check import check_kafka
+from outboxkit.preflight.kafka_permissions import (
     missing_inbox_permissions,
     missing_relay_permissions,
     principal,
@@ -212,10 +208,10 @@ async def permission_problems(
     settings: ConnectionSettings, topics: Sequence[str], group: str | None
 ) -> list[Problem]:
     """Over an authenticated connection, the Kafka ACLs a worker lacks, one problem each
-    (:mod:`outboxkit.kafka_permissions`): the relay's for :class:`RelaySettings`, the inbox's of
-    consumer group ``group`` for :class:`InboxSettings` (``topics``: its topics and their
-    dead-letter topics). A probe that fails otherwise is left to the worker, which meets the
-    same failure and reports it."""
+    (:mod:`outboxkit.preflight.kafka_permissions`): the relay's for :class:`RelaySettings`, the
+    inbox's of consumer group ``group`` for :class:`InboxSettings` (``topics``: its topics and
+    their dead-letter topics). A probe that fails otherwise is left to the worker, which meets
+    the same failure and reports it."""
     if settings.kafka_security_protocol == "PLAINTEXT":
         return []
     try:
