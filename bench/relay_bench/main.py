@@ -85,6 +85,8 @@ PG_SETTINGS = {
     # Diagnostics only: the plan of any statement slower than 1 s goes to the server log.
     "session_preload_libraries": "auto_explain",
     "auto_explain.log_min_duration": "1s",
+    # Each log line names its session's application: the relay's pool is "outboxkit-relay".
+    "log_line_prefix": "%m [%p] %a: ",
 }
 
 
@@ -382,13 +384,14 @@ def compare_databases(ctxs: Sequence[Ctx]) -> None:
 
 def report_slow_statements(log: Path, limit: int = 40) -> None:
     """The relay's statements that auto_explain logged (slower than 1 s), with the first plan:
-    the claim statement must stay fast however the table's statistics look."""
+    the relay's claims must stay fast however the table's statistics look. The relay's are those
+    of its pool's sessions (application ``outboxkit-relay``: its claims and settles)."""
     lines = log.read_text(errors="replace").splitlines()
     starts = [i for i, line in enumerate(lines) if "duration:" in line and "plan:" in line]
-    relay = [i for i in starts if "outboxkit.outbox o" in "\n".join(lines[i : i + 4])]
+    relay = [i for i in starts if " outboxkit-relay: " in lines[i]]
     say(
         f"\nauto_explain: {len(starts)} statement(s) slower than 1 s, {len(relay)} of them the "
-        "relay's claim (settle_and_claim)"
+        "relay's pool's (its claims)"
     )
     for i in relay[:1]:
         say("  " + lines[i][:160])

@@ -21,12 +21,10 @@ from urllib.parse import urlsplit
 import psycopg
 
 from bench.relay_bench.harness import DRAIN_TOPIC, SEQ_PLACEHOLDER, SOURCE, make_event, say
-from outboxkit.core.sql import load_queries
 from outboxkit.migrations.postgres import migrate
-from outboxkit.relay import PostgresOutbox
+from outboxkit.relay import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.schemas import Event
 
-QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 OUTBOX_COLUMNS = "topic, partition, key, value, header_names, header_values, event_id, event_type"
 BENCH_DB = "outboxkit_bench"
 
@@ -164,10 +162,8 @@ class PostgresBenchOutbox:
         await create_database(self.admin_url, self.dbname)
 
     async def register_topic(self, topic: str, partitions: int) -> None:
-        async with await self.connect() as conn:
-            await conn.execute(
-                QUERIES["register_topic"], {"topic": topic, "partitions": partitions}
-            )
+        async with PostgresOutboxStorage(self.url, pool_size=1) as storage:
+            await storage.register_topics({topic: partitions})
 
     async def seed(self, rows: int, keys: int, topic: str = DRAIN_TOPIC) -> float:
         if self._seeded >= rows:
@@ -281,23 +277,6 @@ async def load_backlog(conn: psycopg.AsyncConnection[Any], table: str, rows: int
     )
 
 
-def claim_query(table: str = "outboxkit.outbox") -> LiteralString:
-    return q(QUERIES["settle_and_claim"].replace("outboxkit.outbox", table))
-
-
-def claim_params(topic: str, partitions: Sequence[int], limit: int) -> dict[str, Any]:
-    return {
-        "published": [],
-        "topics": [topic] * len(partitions),
-        "partitions": list(partitions),
-        "limit": limit,
-        "scan": limit * 4,
-        "keep": False,
-        "depth": 1,  # one record per key: the strategies compared claim one per key
-        "max_bytes": 64 * 1024 * 1024,  # the relay's default max_claim_bytes
-    }
-
-
 async def db_diagnostics(conn: psycopg.AsyncConnection[Any], topic: str) -> str:
     """What the database is doing, and the claim query's plan, when a partition stops."""
     lines = []
@@ -316,9 +295,19 @@ async def db_diagnostics(conn: psycopg.AsyncConnection[Any], topic: str) -> str:
         f"outbox stats (reltuples, relpages, live, dead, autovacuum, autoanalyze, "
         f"analyze): {await cur.fetchone()}"
     )
-    cur = await conn.execute(QUERIES["backlog"])
-    stuck = [int(p) for t, p, _, _, _ in await cur.fetchall() if t == topic]
+    cur = await conn.execute(
+        "SELECT DISTINCT partition FROM outboxkit.outbox WHERE topic = %s AND state = 'pending' "
+        "ORDER BY partition",
+        (topic,),
+    )
+    stuck = [int(p) for (p,) in await cur.fetchall()]
     if stuck:
-        cur = await conn.execute(q("EXPLAIN " + claim_query()), claim_params(topic, stuck, 500))
-        lines += [f"claim plan ({stuck}): {row[0]}" for row in await cur.fetchall()]
+        # The relay's claim starts from each partition's head of pending records: does that
+        # read still use the outbox's index?
+        cur = await conn.execute(
+            "EXPLAIN SELECT id FROM outboxkit.outbox WHERE topic = %s AND partition = %s "
+            "AND state = 'pending' ORDER BY topic, partition, id LIMIT 500",
+            (topic, stuck[0]),
+        )
+        lines += [f"head plan (p{stuck[0]} of {stuck}): {row[0]}" for row in await cur.fetchall()]
     return "\n".join(lines)

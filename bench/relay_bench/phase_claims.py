@@ -1,11 +1,13 @@
 """Phase ``claims``: the database cost per published record of three ways to claim.
 
-On a scratch copy of ``outboxkit.outbox`` (same indexes, autovacuum off) holding the backlog rows,
-one connection drains it in batches with a fake publish per batch: (i) ours, as the relay does it:
-``settle_and_claim`` (the real statement: settle the previous batch, read the heads of every
-partition, one row per key) — and (i') the same without the per-key barrier; (ii) goharvest's mark-
-purge; (iii) ``FOR UPDATE SKIP LOCKED`` + DELETE in one transaction per batch. WAL bytes, WAL
-records and full-page images, dead tuples, size, and the WAL of the VACUUM that cleans up.
+A table (autovacuum off) holds the backlog rows and one client drains it in batches with a fake
+publish per batch: (i) ours, as the relay does it, through the relay's public storage
+(``PostgresOutboxStorage.settle_and_claim`` on ``outboxkit.outbox``: settle the previous batch,
+read the heads of every partition, one record per key; one call may read over two concurrent
+statements, counted as one); then, each on a scratch copy of ``outboxkit.outbox`` (same
+indexes) with the bench's own SQL: (i') the head without the per-key barrier; (ii) goharvest's
+mark-purge; (iii) ``FOR UPDATE SKIP LOCKED`` + DELETE in one transaction per batch. WAL bytes,
+WAL records and full-page images, dead tuples, size, and the WAL of the VACUUM that cleans up.
 PostgreSQL only.
 """
 
@@ -22,10 +24,13 @@ from typing import Any
 import psycopg
 
 from bench.relay_bench.harness import DRAIN_TOPIC, Ctx, Result, say
-from bench.relay_bench.outbox import claim_params, claim_query, load_backlog, q, scalar
+from bench.relay_bench.outbox import load_backlog, q, scalar
 from bench.relay_bench.phase_writer import postgres
+from outboxkit.relay import OutboxRecord, PostgresOutboxStorage, TopicPartition
 
 CLAIM_TABLE = "bench.claim_outbox"
+#: Where the relay's storage claims: the product's own table.
+OUTBOX_TABLE = "outboxkit.outbox"
 
 
 @dataclass
@@ -47,28 +52,31 @@ async def fake_publish(seconds: float, stats: ClaimStats) -> None:
         stats.sleeping += time.perf_counter() - start
 
 
-def _ours(parts: int) -> Strategy:
-    """As the relay does it: one statement per cycle settles the last batch and reads every
-    partition's head, one row per key."""
-    claim = claim_query(CLAIM_TABLE)
+def _ours(url: str, parts: int) -> Strategy:
+    """As the relay does it, through its storage: one call per cycle settles the last batch and
+    reads every partition's head, one record per key."""
+    tps = [TopicPartition(DRAIN_TOPIC, p) for p in range(parts)]
 
     async def run(
         conn: psycopg.AsyncConnection[Any], batch: int, publish: float, stats: ClaimStats
     ) -> None:
-        published: list[int] = []
+        published: list[OutboxRecord] = []
         per_partition = max(1, batch // parts)
-        while True:
-            params = claim_params(DRAIN_TOPIC, range(parts), per_partition)
-            cur = await conn.execute(claim, {**params, "published": published})
-            rows = await cur.fetchall()
-            stats.statements += 1
-            stats.fetched += len(rows)
-            if not rows:
-                return
-            await fake_publish(publish, stats)
-            published = [r[0] for r in rows]
-            stats.batches += 1
-            stats.published += len(rows)
+        async with PostgresOutboxStorage(url, pool_size=2) as storage:
+            while True:
+                # depth 1: one record per key, as the strategies compared claim; the relay's
+                # default max_claim_bytes
+                records = await storage.settle_and_claim(
+                    tps, per_partition, published=published, depth=1, max_bytes=64 * 1024 * 1024
+                )
+                stats.statements += 1
+                stats.fetched += len(records)
+                if not records:
+                    return
+                await fake_publish(publish, stats)
+                published = records
+                stats.batches += 1
+                stats.published += len(records)
 
     return run
 
@@ -178,15 +186,22 @@ async def phase_claims(ctx: Ctx) -> None:
     await pg.seed(max(args.rows, args.claim_rows), args.keys, DRAIN_TOPIC)
     rows = args.claim_rows
     publish = args.claim_publish_ms / 1000
-    strategies: list[tuple[str, Strategy, bool]] = [
+    # (label, strategy, its table, whether it needs goharvest's leader column)
+    strategies: list[tuple[str, Strategy, str, bool]] = [
         (
             "(i) ours: settle_and_claim (settle + heads, per-key barrier)",
-            _ours(args.partitions),
+            _ours(pg.url, args.partitions),
+            OUTBOX_TABLE,
             False,
         ),
-        ("(i') head + DELETE, no per-key barrier", _whole_batch(args.partitions), False),
-        ("(ii) mark-purge (goharvest)", _mark_purge, True),
-        ("(iii) FOR UPDATE SKIP LOCKED + DELETE", _lock_based, False),
+        (
+            "(i') head + DELETE, no per-key barrier",
+            _whole_batch(args.partitions),
+            CLAIM_TABLE,
+            False,
+        ),
+        ("(ii) mark-purge (goharvest)", _mark_purge, CLAIM_TABLE, True),
+        ("(iii) FOR UPDATE SKIP LOCKED + DELETE", _lock_based, CLAIM_TABLE, False),
     ]
     order = (
         "fill, VACUUM, CHECKPOINT (WAL includes full-page images)"
@@ -194,26 +209,20 @@ async def phase_claims(ctx: Ctx) -> None:
         else "CHECKPOINT, fill, VACUUM (no checkpoint during the run: WAL without full-page images)"
     )
     say(
-        f"{rows:,} rows of bench.seed copied into a scratch copy of outboxkit.outbox (same "
-        f"indexes, autovacuum off); {order}; then one connection drains it in batches of "
+        f"{rows:,} rows of bench.seed copied into outboxkit.outbox (ours) or a scratch copy of "
+        f"it (same indexes), autovacuum off; {order}; then one client drains it in batches of "
         f"{args.claim_batch} with a fake publish of {args.claim_publish_ms} ms"
     )
     async with await pg.connect() as conn:
-        for label, strategy, leader_column in strategies:
-            await conn.execute(q(f"DROP TABLE IF EXISTS {CLAIM_TABLE}"))
-            await conn.execute(
-                q(
-                    f"CREATE TABLE {CLAIM_TABLE} (LIKE outboxkit.outbox INCLUDING ALL) "
-                    "WITH (autovacuum_enabled = false)"
-                )
-            )
+        for label, strategy, table, leader_column in strategies:
+            await _fresh(conn, table)
             if leader_column:
-                await conn.execute(q(f"ALTER TABLE {CLAIM_TABLE} ADD COLUMN leader_id uuid"))
+                await conn.execute(q(f"ALTER TABLE {table} ADD COLUMN leader_id uuid"))
             if not args.claim_checkpoint:
                 await conn.execute("CHECKPOINT")
-            await load_backlog(conn, CLAIM_TABLE, rows)
-            await conn.execute(q(f"VACUUM (ANALYZE) {CLAIM_TABLE}"))
-            size0 = int(await scalar(conn, "SELECT pg_total_relation_size(%s)", CLAIM_TABLE))
+            await load_backlog(conn, table, rows)
+            await conn.execute(q(f"VACUUM (ANALYZE) {table}"))
+            size0 = int(await scalar(conn, "SELECT pg_total_relation_size(%s)", table))
             if args.claim_checkpoint:
                 await conn.execute("CHECKPOINT")
             lsn0, records0, fpi0 = await wal_state(conn)
@@ -228,14 +237,14 @@ async def phase_claims(ctx: Ctx) -> None:
             dead = int(
                 await scalar(
                     conn,
-                    "SELECT n_dead_tup FROM pg_stat_user_tables "
-                    "WHERE schemaname = 'bench' AND relname = 'claim_outbox'",
+                    "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                    table,
                 )
             )
-            size1 = int(await scalar(conn, "SELECT pg_total_relation_size(%s)", CLAIM_TABLE))
+            size1 = int(await scalar(conn, "SELECT pg_total_relation_size(%s)", table))
             lsn_v, _, _ = await wal_state(conn)
             vstart = time.perf_counter()
-            await conn.execute(q(f"VACUUM {CLAIM_TABLE}"))
+            await conn.execute(q(f"VACUUM {table}"))
             vacuum_s = time.perf_counter() - vstart
             vacuum_wal = await wal_bytes(conn, lsn_v)
             n = max(stats.published, 1)
@@ -263,6 +272,23 @@ async def phase_claims(ctx: Ctx) -> None:
                 )
             )
         await conn.execute(q(f"DROP TABLE IF EXISTS {CLAIM_TABLE}"))
+        await conn.execute(q(f"TRUNCATE {OUTBOX_TABLE}"))
+        await conn.execute(q(f"ALTER TABLE {OUTBOX_TABLE} RESET (autovacuum_enabled)"))
+
+
+async def _fresh(conn: psycopg.AsyncConnection[Any], table: str) -> None:
+    """``table`` empty and new-sized, autovacuum off: the product's outbox, or a scratch copy."""
+    if table == OUTBOX_TABLE:
+        await conn.execute(q(f"TRUNCATE {OUTBOX_TABLE}"))
+        await conn.execute(q(f"ALTER TABLE {OUTBOX_TABLE} SET (autovacuum_enabled = false)"))
+        return
+    await conn.execute(q(f"DROP TABLE IF EXISTS {table}"))
+    await conn.execute(
+        q(
+            f"CREATE TABLE {table} (LIKE {OUTBOX_TABLE} INCLUDING ALL) "
+            "WITH (autovacuum_enabled = false)"
+        )
+    )
 
 
 # -- main --------------------------------------------------------------------------------------

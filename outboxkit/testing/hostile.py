@@ -5,10 +5,11 @@ Each shape is a function of a target size that returns a record value for :class
 (headers from a valid encoding, so that only the value is hostile); the shapes named
 ``*_ignored`` go to :class:`Tolerant`, which ignores unknown fields instead of rejecting them.
 outboxkit's unit tests assert a generous ceiling per shape (tests/unit/test_decode_bounded.py)
-and fuzz the inbox with them; ``bench/inbox.py --shapes`` prints the measured cost. In
-``outboxkit.testing`` so that the benchmarks and the tests share them (bench/ imports nothing
-from tests/); the shapes target this module's own events, models with the field types that used
-to be costly.
+and fuzz the inbox with them; ``bench/inbox.py --shapes`` prints the measured cost. They live in
+``outboxkit.testing``, which the tests and the benchmarks both import, so that bench/inbox.py
+needs nothing of tests/ (the one thing bench/ takes from tests/ is the failover harness, for
+bench/failover.py: tests/README.md says why); the shapes target this module's own events, models
+with the field types that used to be costly.
 
     python -m outboxkit.testing.hostile SHAPE SIZE   # one measurement, in a fresh process (JSON)
 """
