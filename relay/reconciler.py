@@ -101,7 +101,11 @@ class PartitionReconciler:
         }
 
     async def assign(self, partitions: frozenset[TopicPartition]) -> None:
-        """Publish ``partitions`` too (and restart any block whose worker is not alive)."""
+        """Publish ``partitions`` too (and restart any block whose worker is not alive); once
+        halted, nothing: an assignment that completes while the stopping relay leaves its group
+        (a stop during its join) must not start a worker that outlives the relay's pools."""
+        if self._halted:
+            return
         async with self._lock:
             self._owned |= partitions
             await self._reconcile()

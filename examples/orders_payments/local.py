@@ -1,6 +1,7 @@
 """Both services on this machine with no external services: an embedded PostgreSQL (one
 database per service), the embedded Tansu broker (``--broker kafka``: Apache Kafka from the
-jars in ~/.cache/outboxkit), and each app under uvicorn. Ctrl-C stops everything.
+jars in ~/.cache/outboxkit), and each app under uvicorn. Ctrl-C stops everything, in order: the
+apps first (each drains its relay and inbox), then the broker and the database they used.
 
     python -m examples.orders_payments.local
     curl -sS -w '\\n' localhost:8001/orders -H 'content-type: application/json' \\
@@ -27,18 +28,22 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import psycopg
 import uvicorn.config
 
 from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster, create_topics
+from outboxkit.embedded._process import die_with_parent
 
 SERVICES = ("orders", "payments")
 TOPICS = ["shop.orders", "shop.payments", "shop.orders.dlq", "shop.payments.dlq"]
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_JARS = Path.home() / ".cache" / "outboxkit" / "kafka-4.4.0"
+#: Seconds an app may take to stop (uvicorn's graceful shutdown: the inbox and the relay drain
+#: and leave their groups) before it is killed.
+APP_STOP_TIMEOUT = 30.0
 
 
 @contextlib.contextmanager
@@ -64,6 +69,7 @@ def broker(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
 def arguments(doc: str) -> argparse.Namespace:
     """The runner's options; SIGTERM stops it as Ctrl-C does."""
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     parser = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--broker", choices=["tansu", "kafka"], default="tansu")
     parser.add_argument("--orders-port", type=int, default=8001)
@@ -139,7 +145,14 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
             }
             command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(port)]
             command += ["--log-config", str(log_config)]
-            apps[port] = subprocess.Popen([*command, f"{package}.{name}:create_app"], env=env)
+            apps[port] = subprocess.Popen(
+                [*command, f"{package}.{name}:create_app"],
+                env=env,
+                # Out of the terminal's process group, as the servers are: Ctrl-C reaches this
+                # runner alone, which stops the apps before the servers they use.
+                process_group=0,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, before exec
+            )
         try:
             wait_until_ready(apps)
             # Flushed at once: a script that reads this line may send its first order then.
@@ -149,26 +162,56 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
                 flush=True,
             )
             signal.pause()
-        except KeyboardInterrupt:
-            pass
         finally:
-            for app in apps.values():
-                app.terminate()
-            for app in apps.values():
-                app.wait(30)
+            stop_apps(apps.values())
+
+
+def stop_apps(apps: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every app (uvicorn's graceful shutdown), and wait for them all; one that
+    outlives :data:`APP_STOP_TIMEOUT` is killed. Another Ctrl-C meanwhile changes nothing: the
+    apps must be gone before their database and broker stop."""
+    _ignore_interrupts()
+    running = [app for app in apps if app.poll() is None]
+    for app in running:
+        app.terminate()
+    deadline = time.monotonic() + APP_STOP_TIMEOUT
+    for app in running:
+        try:
+            app.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            print(f"an app did not stop within {APP_STOP_TIMEOUT:.0f} s: killed", flush=True)
+            app.kill()
+            app.wait()
 
 
 def main() -> None:
     args = arguments(__doc__)
-    with EmbeddedPostgres() as pg:
+    with stopped_by_ctrl_c(), EmbeddedPostgres() as pg:
         for db in SERVICES:
             with psycopg.connect(pg.url(), autocommit=True) as conn:
                 conn.execute(f"CREATE DATABASE {db}")
         serve("examples.orders_payments", {db: pg.url(db) for db in SERVICES}, args)
 
 
+@contextlib.contextmanager
+def stopped_by_ctrl_c() -> Iterator[None]:
+    """Ctrl-C (or SIGTERM), whenever it comes, stops the runner as asked: everything it
+    started is stopped on the way out (the ``with`` blocks inside), and it exits 0 without a
+    traceback. From the first signal on, further ones are ignored: the stop runs to its end."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    _ignore_interrupts()  # one stop at a time: the ``finally`` blocks run undisturbed
     raise KeyboardInterrupt
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,13 @@ def spawn(
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with its output in ``log_path``, tied to this process's life (whichever
-    thread asks)."""
+    thread asks), in a process group of its own.
+
+    Its own group: a terminal's Ctrl-C signals the whole foreground process group, and a
+    server in it stopped at once, before the Python process that started it could stop what
+    uses the server first (the example runner's apps lost their PostgreSQL mid-shutdown and
+    logged a connection error every few milliseconds). The server is this process's to stop
+    (its ``close()``), or dies with it."""
     log = log_path.open("ab")
     try:
         return _forker.submit(
@@ -144,6 +150,7 @@ def spawn(
             group=primary_group(user),
             extra_groups=[] if user else None,
             env=env,
+            process_group=0,
             preexec_fn=die_with_parent,  # only prctl, before exec
         ).result()
     finally:

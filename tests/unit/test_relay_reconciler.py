@@ -145,22 +145,25 @@ async def test_a_failed_worker_is_shown_restarted_with_backoff_and_the_others_go
     await rig.partitions.close()
 
 
-async def test_a_halted_reconciler_restarts_no_failed_worker() -> None:
-    """Would catch a restart scheduled while the relay stops (a worker started after the
-    relay returned)."""
-    rig = Rig(partitions=1)
-    await rig.partitions.assign(tps(0))
-    rig.partitions.halt()
+async def test_a_halted_reconciler_starts_no_worker() -> None:
+    """Would catch a restart scheduled while the relay stops, or a worker started for an
+    assignment that completes while the stopping relay leaves its group: both outlived the
+    relay (a Ctrl-C during the relay's join logged "relay stopped", then "partitions assigned"
+    and a block retrying against the closed pool)."""
+    rig = Rig(partitions=2, partitions_per_transaction=1)
     rig.fail_next = [RuntimeError("a bug")]
+    await rig.partitions.assign(tps(0))  # its worker fails as soon as it runs: after the halt
+    rig.partitions.halt()
     await rig.partitions.close()
-    await rig.partitions.assign(tps(0))  # a late assignment: its worker fails at once
+    await rig.partitions.assign(tps(1))  # a late assignment
 
     async def nothing_restarted() -> None:
         assert rig.errors == []
         assert rig.partitions.crashed == set()
 
     await holds_for(0.05, nothing_restarted, interval=0.01)
-    assert len(rig.made) == 2
+    assert len(rig.made) == 1
+    assert rig.partitions.workers == []
 
 
 def test_the_backoff_doubles_to_its_cap_and_forgets_after_a_quiet_while() -> None:
