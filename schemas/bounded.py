@@ -32,6 +32,9 @@ import structlog
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError, SchemaValidator
 
+from outboxkit.schemas.core_grammar import map_subschemas
+from outboxkit.schemas.exceptions import SchemaError
+
 logger = structlog.get_logger("outboxkit.schemas")
 
 #: Core schema types that accept ``fail_fast``.
@@ -70,12 +73,14 @@ def bounded_validator(model: type[BaseModel], *, tolerant: bool = False) -> Sche
     its core schema has a shape this rewrite does not know, and logs that once."""
     classes: set[type[Any]] = set()
     try:
-        schema = _rewrite(model.__pydantic_core_schema__, None, classes, tolerant)
+        schema = _rewrite(dict(model.__pydantic_core_schema__), None, classes, tolerant)
+        _check_fields_kept(schema)
         with _built_from_schema(classes):
             return SchemaValidator(schema)
     except Exception as exc:  # a schema shape pydantic allows but this rewrite does not know
         logger.warning(
-            "cannot bound the validation errors of this model; using its own validator",
+            "cannot bound the validation errors of this model; using its own validator "
+            "(which rejects unknown fields, and lists every error)",
             model=f"{model.__module__}.{model.__qualname__}",
             error=repr(exc),
         )
@@ -83,25 +88,18 @@ def bounded_validator(model: type[BaseModel], *, tolerant: bool = False) -> Sche
 
 
 def _rewrite(
-    node: Any, config: dict[str, Any] | None, classes: set[type[Any]], tolerant: bool
-) -> Any:
+    node: dict[str, Any], config: dict[str, Any] | None, classes: set[type[Any]], tolerant: bool
+) -> dict[str, Any]:
     """A copy of the core schema ``node`` with collections failing fast and unknown keys
     counted (or ignored, when ``tolerant``). ``config`` is the enclosing model's (where
-    pydantic reads ``extra`` from)."""
-    if isinstance(node, list):
-        return [_rewrite(item, config, classes, tolerant) for item in node]
-    if not isinstance(node, dict):
-        return node
-    kind = node.get("type")
+    pydantic reads ``extra`` from). Walks only the keys that hold schemas
+    (:mod:`outboxkit.schemas.core_grammar`): field names, dict keys, tags and defaults are
+    the user's data and are copied as they are."""
+    kind = node["type"]
     if kind in {"model", "dataclass"}:
         classes.add(node["cls"])
         config = node.get("config", config)
-    # ("metadata" only serves JSON schema generation.)
-    copy = {
-        key: _rewrite(value, config, classes, tolerant)
-        for key, value in node.items()
-        if key != "metadata"
-    }
+    copy = map_subschemas(node, lambda sub: _rewrite(sub, config, classes, tolerant))
     if kind in _COLLECTIONS:
         copy["fail_fast"] = True
     elif kind == "model-fields":
@@ -118,6 +116,31 @@ def _rewrite(
                 "schema": {**copy, "extra_behavior": "allow"},
             }
     return copy
+
+
+def _check_fields_kept(schema: dict[str, Any]) -> None:
+    """Fail closed: every model of the rewritten ``schema`` validates exactly the fields its
+    class declares (pydantic's own record of them, not the core schema the rewrite read), so
+    that no rewrite can ever build an event without one of its fields."""
+
+    def visit(node: dict[str, Any]) -> dict[str, Any]:
+        if node["type"] == "model" and not node.get("root_model"):
+            fields = node["schema"]
+            if fields["type"] == "function-after" and fields["function"]["function"] in (
+                _ignore_unknown_keys,
+                _reject_unknown_keys,
+            ):
+                fields = fields["schema"]
+            declared = node["cls"].__pydantic_fields__
+            if fields["type"] != "model-fields" or set(fields["fields"]) != set(declared):
+                raise SchemaError(
+                    f"the bounded validator of {node['cls'].__qualname__} would not validate "
+                    f"its fields {sorted(declared)}"
+                )
+        map_subschemas(node, visit)
+        return node
+
+    visit(schema)
 
 
 def _ignore_unknown_keys(value: tuple[dict[str, Any], dict[str, Any] | None, set[str]]) -> Any:

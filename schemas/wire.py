@@ -348,7 +348,7 @@ def build_event(
     document = None if upcast else _spliced_document(envelope, key_text, topic, value)
     if document is not None:
         try:
-            return check.validate_json(document)  # type: ignore[no-any-return]
+            return _whole(check.validate_json(document), label)
         except ValidationError as exc:
             if not _is_json_error(exc):
                 _check_time(envelope.time_text)  # a bad ce_time is the header's fault
@@ -372,13 +372,28 @@ def build_event(
         "headers": envelope.headers,
     }
     try:
-        return check.validate_json(json.dumps(careful))  # type: ignore[no-any-return]
+        event = check.validate_json(json.dumps(careful))
     except ValidationError as exc:
         raise EventDecodeError(
             DecodeErrorReason.INVALID_PAYLOAD, f"{label}: {_describe(exc)}"
         ) from exc
     except Exception as exc:  # a model's own validator may raise anything; keep the contract
         raise _validator_raised(label, exc) from exc
+    return _whole(event, label)
+
+
+def _whole(event: Event, label: str) -> Event:
+    """Fail closed: a decoded event holds every field its model declares (a validator that
+    dropped one would otherwise hand a handler an event missing data the producer wrote)."""
+    declared = type(event).__pydantic_fields__
+    if len(event.__dict__) == len(declared):
+        return event
+    missing = ", ".join(sorted(set(declared) - set(event.__dict__)))
+    raise EventDecodeError(
+        DecodeErrorReason.INVALID_PAYLOAD,
+        f"{label}: decoded without the field(s) {missing} its model declares; this is a bug "
+        "of outboxkit's decoder, please report it",
+    )
 
 
 def _check_payload_only(label: str, payload: dict[str, Any], what: str) -> None:
