@@ -54,7 +54,7 @@ from outboxkit.relay import (
     RelayMetrics,
     RelaySettings,
 )
-from outboxkit.schemas import Event
+from outboxkit.schemas import Event, check_source
 from outboxkit.variables import unknown_variable_warnings, with_typo_hints
 
 __all__ = ["Outboxkit", "ServiceHealth", "ServiceStateError"]
@@ -179,8 +179,7 @@ class Outboxkit(Generic[TX]):
         registry: CollectorRegistry = REGISTRY,
         writes: Iterable[type[Event] | str] = (),
     ) -> None:
-        if not source:
-            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        check_source(source)  # a URI-reference, as CloudEvents requires (the error says how)
         #: Until registered (readiness); checked by a background task once the service opens.
         self._unregistered = sorted({_topic_of(written) for written in writes})
         self._topics_task: asyncio.Task[None] | None = None

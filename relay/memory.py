@@ -23,7 +23,7 @@ from outboxkit.relay.records import (
     RecordState,
     TopicPartition,
 )
-from outboxkit.schemas import Event, encode, partition_for_key
+from outboxkit.schemas import Event, check_source, encode, partition_for_key
 
 
 @dataclass
@@ -296,7 +296,7 @@ class InMemoryOutbox:
 
     def __init__(self, storage: InMemoryOutboxStorage, *, source: str) -> None:
         self.storage = storage
-        self.source = source
+        self.source = check_source(source)
 
     async def add(self, tx: MemoryTransaction, event: Event) -> None:
         await self.add_many(tx, [event])

@@ -2,7 +2,8 @@
 
 - :class:`Event`: the base model (envelope + payload) and its class keywords.
 - :class:`EventRegistry`: ``(type, version)`` → model; decodes Kafka records.
-- :func:`encode` / :class:`EncodedEvent`: the CloudEvents Kafka binding, binary content mode.
+- :func:`encode` / :class:`EncodedEvent`: the CloudEvents Kafka binding, binary content mode;
+  :func:`check_source`: whether a producer's name is a URI-reference, as CloudEvents requires.
 - :func:`partition_for_key`: where Kafka's default partitioner puts a key.
 - :func:`check_compatibility`, :class:`CompatibilityMode`, :class:`Snapshot`: which changes of
   an event stay readable by whom, against the JSON Schemas exported earlier (docs/schemas.md).
@@ -13,6 +14,7 @@ from outboxkit.schemas.compatibility import (
     CompatibilityReport,
     check_compatibility,
 )
+from outboxkit.schemas.encoding import check_source, encode
 from outboxkit.schemas.event import Event
 from outboxkit.schemas.exceptions import (
     DecodeErrorReason,
@@ -24,7 +26,7 @@ from outboxkit.schemas.exceptions import (
 from outboxkit.schemas.partitioner import murmur2, partition_for_key, to_positive
 from outboxkit.schemas.registry import EventRegistry
 from outboxkit.schemas.snapshot import Snapshot
-from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader, encode
+from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader
 
 __all__ = [
     "CompatibilityMode",
@@ -41,6 +43,7 @@ __all__ = [
     "Snapshot",
     "WireHeader",
     "check_compatibility",
+    "check_source",
     "encode",
     "murmur2",
     "partition_for_key",

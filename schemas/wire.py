@@ -19,9 +19,10 @@ other headers             ``event.headers``, one Kafka header each (UTF-8 values
                           OpenTelemetry and ``event.headers`` has none (``core/tracing.py``)
 ========================  =====================================================================
 
-The topic is the record's topic. Decoding lives in
+The topic is the record's topic. Encoding is :func:`outboxkit.schemas.encoding.encode`, which
+reads each record back with :func:`build_event` below before it is written. Decoding lives in
 :meth:`outboxkit.schemas.EventRegistry.decode`, which uses :func:`read_envelope` and
-:func:`build_event` below; both raise only :class:`EventDecodeError`.
+:func:`build_event`; both raise only :class:`EventDecodeError`.
 """
 
 import json
@@ -36,10 +37,9 @@ from uuid import UUID
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from outboxkit.core.tracing import trace_headers
 from outboxkit.schemas.bounded import MORE_UNKNOWN_KEYS
 from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
-from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, SchemaError
+from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError
 
 #: The CloudEvents ``dataschema`` attribute's header: sent, never required.
 DATA_SCHEMA_HEADER = "ce_dataschema"
@@ -111,38 +111,6 @@ class Envelope:
         """``ce_time`` in UTC. Raises ``ValueError`` if it is not RFC 3339 (checked when read,
         except for the canonical form :func:`encode` writes, which the model validates)."""
         return parse_time(self.time_text)
-
-
-def encode(event: Event, *, source: str) -> EncodedEvent:
-    """The Kafka record for ``event``; ``source`` identifies the producer (``ce_source``)."""
-    if not isinstance(source, str) or not source:
-        raise SchemaError("source must be a non-empty string (a URI-reference naming the producer)")
-    headers: list[tuple[str, bytes]] = [
-        (WireHeader.SPEC_VERSION.value, SPEC_VERSION.encode()),
-        (WireHeader.ID.value, str(event.id).encode()),
-        (WireHeader.SOURCE.value, source.encode()),
-        (WireHeader.TYPE.value, event.event_type.encode()),
-        (WireHeader.TIME.value, format_time(event.occurred_at).encode()),
-        (WireHeader.SCHEMA_VERSION.value, str(event.event_version).encode()),
-        (WireHeader.CONTENT_TYPE.value, CONTENT_TYPE.encode()),
-        # After the required seven: the Spark pipeline reads them by position.
-        (DATA_SCHEMA_HEADER, event.event_dataschema.encode()),
-    ]
-    headers.extend((name, value.encode()) for name, value in event.headers.items())
-    # The writer's trace context (OpenTelemetry, when the process uses it): every writer calls
-    # encode, so the PostgreSQL, in-memory and MongoDB outboxes all carry it to the consumer.
-    headers.extend(
-        (name, value.encode())
-        for name, value in trace_headers().items()
-        if name not in event.headers
-    )
-    payload = event.model_dump_json(include=set(event.event_payload_fields), by_alias=True)
-    return EncodedEvent(
-        topic=event.topic,
-        key=event.key.encode(),
-        value=payload.encode(),
-        headers=tuple(headers),
-    )
 
 
 def format_time(moment: datetime) -> str:

@@ -15,7 +15,7 @@ from outboxkit.core.mongodb import Document, collection, require_transaction
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
 from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
 from outboxkit.relay.mongodb.positions import take_positions
-from outboxkit.schemas import EncodedEvent, Event, encode, partition_for_key
+from outboxkit.schemas import EncodedEvent, Event, check_source, encode, partition_for_key
 
 #: Seconds a writer keeps the partition counts it read from ``outboxkit.topics``: reading them
 #: in every transaction was one of its four round trips. Counts change only when a topic
@@ -56,8 +56,7 @@ class MongoOutbox:
         max_record_bytes: int = MAX_RECORD_BYTES,
         partitions_ttl: float = PARTITIONS_TTL,
     ) -> None:
-        if not source:
-            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        check_source(source)  # a URI-reference, as CloudEvents requires (the error says how)
         if not database:
             raise ValueError("database must name the MongoDB database of outboxkit's collections")
         self.source = source

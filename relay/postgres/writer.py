@@ -11,7 +11,7 @@ from psycopg import pq
 from outboxkit.core.sql import load_queries
 from outboxkit.relay.exceptions import NotInTransactionError, UnknownTopicError
 from outboxkit.relay.limits import MAX_KEY_BYTES, MAX_RECORD_BYTES, check_size
-from outboxkit.schemas import Event, encode, murmur2
+from outboxkit.schemas import Event, check_source, encode, murmur2
 
 _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 
@@ -36,8 +36,7 @@ class PostgresOutbox:
         max_key_bytes: int = MAX_KEY_BYTES,
         max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
-        if not source:
-            raise ValueError("source must name the producing service, e.g. urn:service:orders")
+        check_source(source)  # a URI-reference, as CloudEvents requires (the error says how)
         self.source = source
         self.max_key_bytes = max_key_bytes
         self.max_record_bytes = max_record_bytes
