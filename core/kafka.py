@@ -43,7 +43,14 @@ T = TypeVar("T")
 async def partition_counts(kafka: KafkaConnectionSettings, topics: Sequence[str]) -> dict[str, int]:
     """Each topic's partition count; :class:`ConfigurationError` names the missing topics."""
     async with admin_client(kafka, request_timeout=kafka_request_timeout(kafka)) as admin:
-        described = await admin.describe_topics(list(topics))
+        return await topic_partition_counts(admin, topics)
+
+
+async def topic_partition_counts(
+    admin: AIOKafkaAdminClient, topics: Sequence[str]
+) -> dict[str, int]:
+    """:func:`partition_counts` through an admin client the caller keeps open."""
+    described = await admin.describe_topics(list(topics))
     counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
     missing = sorted(set(topics) - {t for t, n in counts.items() if n})
     if missing:

@@ -11,15 +11,16 @@ hung, since then nobody refreshes that state.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupIdNotFound, for_code
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import partition_counts, with_coordinator
+from outboxkit.core.kafka import partition_counts, topic_partition_counts, with_coordinator
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.inbox.progress import is_stalled, read_metadata
 
@@ -53,29 +54,81 @@ class InboxStatus:
         return all(p.ok for p in self.partitions)
 
 
+class InboxStatusReader:
+    """Reads :class:`InboxStatus` through Kafka clients it keeps open: ``outboxkit inbox
+    status`` opens one for one read (:func:`read_status`), the console keeps one for as long as
+    it runs (a few Kafka requests per read, no new connections)."""
+
+    def __init__(self, kafka: KafkaConnectionSettings) -> None:
+        self._admin = kafka_clients.admin(kafka, client_id="outboxkit")
+        self._consumer = kafka_clients.consumer(
+            kafka,
+            isolation_level="read_committed",  # the end a worker can reach
+            client_id="outboxkit.status",
+        )
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._admin.start()
+            await self._consumer.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._admin.close()
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        return await topic_partition_counts(self._admin, topics)
+
+    async def read(
+        self,
+        group: str,
+        topics: Sequence[str],
+        *,
+        stall_after: float,
+        counts: Mapping[str, int] | None = None,
+    ) -> InboxStatus:
+        """The status of consumer group ``group`` on ``topics`` (see the module). ``counts``:
+        the topics' partition counts, when the caller knows them."""
+        counts = dict(counts) if counts is not None else await self.partition_counts(topics)
+        tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+        admin = self._admin
+        committed = await with_coordinator(
+            group, lambda: admin.list_consumer_group_offsets(group, partitions=tps)
+        )
+        members = await with_coordinator(group, lambda: _members(admin, group))
+        ends = await self._consumer.end_offsets(tps)
+        return _status(
+            group, members, tps=tps, committed=committed, ends=ends, stall_after=stall_after
+        )
+
+
 async def read_status(
     kafka: KafkaConnectionSettings, group: str, topics: Sequence[str], *, stall_after: float
 ) -> InboxStatus:
     """The status of consumer group ``group`` on ``topics`` (see the module)."""
     counts = await partition_counts(kafka, topics)
-    tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
-    admin = kafka_clients.admin(kafka, client_id="outboxkit")
-    consumer = kafka_clients.consumer(
-        kafka,
-        isolation_level="read_committed",  # the end a worker can reach
-        client_id="outboxkit.status",
-    )
-    await admin.start()
-    await consumer.start()
-    try:
-        committed = await with_coordinator(
-            group, lambda: admin.list_consumer_group_offsets(group, partitions=tps)
-        )
-        members = await with_coordinator(group, lambda: _members(admin, group))
-        ends = await consumer.end_offsets(tps)
-    finally:
-        await consumer.stop()
-        await admin.close()
+    async with InboxStatusReader(kafka) as reader:
+        return await reader.read(group, topics, stall_after=stall_after, counts=counts)
+
+
+def _status(
+    group: str,
+    members: int,
+    *,
+    tps: Sequence[TopicPartition],
+    committed: Mapping[TopicPartition, Any],
+    ends: Mapping[TopicPartition, int],
+    stall_after: float,
+) -> InboxStatus:
     now = time.time()
     partitions = []
     for tp in tps:

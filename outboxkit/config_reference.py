@@ -44,6 +44,13 @@ SECTIONS = [
     ("Relay", "outboxkit.relay:RelaySettings", "`outboxkit relay`, or `Outboxkit(relay=True)`."),
     ("Inbox", "outboxkit.inbox:InboxSettings", "`outboxkit inbox`, or `Outboxkit(inbox=…)`."),
     (
+        "Console",
+        "outboxkit.console.settings:ConsoleSettings",
+        "`outboxkit console`, or `console(kit)` mounted in a FastAPI service (the `[console]` "
+        "extra; [console.md](console.md)). `OUTBOXKIT_TOPICS` are the outbox's topics (the "
+        "relay's).",
+    ),
+    (
         "Spark pipeline",
         "outboxkit.pipeline.settings:PipelineSettings",
         "`outboxkit pipeline run` and the `spark-submit` job (the `[spark]` extra).",

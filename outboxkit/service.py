@@ -285,6 +285,34 @@ class Outboxkit(Generic[TX]):
         """The service's database (validates the settings if that has not happened yet)."""
         return self._resolve_settings()[2].database_url
 
+    @property
+    def settings(self) -> ConnectionSettings:
+        """Where the service's database and Kafka are (validated on first use)."""
+        return self._resolve_settings()[2]
+
+    @property
+    def relay_settings(self) -> RelaySettings | None:
+        """The embedded relay's settings; None when the service runs no relay."""
+        return self._resolve_settings()[0]
+
+    @property
+    def inbox_settings(self) -> InboxSettings | None:
+        """The embedded inbox's settings; None when the service runs no inbox."""
+        return self._resolve_settings()[1]
+
+    @property
+    def inbox(self) -> Inbox[TX] | None:
+        """The :class:`~outboxkit.inbox.Inbox` the service runs, if any."""
+        return self._inbox
+
+    def on_close(self, close: Callable[[], Awaitable[None]]) -> None:
+        """Have ``await close()`` run when the service closes, before its pools: for what an
+        app attaches to the service and opens later (the console mounted in it); last in,
+        first out. :class:`ServiceStateError` once the service has closed."""
+        if self._state is _State.CLOSED:
+            raise ServiceStateError("the Outboxkit service is closed")
+        self._stack.push_async_callback(close)
+
     def _resolve_settings(
         self,
     ) -> tuple[RelaySettings | None, InboxSettings | None, ConnectionSettings]:

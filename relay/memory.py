@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+from outboxkit._version import __version__
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.relay.exceptions import UnknownTopicError
 from outboxkit.relay.limits import check_size, record_bytes
@@ -227,6 +228,9 @@ class InMemoryOutboxStorage:
         for member in member_ids:
             if not self._members.get((group, member), True):
                 del self._members[group, member]
+
+    async def member_versions(self, group: str) -> dict[str, str | None]:
+        return {member: __version__ for g, member in self._members if g == group}
 
 
 class InMemoryOutboxOperations:

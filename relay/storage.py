@@ -102,6 +102,11 @@ class OutboxStorage(Protocol):
         """Stop reporting ``member_ids`` of ``group``: Kafka's group no longer has them. One
         that announced itself again since (it had only lost the database) is kept."""
 
+    async def member_versions(self, group: str) -> dict[str, str | None]:
+        """The members of ``group`` announced here (their process keys, the Kafka client ids)
+        → the outboxkit release each runs (None: a release that recorded none). The console
+        shows it beside each partition's owner."""
+
 
 class OutboxOperations(Protocol):
     """The operator's repairs (``outboxkit outbox failed|retry|skip|replay``): the relay never

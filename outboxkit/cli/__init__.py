@@ -30,6 +30,7 @@ from outboxkit._version import __version__
 from outboxkit.cli import common
 from outboxkit.cli.acls import acls_app
 from outboxkit.cli.common import EXIT_FAILED
+from outboxkit.cli.console import console_command
 from outboxkit.cli.dev import dev_app
 from outboxkit.cli.inbox import inbox_app
 from outboxkit.cli.migrate import check, migrate_command
@@ -93,6 +94,7 @@ app.add_typer(outbox_app, name="outbox")
 app.add_typer(topics_app, name="topics")
 app.add_typer(acls_app, name="acls")
 app.add_typer(schemas_app, name="schemas")
+app.command("console")(console_command)
 app.add_typer(dev_app, name="dev")
 
 

@@ -224,6 +224,16 @@ async def running_versions(database: Database) -> dict[str | None, int]:
     return counts
 
 
+async def member_versions(database: Database, group: str) -> dict[str, str | None]:
+    """The members of ``group`` recorded here → the outboxkit release each runs."""
+    found: dict[str, str | None] = {}
+    async for doc in collection(database, "relay_members").find(
+        {"_id.group": group}, {"version": 1}
+    ):
+        found[doc["_id"]["member"]] = doc.get("version")
+    return found
+
+
 async def _guard(operation: Awaitable[T]) -> T:
     return await guarded(operation, StorageUnavailableError)
 

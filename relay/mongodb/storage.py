@@ -41,7 +41,7 @@ from outboxkit.core.mongodb import (
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.mongodb.barrier import OrderBarrier
 from outboxkit.relay.mongodb.heads import HEAD_INDEX, HeadReader
-from outboxkit.relay.mongodb.presence import MongoPresence
+from outboxkit.relay.mongodb.presence import MongoPresence, member_versions
 from outboxkit.relay.records import (
     OutboxRecord,
     PartitionBacklog,
@@ -228,6 +228,9 @@ class MongoOutboxStorage(MongoConnection):
 
     async def forget_members(self, group: str, member_ids: list[str]) -> None:
         await self._presence.forget(group, member_ids)
+
+    async def member_versions(self, group: str) -> dict[str, str | None]:
+        return await _guard(member_versions(self.outbox.database, group))
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -178,6 +178,11 @@ VALUES (%(group)s, %(member)s, %(lock_key)s, %(version)s)
 ON CONFLICT (group_id, member_id) DO UPDATE SET lock_key = EXCLUDED.lock_key,
     version = EXCLUDED.version
 
+-- member_versions --
+-- The release each announced member of a group runs (the console shows it beside the
+-- partitions the member owns); a few rows, by the primary key.
+SELECT member_id, version FROM outboxkit.relay_members WHERE group_id = %(group)s
+
 -- departed_members --
 -- Members of the group whose presence session has ended: nobody holds their lock, so this
 -- statement gets it (and releases it when it ends, autocommit). Run on the relay's own presence

@@ -246,6 +246,10 @@ class PostgresOutboxStorage(NamedStatements):
     async def forget_members(self, group: str, member_ids: list[str]) -> None:
         await self._presence.forget(group, member_ids)
 
+    async def member_versions(self, group: str) -> dict[str, str | None]:
+        rows = await self._fetch("member_versions", {"group": group})
+        return dict(rows)
+
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         return await self._execute("purge_published", {"older_than": older_than, "limit": limit})
 
