@@ -12,11 +12,13 @@ from outboxkit.console.overview import Sample
 
 __all__ = ["Chart", "chart"]
 
-WIDTH = 600
-HEIGHT = 120
+WIDTH = 1200
+HEIGHT = 160
 #: Room for the axis labels.
-LEFT = 48
-BOTTOM = 16
+LEFT = 56
+BOTTOM = 20
+#: The shortest span the x axis shows (the chart of a console that just started).
+MIN_SPAN = 60.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Chart:
     backlog: str
     lag: str
     top: int
-    #: Minutes the x axis spans.
+    #: Minutes the x axis spans: the history kept, or less when the console started since.
     minutes: float
     #: The latest values, for the legend.
     last_backlog: int
@@ -37,9 +39,12 @@ class Chart:
 
 
 def chart(samples: Sequence[Sample], window: float) -> Chart:
-    """Both lines over the last ``window`` seconds, on one scale from 0 to the top value (a
-    round number at or above the largest)."""
+    """Both lines over the last ``window`` seconds (less while the samples span less, down to
+    a minute), on one scale from 0 to the top value (a round number at or above the
+    largest)."""
     last = samples[-1] if samples else None
+    if last is not None:
+        window = min(window, max(last.at - samples[0].at, MIN_SPAN))
     top = _round_up(max([1, *(s.backlog for s in samples), *(s.lag for s in samples)]))
     end = last.at if last else 0.0
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM

@@ -1,0 +1,137 @@
+"""The console's parts that need no server: what a page may show of a payload, logins and CSRF
+tokens, the chart's scale, its settings and the pages' headers (the whole console against real
+servers and a browser: tests/integration/test_console.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import SecretStr
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from outboxkit.console import ConsoleSettings, console
+from outboxkit.console.chart import chart
+from outboxkit.console.overview import Sample
+from outboxkit.console.payloads import MASK, show_payload
+from outboxkit.console.security import CSRF_COOKIE, SESSION_COOKIE, Guard, Refused
+from outboxkit.core.exceptions import ConfigurationError
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet="abc", max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@given(value=json_values, secret=st.text(min_size=1, max_size=12).map(lambda s: f"SECRET-{s}"))
+def test_a_sensitive_field_is_never_shown_at_any_depth(value: object, secret: str) -> None:
+    payload = {"outer": [value, {"Card_Number": secret}], "card_number": secret}
+    shown = show_payload(json.dumps(payload).encode(), sensitive=["card_number"], limit=1_000_000)
+    assert "SECRET-" not in shown
+    assert shown.count(MASK) == 2
+
+
+def test_a_long_payload_is_cut_and_says_how_much_is_left_out() -> None:
+    shown = show_payload(json.dumps({"blob": "x" * 5000}).encode(), sensitive=[], limit=100)
+    assert shown.endswith("more characters)")
+    assert len(shown) < 200
+
+
+def test_bytes_that_are_not_json_are_hidden_when_fields_are_sensitive() -> None:
+    assert "hidden" in show_payload(b"\x00card=4111", sensitive=["card"], limit=100)
+    assert show_payload(b"plain\x1b[2J", sensitive=[], limit=100) == "plain\\x1b[2J"
+
+
+def _request(cookies: dict[str, str], headers: dict[str, str] | None = None) -> Request:
+    raw = [(b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    return Request(
+        {
+            "type": "http",
+            "headers": raw,
+            "scheme": "http",
+            "server": ("h", 80),
+            "path": "/",
+            "method": "POST",
+            "query_string": b"",
+            "root_path": "",
+        }
+    )
+
+
+def test_a_session_lasts_its_ttl_and_ends_when_the_token_changes() -> None:
+    guard = Guard.create(SecretStr("t" * 24), SecretStr("key"), session_ttl=60)
+    session = guard.new_session()
+    assert guard.principal(_request({SESSION_COOKIE: session})) == "session"
+    with pytest.raises(Refused):
+        guard.principal(_request({SESSION_COOKIE: session[:-1] + "0"}))
+    expired = Guard.create(SecretStr("t" * 24), SecretStr("key"), session_ttl=-1).new_session()
+    with pytest.raises(Refused):
+        guard.principal(_request({SESSION_COOKIE: expired}))
+    other_token = Guard.create(SecretStr("u" * 24), SecretStr("key"), session_ttl=60)
+    with pytest.raises(Refused):
+        other_token.principal(_request({SESSION_COOKIE: session}))
+    assert guard.principal(_request({}, {"authorization": "Bearer " + "t" * 24})) == "bearer"
+
+
+def test_a_csrf_token_must_be_signed_and_match_the_cookie() -> None:
+    guard = Guard.create(None, SecretStr("key"), session_ttl=60)
+    nonce, new = guard.csrf_nonce(_request({}))
+    assert new
+    token = guard.csrf_token(nonce)
+    guard.check_csrf(_request({CSRF_COOKIE: nonce}), {"csrf": [token]})
+    other, _ = guard.csrf_nonce(_request({}))
+    for cookies, form in [
+        ({CSRF_COOKIE: nonce}, {}),  # missing
+        ({}, {"csrf": [token]}),  # no cookie
+        ({CSRF_COOKIE: other}, {"csrf": [token]}),  # another browser's
+        ({CSRF_COOKIE: nonce}, {"csrf": [f"{nonce}.{'0' * 64}"]}),  # forged
+    ]:
+        with pytest.raises(Refused) as refused:
+            guard.check_csrf(_request(cookies), form)
+        assert refused.value.status == 403
+    with pytest.raises(Refused):
+        guard.check_csrf(
+            _request({CSRF_COOKIE: nonce}, {"origin": "https://elsewhere.example"}),
+            {"csrf": [token]},
+        )
+
+
+def test_the_chart_scales_to_a_round_top_and_spans_what_it_has() -> None:
+    now = time.time()
+    drawn = chart([Sample(now - 30, 120, 3), Sample(now, 80, 7)], window=900)
+    assert drawn.top == 200
+    assert drawn.minutes == 1  # 30 s of samples: the shortest span, a minute
+    assert drawn.backlog
+    assert drawn.lag
+    assert chart([], window=900).backlog == ""
+
+
+def test_actions_without_a_way_to_log_in_are_refused_at_start() -> None:
+    settings = ConsoleSettings(database_url="memory://console", console_actions=True)
+    with pytest.raises(ConfigurationError, match="OUTBOXKIT_CONSOLE_TOKEN"):
+        console(settings=settings)
+    with pytest.raises(ValueError, match="name:topic"):
+        ConsoleSettings(database_url="memory://console", console_inboxes=["orders"])
+
+
+def test_every_answer_carries_the_security_headers_and_a_token_secures_every_page() -> None:
+    settings = ConsoleSettings(database_url="memory://console", console_token="t" * 24)
+    with TestClient(console(settings=settings)) as client:
+        for path in ("/", "/outbox", "/dead-letters", "/schemas", "/login", "/static/console.js"):
+            answer = client.get(path, follow_redirects=False)
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+            assert "script-src 'self';" in answer.headers["content-security-policy"]
+            if path not in ("/login", "/static/console.js"):
+                assert answer.status_code == 303
+                assert answer.headers["location"] == "/login"
+        login = client.get("/login")
+        assert "t" * 24 not in login.text
