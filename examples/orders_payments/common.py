@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from outboxkit import configure_logging, load_settings
 from outboxkit.backends import backend_for, sync_topics
+from outboxkit.console import console
 from outboxkit.fastapi import health_router
 from outboxkit.inbox import Inbox
 from outboxkit.relay import RelaySettings
@@ -112,4 +113,7 @@ def service_app(
 
     app = FastAPI(title=name, lifespan=lifespan)
     app.include_router(health_router(kit))
+    # The web console (docs/console.md): read-only unless OUTBOXKIT_CONSOLE_ACTIONS and a
+    # token are set; it shares the service's settings, relay and inbox.
+    app.mount("/outboxkit", console(kit))
     return app, kit

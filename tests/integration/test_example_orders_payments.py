@@ -103,6 +103,12 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
             payment = (await bank.get(f"/payments/{order['order_id']}")).json()
             assert payment["amount"] == "6.50"
         assert (await shop.get("/orders/o-nope")).status_code == 404
+        # The console the services mount: the orders relay's partitions, the inbox's lag.
+        console = await shop.get("/outboxkit/")
+        assert console.status_code == 200, console.text
+        assert 'data-partition="shop.orders/2"' in console.text
+        assert "Inbox <code>orders</code>" in console.text
+        assert "frame-ancestors 'none'" in console.headers["content-security-policy"]
     # Each order was paid once (one payment each), and each payment marked one order paid.
     for inbox, registry in registries.items():
         handled = registry.get_sample_value("outboxkit_inbox_handled_total", {"inbox": inbox})

@@ -36,6 +36,7 @@ PUBLIC = {
     "outboxkit.backends",
     "outboxkit.service",
     "outboxkit.fastapi",
+    "outboxkit.console",
     "outboxkit.testing",
     "outboxkit.testing.contract",
     "outboxkit.embedded",
