@@ -44,12 +44,15 @@ SETTINGS = (
     "outboxkit.core.settings:WorkerSettings",
     "outboxkit.relay:RelaySettings",
     "outboxkit.inbox:InboxSettings",
+    "outboxkit.console.settings:ConsoleSettings",
     "outboxkit.pipeline.settings:PipelineSettings",
 )
 
 #: The environment twins of the ``outboxkit`` commands' options that are no setting's field.
 COMMAND_VARIABLES = frozenset(
     {
+        "OUTBOXKIT_CONSOLE_HOST",
+        "OUTBOXKIT_CONSOLE_PORT",
         "OUTBOXKIT_DEMO_BROKER",
         "OUTBOXKIT_DEMO_DATABASE",
         "OUTBOXKIT_DEMO_KILL_RELAY",
