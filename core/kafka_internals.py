@@ -119,8 +119,9 @@ def check(version: str = aiokafka.__version__) -> None:
 #: Seconds before the first AddPartitionsToTxn of a transaction is retried after
 #: CONCURRENT_TRANSACTIONS (the broker still writes the previous transaction's markers,
 #: KAFKA-5477). aiokafka waits 20 ms (``sender.BACKOFF_OVERRIDE``); on a healthy broker the
-#: markers take a few ms, so back-to-back transactions would mostly wait for nothing (docs/
-#: relay.md, "Tuning"). Only this retry changes, and only for :class:`TransactionalProducer`.
+#: markers take a few ms, so back-to-back transactions would mostly wait for nothing
+#: (bench/results/relay.md, "Measurements": Kafka transactions back to back). Only this retry
+#: changes, and only for :class:`TransactionalProducer`.
 CONCURRENT_TRANSACTIONS_BACKOFF = 0.002
 
 

@@ -115,8 +115,8 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 #: A pooled connection that ran a statement this recently (seconds) is not checked before its
 #: next use: the check is a round trip, one more per claim on the relay's hot path (its cost:
-#: docs/relay.md, "One round trip less per claim"). One idle for longer is checked first: a
-#: server restart leaves broken connections behind. A statement on a connection broken
+#: bench/results/relay.md, "One round trip less per claim"). One idle for longer is checked
+#: first: a server restart leaves broken connections behind. A statement on a connection broken
 #: meanwhile fails, is retried, and the pool replaces the connection.
 CHECK_AFTER_IDLE = 1.0
 

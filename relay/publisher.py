@@ -178,8 +178,8 @@ class KafkaPublisher:
     ) -> _Sent:
         """Append the records of each partition to one record batch and hand it over with
         ``send_batch``: no future and no accumulator lookup per record, so much less CPU than
-        one ``send`` per record (docs/relay.md, "Drain with few keys"), the same bytes on the
-        wire. The broker accepts or refuses a record batch whole: ``alone`` puts each record
+        one ``send`` per record (bench/results/relay.md, "Drain with few keys"), the same bytes
+        on the wire. The broker accepts or refuses a record batch whole: ``alone`` puts each record
         in a record batch of its own, to tell which one it refuses. A record too large for any
         request is rejected here, as ``send`` would."""
         by_partition: dict[tuple[str, int], list[OutboxRecord]] = {}

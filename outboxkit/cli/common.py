@@ -116,8 +116,8 @@ def collect_garbage_rarely() -> None:
     record: with CPython's defaults they trigger a young-generation collection every 700
     allocations and, every few thousand records, a full one that walks the whole heap, start-up
     objects included. That was about a third of either worker's CPU, for next to no garbage
-    (docs/relay.md, "Drain with few keys"; docs/inbox.md, "Throughput"). So: freeze what the
-    process holds after starting (modules, schemas, pools; never walked again) and collect
+    (bench/results/relay.md, "Drain with few keys"; docs/inbox.md, "Throughput"). So: freeze
+    what the process holds after starting (modules, schemas, pools; never walked again) and collect
     every 50,000 allocations. This process is the worker's own; an app that embeds a relay or
     an inbox decides for itself."""
     gc.collect()

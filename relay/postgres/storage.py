@@ -39,8 +39,8 @@ CHANNEL = "outboxkit_outbox"
 #: return and at least _SCAN_EXTRA more: with repeated keys near the head, a wider window still
 #: fills the batch with distinct keys. Reading rows costs most of the statement's time (heap
 #: visits): with 1000 keys over 6 partitions, twice the batch of 500 already finds every key of a
-#: partition, and a wider one only adds reads (docs/relay.md, "Drain with few keys"); a small
-#: batch still looks _SCAN_EXTRA rows past itself.
+#: partition, and a wider one only adds reads (bench/results/relay.md, "Drain with few keys");
+#: a small batch still looks _SCAN_EXTRA rows past itself.
 _SCAN_FACTOR = 2
 _SCAN_EXTRA = 150
 
@@ -180,7 +180,7 @@ class PostgresOutboxStorage(NamedStatements):
             "max_bytes": _NO_BYTE_BOUND if max_bytes is None else max_bytes,
         }
         # Rows come back in binary: the headers' arrays, the uuid and the timestamp load with
-        # less of the relay's CPU than from text (docs/relay.md, "Drain with few keys").
+        # less of the relay's CPU than from text (bench/results/relay.md, "Drain with few keys").
         return await self._fetch("settle_and_claim", params, binary=True)
 
     async def record_failure(self, record: OutboxRecord, error: str, *, give_up: bool) -> None:

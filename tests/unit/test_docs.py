@@ -39,6 +39,40 @@ def test_the_documents_link_to_files_that_exist() -> None:
     assert not broken, broken
 
 
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE):
+        slug, n = _slug(heading), 0
+        while (anchor := slug if n == 0 else f"{slug}-{n}") in found:
+            n += 1
+        found.add(anchor)
+    return found
+
+
+def test_the_documents_link_to_sections_that_exist() -> None:
+    """A section renamed or moved (a page's measurement history went to bench/results/) breaks
+    no link: every ``page.md#section`` of README.md and docs/ names a heading of that page."""
+    assert _slug("Claiming without a cursor — and without `claim` writes") == (
+        "claiming-without-a-cursor--and-without-claim-writes"
+    )
+    broken = []
+    for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.MULTILINE | re.DOTALL)
+        for link, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            target = doc.parent / link if link else doc
+            if "://" in link or target.suffix != ".md" or not target.exists():
+                continue
+            if anchor not in _anchors(target):
+                broken.append(f"{doc.name} → {link}#{anchor}")
+    assert not broken, broken
+
+
 def _relative_links(text: str) -> list[Path]:
     text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)  # code, not links
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
