@@ -3,7 +3,7 @@
 Spark interprets its lambda functions (``forall``, ``transform``…) instead of generating code
 for them, and a projection that holds one is not compiled as a whole (the demo's ``forall``
 over each order's ``lines`` kept four of the decoder's projections interpreted; without them
-decoding takes a fifth less CPU, docs/spark.md "Figures"). These functions say the same
+decoding takes a fifth less CPU, bench/results/spark.md "Figures"). These functions say the same
 with expressions Spark compiles: the smallest or largest entry (``array_min`` /
 ``array_max``), a set difference, a sort, and one regular expression over the entries joined.
 Each is true when *every non-null entry* passes (nulls are checked apart, with

@@ -23,20 +23,22 @@ DELTA_CONF = {
 
 
 #: SQL settings the pipeline sets on its session unless the session was given its own values
-#: (``spark-submit --conf``, or the builder's ``config``); measured in docs/spark.md, "Figures".
+#: (``spark-submit --conf``, or the builder's ``config``); measured in bench/results/spark.md,
+#: "Figures".
 PIPELINE_SQL_CONF = {
     # The decoder's Python pass is an Arrow UDF that Spark feeds every row of a micro-batch
     # (nulls for the rows decided on the JVM). Below this value Spark checks the Arrow batch's
     # size after every row, which walks the list column (the headers, null on that path) back
     # to its last non-null value each time: quadratic in the rows per Arrow batch, the JVM's
     # largest single cost on the demo stream. At Int.MaxValue the check is off (+13% events/s,
-    # -15% CPU per event, docs/spark.md "Figures"); Arrow batches stay bounded by
+    # -15% CPU per event, bench/results/spark.md "Figures"); Arrow batches stay bounded by
     # spark.sql.execution.arrow.maxRecordsPerBatch (10,000 rows).
     "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
     # HotSpot never compiles a method over 8000 bytes of bytecode (DontCompileHugeMethods), and
     # the decoder's projections, compiled as a whole stage, make processNext larger than that:
     # it ran interpreted, a third of the decoding's CPU. At 8000 Spark compiles such a stage
-    # operator by operator instead (Spark's own advice for HotSpot; docs/spark.md "Figures").
+    # operator by operator instead (Spark's own advice for HotSpot; bench/results/spark.md,
+    # "Figures").
     "spark.sql.codegen.hugeMethodLimit": "8000",
 }
 
