@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 
@@ -69,4 +71,20 @@ def console_command(
         app, host=host, port=port, log_config=None, access_log=False, server_header=False
     )
     typer.echo(f"outboxkit console on http://{host}:{port}/", err=True)
-    run_on_loop(uvicorn.Server(config).serve(), "asyncio")
+    run_on_loop(_server(uvicorn, config).serve(), "asyncio")
+
+
+def _server(uvicorn: Any, config: Any) -> Any:
+    """uvicorn's server, stopping on SIGTERM/SIGINT with exit code 0 as the workers do (uvicorn
+    raises the signal again once it has stopped, for the process to die of it)."""
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    return Server(config)

@@ -1,12 +1,16 @@
 """The overview's figures: one read of everything (the relay group, the backlog, the inboxes'
 lag) shared by every viewer for a refresh interval, and the history the chart draws.
 
+A request never waits for a read once there is one: it gets the last read, and a read older
+than a refresh starts a new one in the background (stale while revalidating), so the page
+answers in the time it takes to render, whatever the backlog costs to count.
+
 A read costs the database one backlog query (``storage.backlog()``, what ``outboxkit outbox
 pending`` runs) and, only when a relay joined the group since the last read, one look at the
-members' versions; Kafka answers the rest through clients kept open. Viewers who ask while a
-read runs wait for that read; a viewer who asks within :attr:`Overview.fresh_for` of the last
-one gets it again (the page polls every ``console_refresh`` seconds, so one viewer still sees
-a new read at each refresh, and many viewers cost no more).
+members' versions; Kafka answers the rest through clients kept open. A viewer who asks within
+:attr:`Overview.fresh_for` of the last read gets it again (the page polls every
+``console_refresh`` seconds, so one viewer still starts a read at each refresh, and many
+viewers cost no more).
 """
 
 from __future__ import annotations
@@ -151,14 +155,28 @@ class Overview:
         self.reads = 0
 
     async def current(self) -> OverviewSnapshot:
-        """The last read if it is fresh, else a new one (shared with whoever asks meanwhile)."""
+        """The last read; when it is older than :attr:`fresh_for`, a new read starts (one at a
+        time, shared) and the answer does not wait for it: the page shows the last figures at
+        once, and the new ones at its next refresh. Only the very first request waits."""
         if self._snapshot is not None and time.monotonic() - self._read_at < self.fresh_for:
             return self._snapshot
+        reading = self.refresh()
+        if self._snapshot is not None:
+            return self._snapshot
+        # Shielded: a viewer who goes away does not cancel the read the others wait for.
+        return await asyncio.shield(reading)
+
+    def refresh(self) -> asyncio.Task[OverviewSnapshot]:
+        """The read in progress, or a new one."""
         if self._reading is None:
             self._reading = asyncio.create_task(self._read(), name="outboxkit.console.overview")
             self._reading.add_done_callback(self._done)
-        # Shielded: a viewer who goes away does not cancel the read the others wait for.
-        return await asyncio.shield(self._reading)
+        return self._reading
+
+    async def settled(self) -> None:
+        """Once the read in progress, if any, has ended (the tests and the bench wait so)."""
+        if self._reading is not None:
+            await asyncio.gather(asyncio.shield(self._reading), return_exceptions=True)
 
     def _done(self, task: asyncio.Task[OverviewSnapshot]) -> None:
         self._reading = None

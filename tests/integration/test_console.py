@@ -7,7 +7,10 @@ and what its polling costs the database."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ from outboxkit.console import ConsoleSettings, console
 from outboxkit.console.overview import Overview
 from outboxkit.console.sources import Sources
 from outboxkit.core.mongodb import database_name
+from outboxkit.embedded._process import die_with_parent, free_port
 from outboxkit.relay import TopicPartition
 from outboxkit.schemas import Event, EventRegistry
 from tests import timeouts
@@ -325,8 +329,9 @@ async def test_each_refresh_of_the_overview_costs_one_backlog_query(
         await counter.start()
         reads = 5
         for _ in range(reads):
-            overview._read_at = 0.0  # stale: the next viewer reads again
+            overview._read_at = 0.0  # stale: the next viewer starts a read
             await asyncio.gather(*(overview.current() for _ in range(10)))  # ten viewers
+            await overview.settled()  # the read they started (they did not wait for it)
         assert overview.reads == 1 + reads
         # MongoDB's backlog is two covered aggregations (pending, failed); PostgreSQL's one.
         per_read = 2 if db_url.startswith("mongodb") else 1
@@ -378,3 +383,51 @@ class _QueryCounter:
     async def close(self) -> None:
         if self._mongo is not None:
             await self._mongo.close()
+
+
+async def test_outboxkit_console_serves_the_pages_alone_and_stops_on_sigterm(
+    pg_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """``outboxkit console``, read from OUTBOXKIT_* like every worker (as against ``outboxkit
+    dev up``): every page answers, and SIGTERM stops it cleanly."""
+    orders = await make_topic("orders", partitions=2)
+    await register_topic(pg_url, orders, 2)
+    port = free_port()
+    env = {
+        **os.environ,
+        "OUTBOXKIT_DATABASE_URL": pg_url,
+        "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOXKIT_TOPICS": orders,
+        "OUTBOXKIT_CONSOLE_INBOXES": f"payments:{orders}",
+        "OUTBOXKIT_CONSOLE_PORT": str(port),
+    }
+    log = tmp_path / "console.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(  # noqa: ASYNC220 - it returns at once
+            [sys.executable, "-m", "outboxkit", "console"],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no leftovers if pytest dies
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+
+            async def answers() -> bool:
+                try:
+                    return (await client.get("/")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_for(answers, within=60, what="outboxkit console to answer")
+            overview = (await client.get("/")).text
+            assert f'data-partition="{orders}/1"' in overview
+            for path in ("/outbox", "/dead-letters", "/schemas", "/static/console.css"):
+                assert (await client.get(path)).status_code == 200, path
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert "Traceback" not in log.read_text()
