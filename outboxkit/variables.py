@@ -78,6 +78,7 @@ OTHER_VARIABLES = {
     "OUTBOXKIT_TEST_MONGO_URL": "a MongoDB replica set for the tests (outboxkit.testing)",
     "OUTBOXKIT_BENCH_PROFILE": "the repository's relay bench: profile the relays",
     "OUTBOXKIT_FUZZ_EXAMPLES": "the repository's inbox fuzz test: how many examples",
+    "OUTBOXKIT_WHOLE_EXAMPLES": "the repository's round-trip property of events: how many examples",
 }
 
 
