@@ -154,14 +154,24 @@ WHERE id IN (
 -- Pending rows come from the partial index; failed rows are few by construction. The oldest
 -- pending row's age is measured on the server's clock (created_at is the writer's now()), so a
 -- relay whose own clock is off never takes a partition for stalled early, or late.
-SELECT topic, partition,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       min(created_at) FILTER (WHERE state = 'pending') AS oldest,
-       count(*) FILTER (WHERE state = 'failed') AS failed,
-       extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE state = 'pending'))
-           AS oldest_age
-FROM outboxkit.outbox
-WHERE state IN ('pending', 'failed')
+-- Two reads, each with its own state = '…' condition so that each can use its partial index:
+-- with one `state IN ('pending', 'failed')` neither index applies, and the whole table was
+-- scanned, the published rows a retention keeps included (990,000 kept and 10,000 pending:
+-- 348 ms, and 8.7 ms this way, bench/console.py's machine). It costs what is pending.
+SELECT topic, partition, sum(pending)::bigint AS pending, min(oldest) AS oldest,
+       sum(failed)::bigint AS failed,
+       extract(epoch FROM clock_timestamp() - min(oldest)) AS oldest_age
+FROM (
+    SELECT topic, partition, count(*) AS pending, min(created_at) AS oldest, 0 AS failed
+    FROM outboxkit.outbox
+    WHERE state = 'pending'
+    GROUP BY topic, partition
+    UNION ALL
+    SELECT topic, partition, 0, NULL, count(*)
+    FROM outboxkit.outbox
+    WHERE state = 'failed'
+    GROUP BY topic, partition
+) AS counted
 GROUP BY topic, partition
 ORDER BY topic, partition
 
