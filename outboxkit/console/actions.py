@@ -36,6 +36,11 @@ __all__ = ["add_action_routes"]
 Form = dict[str, list[str]]
 
 
+def _client(request: Request) -> str | None:
+    """The address the request came from (a proxy in front: the proxy's)."""
+    return request.client.host if request.client is not None else None
+
+
 def _event_ids(form: Mapping[str, list[str]]) -> list[UUID]:
     """The one record a row's button names, else the ticked ones."""
     values = form.get("one") or form.get("event_id") or []
@@ -73,7 +78,9 @@ def _add_repairs(app: FastAPI, state: "Console", Who: Any) -> None:
         operations = await state.sources.operations()
         method = operations.retry_failed if verb == "retry" else operations.skip_failed
         count = await method(ids)
-        audit(who, f"outbox.{verb}", count, event_ids=[str(i) for i in ids])
+        audit(
+            who, f"outbox.{verb}", count, client=_client(request), event_ids=[str(i) for i in ids]
+        )
         url = state.path(request, "outbox", {"done": verb, "n": count})
         return RedirectResponse(url, status_code=303)
 
@@ -147,6 +154,7 @@ def _add_replays(app: FastAPI, state: "Console", Who: Any) -> None:
             who,
             "dlq.replay",
             sent,
+            client=_client(request),
             inbox=inbox,
             dead_letters=[position(d) for d in letters],
             event_ids=[d.event_id for d in letters],
@@ -162,7 +170,7 @@ def _add_logins(app: FastAPI, state: "Console") -> None:
         state.guard.check_csrf(request, form)
         token = (form.get("token") or [""])[0]
         if not state.needs_login or not state.guard.token_matches(token):
-            audit(None, "login.refused", 0)
+            audit(None, "login.refused", 0, client=_client(request))
             return state.render(
                 request, "login.html", None, status_code=401, page="login", failed=True
             )
@@ -174,7 +182,7 @@ def _add_logins(app: FastAPI, state: "Console") -> None:
             state.guard.new_session(),
             max_age=int(state.settings.console_session_ttl),
         )
-        audit("session", "login", 0)
+        audit("session", "login", 0, client=_client(request))
         return response
 
     @app.post("/logout", name="logout")

@@ -10,8 +10,8 @@ What each page reads, and through which code, is in :mod:`outboxkit.console.sour
 do what in :mod:`outboxkit.console.security`.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the annotations of the dependency
+# made in _who_dependency at run time, and the host app's dependency in them is a local name.
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any

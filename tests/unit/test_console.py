@@ -6,20 +6,29 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from typing import Annotated
 
 import pytest
+import structlog
+from fastapi import FastAPI, Header, HTTPException
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from outboxkit.backends import forget_memory_database, memory_database
 from outboxkit.console import ConsoleSettings, console
 from outboxkit.console.chart import chart
 from outboxkit.console.overview import Sample
 from outboxkit.console.payloads import MASK, show_payload
 from outboxkit.console.security import CSRF_COOKIE, SESSION_COOKIE, Guard, Refused
 from outboxkit.core.exceptions import ConfigurationError
+from outboxkit.core.settings import ConnectionSettings
+from outboxkit.relay import TopicPartition
+from outboxkit.service import Outboxkit
+from tests.integration.relay_harness import Step
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet="abc", max_size=8),
@@ -135,3 +144,48 @@ def test_every_answer_carries_the_security_headers_and_a_token_secures_every_pag
                 assert answer.headers["location"] == "/login"
         login = client.get("/login")
         assert "t" * 24 not in login.text
+
+
+async def test_mounted_it_logs_in_with_the_host_apps_dependency_and_audits_its_user() -> None:
+    """``console(kit, auth=…)`` in a FastAPI service: the host's dependency refuses or names
+    the operator; an action with the page's CSRF token is done and audited with that name."""
+    url = f"memory://console-{uuid.uuid4().hex[:8]}"
+    storage = memory_database(url).outbox
+    await storage.register_topics({"orders": 1})
+    kit = Outboxkit(source="urn:test", settings=ConnectionSettings(database_url=url))
+    app = FastAPI(lifespan=kit.lifespan)
+
+    def operator(x_operator: Annotated[str | None, Header()] = None) -> str:
+        if x_operator is None:
+            raise HTTPException(401, "log in")
+        return x_operator
+
+    settings = ConsoleSettings(database_url=url, console_actions=True)
+    app.mount("/outboxkit", console(kit, settings=settings, auth=operator))
+    try:
+        with TestClient(app) as client:
+            async with kit.transaction() as tx:
+                await kit.add(tx, Step(topic="orders", entity="a", seq=0))
+            [record] = await storage.settle_and_claim([TopicPartition("orders", 0)], 10)
+            await storage.record_failure(record, "MessageSizeTooLargeError", give_up=True)
+
+            assert client.get("/outboxkit/outbox").status_code == 401
+            alice = {"x-operator": "alice"}
+            page = client.get("/outboxkit/outbox", headers=alice)
+            assert page.status_code == 200
+            assert 'href="/outboxkit/dead-letters"' in page.text  # paths under the mount
+            assert str(record.event_id) in page.text
+            csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
+            form = {"event_id": str(record.event_id), "csrf": csrf}
+            assert client.post("/outboxkit/outbox/skip", data=form).status_code == 401
+            with structlog.testing.capture_logs() as logs:
+                done = client.post(
+                    "/outboxkit/outbox/skip", data=form, headers=alice, follow_redirects=False
+                )
+            assert done.status_code == 303
+            assert done.headers["location"] == "/outboxkit/outbox?done=skip&n=1"
+            [line] = [entry for entry in logs if entry["event"] == "console action"]
+            assert (line["who"], line["action"], line["records"]) == ("alice", "outbox.skip", 1)
+            assert await storage.backlog() == []
+    finally:
+        forget_memory_database(url)
