@@ -197,8 +197,11 @@ async def _the_poison_event_is_replayed_once_fixed(
     assert buggy.terminate() == 0, buggy.log()
     fixed = scene.inbox(failing="-")
     try:
-        await letter.locator("input[name=letter]").check()
-        await page.click("text=Replay selected")
+        if scene.db_url.startswith("mongodb"):  # all of a reason here, a selection on PostgreSQL
+            await page.click("text=Replay all 1")
+        else:
+            await letter.locator("input[name=letter]").check()
+            await page.click("text=Replay selected")
         await expect(page.locator("h1")).to_contain_text("Replay 1 dead letter of inbox")
         await expect(page.locator(".where")).to_contain_text(f"1 to {scene.payments} partition 0")
         await screenshot(page, "replay")
