@@ -108,6 +108,7 @@ async def test_an_order_is_paid_once_and_the_orders_service_learns_it(
         assert console.status_code == 200, console.text
         assert 'data-partition="shop.orders/2"' in console.text
         assert "Inbox <code>orders</code>" in console.text
+        assert "This service's relay" in console.text  # its own health, degraded modes too
         assert "frame-ancestors 'none'" in console.headers["content-security-policy"]
     # Each order was paid once (one payment each), and each payment marked one order paid.
     for inbox, registry in registries.items():
