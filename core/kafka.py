@@ -4,8 +4,9 @@ topics, leaving a group."""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,7 +55,7 @@ async def topic_partition_counts(
     counts = {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
     missing = sorted(set(topics) - {t for t, n in counts.items() if n})
     if missing:
-        raise missing_topics(missing)
+        raise missing_topics(missing, await admin.list_topics())
     return {t: counts[t] for t in topics}
 
 
@@ -116,11 +117,44 @@ async def with_coordinator(
             await asyncio.sleep(_COORDINATOR_RETRY)
 
 
-def missing_topics(topics: Sequence[str]) -> MissingTopicsError:
-    """The error for topics that Kafka does not have: one line, with the command that fixes it."""
+def missing_topics(topics: Sequence[str], existing: Iterable[str] = ()) -> MissingTopicsError:
+    """The error for topics that Kafka does not have: one line, with the topic of ``existing``
+    each resembles (a typo) and the command that creates them."""
+    them = "it" if len(topics) == 1 else "them"
     return MissingTopicsError(
-        f"topic(s) {', '.join(topics)} do not exist on Kafka: create them with "
-        f"`{create_command(topics)}` (or fix OUTBOXKIT_TOPICS)"
+        f"{_topics(topics)} {'does' if len(topics) == 1 else 'do'} not exist on Kafka"
+        f"{did_you_mean(topics, existing)}: create {them} with `{create_command(topics)}` (or "
+        "fix OUTBOXKIT_TOPICS)"
+    )
+
+
+def _topics(names: Sequence[str]) -> str:
+    return f"{'topic' if len(names) == 1 else 'topics'} {', '.join(names)}"
+
+
+def did_you_mean(missing: Sequence[str], existing: Iterable[str]) -> str:
+    """`` (did you mean orders?)`` for a missing topic that resembles one that exists (a typo);
+    ``(ordrs: did you mean orders?; …)`` for several; empty when none does. Kafka's internal
+    topics (``__consumer_offsets``) are never suggested."""
+    names = [name for name in existing if not name.startswith("__")]
+    close = {
+        topic: found[0]
+        for topic in missing
+        if (found := difflib.get_close_matches(topic, names, n=1, cutoff=0.75))
+    }
+    if not close:
+        return ""
+    if len(missing) == 1:
+        return f" (did you mean {close[missing[0]]}?)"
+    return " (" + "; ".join(f"{topic}: did you mean {name}?" for topic, name in close.items()) + ")"
+
+
+def missing_topics_line(missing: Sequence[str], existing: Iterable[str], where: str) -> str:
+    """``outboxkit check``'s line for topics Kafka at ``where`` does not have."""
+    them = "it" if len(missing) == 1 else "them"
+    return (
+        f"{_topics(missing)} not found on Kafka at {where}{did_you_mean(missing, existing)}: "
+        f"create {them} with `{create_command(missing)}`"
     )
 
 

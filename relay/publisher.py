@@ -98,9 +98,12 @@ PublisherFactory = Callable[[Block], Publisher]
 
 
 def describe(exc: BaseException) -> str:
+    """An error as a log line's ``error`` shows it: its type and message (its docstring's first
+    line when it has none, never an empty ``Name: ``)."""
     if isinstance(exc, AUTHORIZATION_ERRORS):
         return f"Kafka does not allow this relay {denied(exc, 'WRITE')}"
-    return f"{type(exc).__name__}: {exc}"
+    message = str(exc) or (type(exc).__doc__ or "").strip().split("\n")[0]
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

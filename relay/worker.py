@@ -252,7 +252,7 @@ class BlockWorker:
         if outcome.published:
             self._observe(outcome.published)
         if outcome.rejected and not await self.settler.refused(outcome.rejected, log):
-            raise RetryLater
+            raise RetryLater(_refusal(outcome.rejected))
 
     def _observe(self, published: Sequence[OutboxRecord]) -> None:
         """Acknowledged by Kafka: count them and their insert → acknowledgement latency."""
@@ -303,3 +303,12 @@ def _full(
     return {tp for tp, n in counts.items() if n >= limit} | {
         tp for tp, n in size.items() if n >= share
     }
+
+
+def _refusal(rejected: Sequence[tuple[OutboxRecord, str]]) -> str:
+    """Why a batch is tried again: the first record Kafka refused, and Kafka's words."""
+    record, error = rejected[0]
+    more = f" and {len(rejected) - 1} more" if len(rejected) > 1 else ""
+    return (
+        f"Kafka refused event {record.event_id} of {record.topic}/{record.partition}{more}: {error}"
+    )

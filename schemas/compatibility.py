@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from outboxkit.core.words import counted
 from outboxkit.schemas.registry import EventRegistry
 from outboxkit.schemas.schema_walk import Direction, Gap, Walk
 from outboxkit.schemas.snapshot import (
@@ -300,7 +301,8 @@ class CompatibilityReport:
                 lines += [f"  {line}" for line in finding.lines()]
         else:
             lines.append(
-                f"compatible: {self.event_types} types, {self.versions} versions checked ({mode})"
+                f"compatible: {counted(self.event_types, 'type')}, "
+                f"{counted(self.versions, 'version')} checked ({mode})"
             )
         for finding in self.notes:
             lines += [f"note: {finding.lines()[0]}", *finding.lines()[1:]]

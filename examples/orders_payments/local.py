@@ -34,8 +34,13 @@ from pathlib import Path
 import psycopg
 import uvicorn.config
 
-from outboxkit.embedded import EmbeddedPostgres, EmbeddedTansu, KafkaCluster, create_topics
-from outboxkit.embedded._process import die_with_parent
+from outboxkit.embedded import (
+    EmbeddedPostgres,
+    EmbeddedTansu,
+    KafkaCluster,
+    create_topics,
+    die_with_parent,
+)
 
 SERVICES = ("orders", "payments")
 TOPICS = ["shop.orders", "shop.payments", "shop.orders.dlq", "shop.payments.dlq"]

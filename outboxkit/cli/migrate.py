@@ -224,7 +224,12 @@ def _check_upgrade(database_url: str | None) -> None:
             "  → Upgrade those relays first (docs/upgrading.md), then run `outboxkit migrate`."
         )
         raise typer.Exit(EXIT_FAILED)
-    typer.echo("ok: every running relay can run beside the pending migrations")
+    if not pending:
+        typer.echo("ok: nothing to migrate")
+    elif not running:
+        typer.echo("ok: no relay is running; `outboxkit migrate` may apply them")
+    else:
+        typer.echo("ok: every running relay can run beside the pending migrations")
 
 
 def _refuse_what_workers_refuse(settings: ConnectionSettings) -> None:

@@ -29,6 +29,7 @@ from outboxkit.core.kafka import (
     ensure_topics,
 )
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, load_settings
+from outboxkit.core.words import counted
 from outboxkit.preflight.diagnose import preflight
 from outboxkit.preflight.kafka_permissions import principal
 from outboxkit.relay import StorageUnavailableError
@@ -79,7 +80,10 @@ def _configs(pairs: list[str]) -> dict[str, str]:
 
 
 def _describe_state(state: TopicState) -> str:
-    parts = [f"{state.partitions} partitions", f"replication factor {state.replication_factor}"]
+    parts = [
+        counted(state.partitions, "partition"),
+        f"replication factor {state.replication_factor}",
+    ]
     parts += [f"{key}={value}" for key, value in sorted(state.configs.items())]
     if state.under_replicated:
         parts.append(f"{state.under_replicated} partition(s) under-replicated")
@@ -146,7 +150,7 @@ def create(
     for state in states:
         verb = "created" if state.created else "exists "
         typer.echo(
-            f"{verb} {state.name}: {state.partitions} partitions, "
+            f"{verb} {state.name}: {counted(state.partitions, 'partition')}, "
             f"replication factor {state.replication_factor}"
         )
 
@@ -233,4 +237,4 @@ def topics_sync(
         typer.echo(json.dumps(counts, indent=2))
     else:
         for topic, partitions in sorted(counts.items()):
-            typer.echo(f"{topic}: {partitions} partitions")
+            typer.echo(f"{topic}: {counted(partitions, 'partition')}")

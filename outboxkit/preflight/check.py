@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from outboxkit.backends.checks import DEV_HINT, CheckResult, first_line
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import create_command
+from outboxkit.core.kafka import missing_topics_line
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.preflight.kafka_handshake import diagnose_handshake
 from outboxkit.preflight.kafka_permissions import principal
@@ -85,8 +85,7 @@ async def check_kafka(
             CheckResult(
                 "topics",
                 False,
-                f"topic(s) {', '.join(missing)} not found on Kafka at {servers}: create them with "
-                f"`{create_command(missing)}`",
+                missing_topics_line(missing, existing, servers),
             )
         )
     elif topics and not unauthorized:

@@ -118,6 +118,13 @@ def test_a_missing_topic_is_one_line_with_the_command_that_creates_it(servers: S
         lines=1,
     )
     assert "OUTBOXKIT_: " not in line
+    # A misspelt topic that resembles one that exists: said, rather than only the command that
+    # would create a second topic.
+    misspelt = servers.topic[:-1]
+    expected = (
+        f"topic {misspelt} not found on Kafka at {servers.kafka} (did you mean {servers.topic}?)"
+    )
+    _fails(["relay", "--topics", misspelt], env, 1, expected, lines=1)
     # The inbox needs the dead-letter topic too; the same command creates it.
     line = _fails(
         ["inbox", "tests.integration.inbox_app:inbox", "--topics", servers.topic],

@@ -103,6 +103,12 @@ async def test_mongodb_migrate_then_again_is_a_no_op_and_check_agrees(
     check = run_cli("check", env=env)
     assert check.returncode == 1
     assert "migration(s) not applied: 0001_init, 0002_head_index" in check.stdout
+    # A new database: migrations pending, no relay that could mind them.
+    fresh = run_cli("migrate", "--check", env=env)
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert fresh.stdout.strip().endswith(
+        "ok: no relay is running; `outboxkit migrate` may apply them"
+    )
     first = run_cli("migrate", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == "applied 0001_init, 0002_head_index"

@@ -43,8 +43,11 @@ async def test_pending_failed_retry_skip(db_url: str) -> None:
         await storage.record_failure(first, "MessageSizeTooLargeError: too big", give_up=True)
 
     failed = run_cli("outbox", "failed", env=env)
-    assert f"{bad.id} test.step orders/0" in failed.stdout
+    # The key as the writer gave it (it was shown as key=b'a', and as "b'a'" in --json).
+    assert f"{bad.id} test.step orders/0 key=a attempts=" in failed.stdout
     assert "MessageSizeTooLargeError: too big" in failed.stdout
+    [shown] = json.loads(run_cli("outbox", "failed", "--json", env=env).stdout)
+    assert (shown["event_id"], shown["key"]) == (str(bad.id), "a")
 
     assert run_cli("outbox", "retry", str(bad.id), env=env).stdout.strip() == "retrying 1 record(s)"
     async with _storage(db_url) as storage:

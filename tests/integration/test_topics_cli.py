@@ -54,12 +54,12 @@ def test_create_is_idempotent_and_creates_the_dead_letter_topics(
 
 def test_describe_names_a_missing_dead_letter_topic(kafka_bootstrap: str, names: list[str]) -> None:
     env = {"OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
-    created = run_cli("topics", "create", names[0], "--no-dlq", "--partitions", "2", env=env)
+    created = run_cli("topics", "create", names[0], "--no-dlq", "--partitions", "1", env=env)
     assert created.returncode == 0, created.stderr
     assert f"{names[0]}.dlq" not in created.stdout
     described = run_cli("topics", "describe", names[0], env=env)
     assert described.returncode == 0, described.stderr
-    assert f"{names[0]}: 2 partitions, replication factor 1" in described.stdout
+    assert f"{names[0]}: 1 partition, replication factor 1" in described.stdout  # 1 partitions
     assert f"{names[0]}.dlq: missing" in described.stdout
     assert f"`outboxkit topics create {names[0]}`" in described.stdout
 

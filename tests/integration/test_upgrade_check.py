@@ -73,6 +73,9 @@ async def test_postgres_relays_versions_and_migrate_check(
         assert code == 0, output
         assert "schema is up to date" in output
         assert f"running relays: {__version__}: 1, unknown" in output
+        # Not "can run beside the pending migrations": there are none.
+        assert "ok: nothing to migrate\n" in output, output
+        assert "pending" not in output, output
 
         # A pending contract step naming a release after every running relay's.
         contract = _contract("postgresql", len(load_migrations()) + 1)

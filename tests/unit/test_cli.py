@@ -120,6 +120,16 @@ def test_a_missing_topic_names_the_command_that_creates_it() -> None:
     assert "\n" not in message
 
 
+def test_a_missing_topic_that_resembles_one_that_exists_is_named_with_it() -> None:
+    existing = ["orders", "payments", "__consumer_offsets"]
+    message = str(missing_topics(["ordrs"], existing))
+    assert message.startswith("topic ordrs does not exist on Kafka (did you mean orders?): ")
+    several = str(missing_topics(["ordrs", "paymnts", "refunds"], existing))
+    assert "(ordrs: did you mean orders?; paymnts: did you mean payments?)" in several
+    assert "did you mean __" not in str(missing_topics(["consumer_offsets"], existing))
+    assert "did you mean" not in str(missing_topics(["refunds"], existing))
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

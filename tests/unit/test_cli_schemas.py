@@ -110,7 +110,7 @@ def test_check_passes_a_compatible_change(write_module: WriteModule, tmp_path: P
     _export(write_module(V1), tmp_path)
     code, output = _check(write_module(V2_ADDED), tmp_path)
     assert code == 0, output
-    assert output.splitlines()[0] == "compatible: 1 types, 2 versions checked (FULL)"
+    assert output.splitlines()[0] == "compatible: 1 type, 2 versions checked (FULL)"
     assert "note: shop.order_placed v2: version added (new version)" in output
 
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 from uuid import uuid4
 
 import pytest
+import structlog
 from aiokafka.errors import KafkaConnectionError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -243,6 +244,20 @@ async def test_rejected_record_is_retried_with_backoff_then_parked(make: MakeHar
         lambda: h.metric("outboxkit_relay_failed_records", topic=TOPIC, partition="0") == 1,
         "the failed-records gauge",
     )
+
+
+async def test_the_retry_of_a_rejected_record_says_what_kafka_refused(make: MakeHarness) -> None:
+    """The relay's "retrying after error" named an empty ``RetryLater: ``."""
+    h = await make(partitions=1, max_attempts=3)
+    bad = h.add(0, 0)
+    h.broker.reject[bad.event_id] = None
+    with structlog.testing.capture_logs() as logs:
+        await h.start()
+        await until(lambda: h.storage.state_of(bad) == "failed", "the bad record parked")
+    retries = [e["error"] for e in logs if e["event"] == "retrying after error"]
+    assert retries, logs
+    expected = f"RetryLater: Kafka refused event {bad.event_id} of {TOPIC}/0: {REJECTION}"
+    assert set(retries) == {expected}
 
 
 @pytest.mark.parametrize("operator", ["retry", "skip"])

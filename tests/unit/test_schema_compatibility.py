@@ -513,7 +513,7 @@ def test_a_compatible_report_counts_what_it_checked() -> None:
     registry.register(V2)
     report = check_compatibility(registry, _snapshot(V1, V2))
     assert report.compatible
-    assert report.lines() == ["compatible: 1 types, 2 versions checked (FULL)"]
+    assert report.lines() == ["compatible: 1 type, 2 versions checked (FULL)"]
 
 
 def test_docs_table_names_every_rule() -> None:
