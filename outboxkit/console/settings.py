@@ -8,11 +8,14 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, SecretStr
+from pydantic import AfterValidator, Field, SecretStr, field_validator
 
 from outboxkit.core.settings import CommaList, ConnectionSettings, EmptyIsUnset
 
 __all__ = ["ConsoleSettings", "InboxView"]
+
+#: The shortest token or key the console takes.
+MIN_SECRET = 16
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -78,7 +81,8 @@ class ConsoleSettings(ConnectionSettings):
     console_token: Annotated[SecretStr | None, EmptyIsUnset] = Field(
         default=None,
         description="The token that logs into the console (as a bearer token, or once in its "
-        "login form for a session cookie). Set: every page needs it. Never printed or logged",
+        "login form for a session cookie), 16 characters or more. Set: every page needs it. "
+        "Never printed or logged",
     )
     console_secret: Annotated[SecretStr | None, EmptyIsUnset] = Field(
         default=None,
@@ -124,6 +128,16 @@ class ConsoleSettings(ConnectionSettings):
         description="Your EventRegistry as module[:attribute], for the Schemas page and the "
         "event types of dead letters (a mounted console takes its inbox's registry)",
     )
+
+    @field_validator("console_token", "console_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET:
+            raise ValueError(
+                f"at least {MIN_SECRET} characters: a short one can be guessed (e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
 
     @property
     def inbox_views(self) -> list[InboxView]:

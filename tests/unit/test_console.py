@@ -129,6 +129,9 @@ def test_actions_without_a_way_to_log_in_are_refused_at_start() -> None:
         console(settings=settings)
     with pytest.raises(ValueError, match="name:topic"):
         ConsoleSettings(database_url="memory://console", console_inboxes=["orders"])
+    with pytest.raises(ValueError, match="at least 16 characters") as short:
+        ConsoleSettings(database_url="memory://console", console_token="hunter2")
+    assert "hunter2" not in str(short.value)
 
 
 def test_every_answer_carries_the_security_headers_and_a_token_secures_every_page() -> None:
