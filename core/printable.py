@@ -20,3 +20,10 @@ def printable(text: object) -> str:
     if value.isprintable():
         return value
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
+def key_text(key: bytes | None) -> str:
+    """A record's key as the writer gave it (the event's key, encoded as UTF-8); a byte that is
+    not UTF-8 (a row another tool wrote) as ``\\xNN``. ``outboxkit outbox failed`` and the
+    console show keys so (then through :func:`printable`)."""
+    return "" if key is None else key.decode("utf-8", "backslashreplace")

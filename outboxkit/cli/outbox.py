@@ -12,7 +12,7 @@ import typer
 
 from outboxkit.cli.common import EXIT_FAILED, parse_event_ids, run_operations, run_storage
 from outboxkit.cli_options import DatabaseUrl, JsonOutput, Limit
-from outboxkit.core.printable import printable
+from outboxkit.core.printable import key_text, printable
 
 outbox_app = typer.Typer(
     help="Inspect and repair the outbox: pending backlog, failed records, retry, skip, replay.",
@@ -47,7 +47,7 @@ def outbox_failed(
     """Records the broker refused (parked after retries), with their errors."""
     records = run_operations(database_url, lambda o: o.list_records("failed", limit))
     if json_output:
-        rows = [asdict(r) | {"key": _key_text(r.key)} for r in records]
+        rows = [asdict(r) | {"key": key_text(r.key)} for r in records]
         typer.echo(json.dumps(rows, default=str, indent=2))
         return
     if not records:
@@ -56,16 +56,10 @@ def outbox_failed(
         # What a writer or the broker put in a record: escaped, never sent to the terminal.
         typer.echo(
             printable(
-                f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={_key_text(r.key)} "
+                f"{r.event_id} {r.event_type} {r.topic}/{r.partition} key={key_text(r.key)} "
                 f"attempts={r.attempts}: {r.last_error}"
             )
         )
-
-
-def _key_text(key: bytes) -> str:
-    """A record's key as the writer gave it (the event's key, encoded as UTF-8); a byte that is
-    not UTF-8 (a row another tool wrote) as ``\\xNN``."""
-    return key.decode("utf-8", "backslashreplace")
 
 
 def _repair(

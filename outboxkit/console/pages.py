@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from outboxkit.console.payloads import show_payload
 from outboxkit.core.exceptions import OutboxkitError
+from outboxkit.core.printable import key_text
 from outboxkit.inbox import DeadLetter, unique_dead_letters
 from outboxkit.relay import RecordInfo
 from outboxkit.schemas import EventRegistry, WireHeader
@@ -59,10 +60,6 @@ def letter_rows(
         )
         for letter in letters
     ]
-
-
-def key_text(key: bytes | None) -> str:
-    return "" if key is None else key.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
