@@ -118,6 +118,8 @@ class Console:
                 "login": self.needs_login,
                 "csrf": self.guard.csrf_token(nonce),
                 "refresh": self.settings.console_refresh,
+                # A partition whose oldest record waited longer is stalled, as its relay says.
+                "relay_stall_after": self.sources.relay.stall_after if self.sources.relay else None,
                 "settings": self.settings,
                 **context,
             },
