@@ -151,6 +151,7 @@ class Overview:
         self._counts_at = 0.0
         self._versions: dict[str, str | None] = {}
         self._ends: tuple[float, dict[TopicPartition, int]] | None = None
+        self._last_error: str | None = None
         #: How many reads were made (tests and the bench count them).
         self.reads = 0
 
@@ -222,8 +223,13 @@ class Overview:
         except Exception as exc:
             self._counts = None
             snapshot.relay_error = _describe(exc)
-            logger.warning("console: cannot read the relay's status", error=snapshot.relay_error)
+            if snapshot.relay_error != self._last_error:  # once, not at every refresh
+                logger.warning(
+                    "console: cannot read the relay's status", error=snapshot.relay_error
+                )
+            self._last_error = snapshot.relay_error
             return
+        self._last_error = None
         snapshot.relay = status
         snapshot.rates = self._rates(ends)
         members = {m.client_id for m in status.members}
