@@ -9,6 +9,7 @@ from outboxkit.core import lazy
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox.deadletter_topic import (
     DeadLetter,
+    DeadLetterReplay,
     ReplayTarget,
     read_dead_letters,
     replay_dead_letters,
@@ -48,6 +49,7 @@ __all__ = [
     "BatchOutcome",
     "DeadLetter",
     "DeadLetterError",
+    "DeadLetterReplay",
     "Delivery",
     "HandlerRegistrationError",
     "InMemoryInboxStore",

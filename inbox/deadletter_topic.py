@@ -18,15 +18,26 @@ the record's offset dead-letters it again after the restart. Both copies carry t
 dead-letter topic should dedupe on (the event id alone would merge a replayed event that failed
 again, a new dead letter, with the first one). ``outboxkit inbox dlq list`` marks the copies and
 ``replay`` publishes each record once.
+
+A replay leaves a note of itself in the dead-letter topic, after it: a *replay marker*, a record
+with an empty value, no key, and the headers ``outboxkit-replay-of`` (the offset of the dead letter
+it replayed, in the same partition) and ``outboxkit-replayed-to`` (``topic/partition@offset`` of
+the published copy). :func:`read_dead_letters` attaches each marker to the dead letters it
+replayed (:attr:`DeadLetter.replays`, every copy of that dead-lettering) and returns no marker;
+so ``dlq list`` leaves out what was replayed, and ``dlq replay`` says so instead of replaying it
+again unasked. A consumer of a dead-letter topic of its own skips a record with an
+``outboxkit-replay-of`` header: it is not a dead letter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from outboxkit.core import kafka_clients
 from outboxkit.core.exceptions import ConfigurationError
@@ -44,6 +55,20 @@ from outboxkit.inbox.deadletter import (
 )
 from outboxkit.inbox.exceptions import DeadLetterError
 
+#: Headers of a replay marker: the offset of the dead letter it replayed (same partition), and
+#: where the published copy went (``topic/partition@offset``).
+REPLAY_OF = "outboxkit-replay-of"
+REPLAYED_TO = "outboxkit-replayed-to"
+
+
+@dataclass(frozen=True)
+class DeadLetterReplay:
+    """A replay of a dead letter, as its marker tells it."""
+
+    #: ``topic/partition@offset`` of the published copy.
+    to: str
+    at: datetime
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -56,6 +81,8 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
+    #: The replays of this dead-lettering (of this record or of a copy of it), oldest first.
+    replays: tuple[DeadLetterReplay, ...] = ()
 
     def header(self, name: str) -> str | None:
         for header, value in self.headers:
@@ -101,6 +128,7 @@ class DeadLetter:
             "source": f"{self.header(SOURCE_TOPIC)}/{self.header(SOURCE_PARTITION)}"
             f"@{self.header(SOURCE_OFFSET)}",
             "inbox": self.header(INBOX),
+            "replayed": [{"to": r.to, "at": r.at.isoformat()} for r in self.replays],
         }
 
 
@@ -118,7 +146,9 @@ def unique_dead_letters(letters: Sequence[DeadLetter]) -> list[DeadLetter]:
 async def read_dead_letters(
     kafka: KafkaConnectionSettings, topics: Sequence[str], *, limit: int | None = None
 ) -> list[DeadLetter]:
-    """Every committed record of the dead-letter ``topics``, oldest first (per partition)."""
+    """Every committed dead letter of the dead-letter ``topics`` (the first ``limit``), oldest
+    first (per partition), with the replays their markers tell (:attr:`DeadLetter.replays`:
+    only markers read within the same scan, which ``limit`` ends)."""
     consumer = kafka_clients.consumer(
         kafka,
         enable_auto_commit=False,
@@ -140,12 +170,14 @@ async def read_dead_letters(
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         letters: list[DeadLetter] = []
+        #: (topic, partition, offset of the dead letter) → its replays.
+        replays: dict[tuple[str, int, int], list[DeadLetterReplay]] = defaultdict(list)
         remaining = {tp for tp in partitions if ends[tp] > await consumer.position(tp)}
         while remaining and (limit is None or len(letters) < limit):
             batches = await consumer.getmany(*remaining, timeout_ms=1000)
             for records in batches.values():
-                letters += [
-                    DeadLetter(
+                for r in records:
+                    letter = DeadLetter(
                         topic=r.topic,
                         partition=r.partition,
                         offset=r.offset,
@@ -154,14 +186,38 @@ async def read_dead_letters(
                         value=r.value,
                         headers=tuple(r.headers or ()),
                     )
-                    for r in records
-                ]
+                    of = letter.header(REPLAY_OF)
+                    if of is None:
+                        letters.append(letter)
+                    elif of.isdigit():
+                        replay = DeadLetterReplay(
+                            letter.header(REPLAYED_TO) or "?", letter.timestamp
+                        )
+                        replays[r.topic, r.partition, int(of)].append(replay)
             for tp in list(remaining):
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
-        return letters if limit is None else letters[:limit]
+        letters = letters if limit is None else letters[:limit]
+        return _with_replays(letters, replays)
     finally:
         await consumer.stop()
+
+
+def _with_replays(
+    letters: Sequence[DeadLetter],
+    replays: Mapping[tuple[str, int, int], Sequence[DeadLetterReplay]],
+) -> list[DeadLetter]:
+    """``letters``, each with the replays of its dead-lettering: of itself or of a copy (the
+    same :attr:`DeadLetter.dedupe_key`)."""
+    by_key: dict[tuple[str | None, ...], list[DeadLetterReplay]] = defaultdict(list)
+    for letter in letters:
+        by_key[letter.dedupe_key] += replays.get(
+            (letter.topic, letter.partition, letter.offset), []
+        )
+    return [
+        replace(letter, replays=tuple(sorted(by_key[letter.dedupe_key], key=lambda r: r.at)))
+        for letter in letters
+    ]
 
 
 def origin_topic(dlq_topic: str, dlq_suffix: str) -> str:
@@ -220,10 +276,13 @@ async def replay_dead_letters(
     dlq_suffix: str = ".dlq",
     to: str | None = None,
     on_sent: Callable[[DeadLetter], None] | None = None,
+    on_unmarked: Callable[[DeadLetter, KafkaError], None] | None = None,
 ) -> int:
     """Publish ``letters`` again, in the order given, where :func:`replay_targets` says: never
-    to the topic a letter's headers name. Nothing is sent when a target partition does not
-    exist."""
+    to the topic a letter's headers name; after each, its replay marker in its dead-letter
+    topic (a marker Kafka refuses, e.g. for want of WRITE on the dead-letter topic, goes to
+    ``on_unmarked``: the replay itself happened). Nothing is sent when a target partition does
+    not exist."""
     targets = replay_targets(letters, dlq_suffix=dlq_suffix, to=to)
     if not targets:
         return 0
@@ -234,13 +293,27 @@ async def replay_dead_letters(
         for target in targets:
             letter = target.letter
             headers = [(name, value) for name, value in letter.headers if name not in ADDED]
-            await producer.send_and_wait(
+            sent = await producer.send_and_wait(
                 target.topic,
                 letter.value,
                 key=letter.key,
                 partition=target.partition,
                 headers=headers,
             )
+            try:
+                await producer.send_and_wait(
+                    letter.topic,
+                    b"",
+                    partition=letter.partition,
+                    headers=[
+                        (REPLAY_OF, str(letter.offset).encode()),
+                        (REPLAYED_TO, f"{target.topic}/{sent.partition}@{sent.offset}".encode()),
+                    ],
+                )
+            except KafkaError as exc:
+                if on_unmarked is None:
+                    raise
+                on_unmarked(letter, exc)
             if on_sent is not None:
                 on_sent(letter)
     finally:

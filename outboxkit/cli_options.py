@@ -73,6 +73,8 @@ PER_INVOCATION = frozenset(
         "check_only",
         "limit",
         "replay_all",
+        "replayed",
+        "again",
         "to",
         "partitions",
         "replication_factor",

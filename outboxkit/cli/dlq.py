@@ -10,12 +10,14 @@ from typing import Annotated
 
 import typer
 from aiokafka.errors import KafkaError
+from rich.console import Console
 from rich.progress import Progress
 
 from outboxkit.cli.common import EXIT_FAILED, fail_config, kafka_settings, parse_event_ids
 from outboxkit.cli_options import BootstrapServers, DlqSuffix, JsonOutput, Limit, Topics
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.printable import printable
+from outboxkit.core.words import counted
 from outboxkit.inbox import (
     DeadLetter,
     DeadLetterError,
@@ -51,18 +53,29 @@ def _read_dlq(servers: str | None, topics: list[str], limit: int | None) -> list
 
 @dlq_app.command("list")
 def dlq_list(
+    *,
     kafka_bootstrap_servers: BootstrapServers = None,
     topics: Topics = None,
     dlq_suffix: DlqSuffix = ".dlq",
     limit: Limit = 100,
+    replayed: Annotated[
+        bool,
+        typer.Option(
+            "--replayed", help="Also list the dead letters replayed already, marked as such."
+        ),
+    ] = False,
     json_output: JsonOutput = False,
 ) -> None:
-    """Dead-lettered records with their reason, error and source position, oldest first."""
-    letters = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), limit)
+    """Dead-lettered records with their reason, error and source position, oldest first; those
+    replayed already (outboxkit inbox dlq replay) only with --replayed."""
+    # Read whole: a replay's marker comes after the dead letter it replayed.
+    every = _read_dlq(kafka_bootstrap_servers, _dlq_topics(topics, dlq_suffix), None)
+    hidden = 0 if replayed else sum(1 for d in every if d.replays)
+    letters = [d for d in every if replayed or not d.replays][:limit]
     if json_output:
         typer.echo(json.dumps([d.summary() for d in letters], indent=2))
         return
-    if not letters:
+    if not every:
         typer.echo("no dead-lettered records")
     first = {id(d) for d in unique_dead_letters(letters)}
     for d in letters:
@@ -76,7 +89,19 @@ def dlq_list(
                 f"from {info['source']}: {info['reason']}: {info['error']}"
             )
             + copy
+            + _replayed(d)
         )
+    if hidden:
+        typer.echo(f"{counted(hidden, 'replayed dead letter')} not shown (--replayed shows them)")
+
+
+def _replayed(letter: DeadLetter) -> str:
+    """`` (replayed to orders/0@12 at …)`` for a dead letter replayed already."""
+    if not letter.replays:
+        return ""
+    last = letter.replays[-1]
+    times = f", {len(letter.replays)} times" if len(letter.replays) > 1 else ""
+    return printable(f" (replayed to {last.to} at {last.at:%Y-%m-%d %H:%M:%S}Z{times})")
 
 
 @dlq_app.command("replay")
@@ -99,6 +124,10 @@ def dlq_replay(
             show_default=False,
         ),
     ] = None,
+    again: Annotated[
+        bool,
+        typer.Option("--again", help="Replay dead letters that were replayed already, once more."),
+    ] = False,
     kafka_bootstrap_servers: BootstrapServers = None,
     topics: Topics = None,
     dlq_suffix: DlqSuffix = ".dlq",
@@ -107,7 +136,8 @@ def dlq_replay(
     """Publish dead-lettered events again (after fixing the handler, say) to the topic their
     dead-letter topic belongs to (<topic><suffix> → <topic>), at the partition they came from,
     or to --to TOPIC. A source-topic header naming another topic is shown, never obeyed. Each
-    takes effect once; a replayed event comes after newer ones of its key."""
+    takes effect once; a replayed event comes after newer ones of its key. A dead letter
+    replayed already is said so and left, unless --again."""
     if not event_ids and not replay_all:
         raise fail_config(ConfigurationError("give event ids to replay, or --all"))
     wanted = set(map(str, parse_event_ids(event_ids or [])))
@@ -122,6 +152,14 @@ def dlq_replay(
             )
             raise typer.Exit(EXIT_FAILED)
     letters = unique_dead_letters(letters)  # each dead-lettering once, not each copy of it
+    done = [] if again else [d for d in letters if d.replays]
+    letters = [d for d in letters if again or not d.replays]
+    if not replay_all:
+        for d in done:
+            typer.echo(
+                f"already replayed: {d.event_id}{_replayed(d)}; --again replays it once more",
+                err=True,
+            )
     try:
         targets = replay_targets(letters, dlq_suffix=dlq_suffix, to=to)
     except DeadLetterError as exc:
@@ -139,7 +177,10 @@ def dlq_replay(
                 ),
                 err=True,
             )
-    with Progress(disable=json_output, transient=True) as progress:
+    # On stderr, and only on a terminal: stdout keeps the result alone (a progress display
+    # that is not shown still printed an empty line there).
+    console = Console(stderr=True)
+    with Progress(console=console, disable=json_output or not console.is_terminal) as progress:
         task = progress.add_task("replaying", total=len(letters))
         try:
             sent = asyncio.run(
@@ -149,12 +190,36 @@ def dlq_replay(
                     dlq_suffix=dlq_suffix,
                     to=to,
                     on_sent=lambda _: progress.advance(task),
+                    on_unmarked=_unmarked,
                 )
             )
         except (DeadLetterError, KafkaError) as exc:
             typer.echo(printable(f"error: {exc}"), err=True)
             raise typer.Exit(EXIT_FAILED) from None
     if json_output:
-        typer.echo(json.dumps({"replayed": [d.summary() for d in letters]}, indent=2))
-    else:
-        typer.echo(f"replayed {sent} record(s)")
+        typer.echo(
+            json.dumps(
+                {
+                    "replayed": [d.summary() for d in letters],
+                    "already_replayed": [d.summary() for d in done],
+                },
+                indent=2,
+            )
+        )
+        return
+    line = f"replayed {counted(sent, 'record')}"
+    if done:
+        them = "it" if len(done) == 1 else "them"
+        line += f"; {len(done)} replayed already (--again replays {them} once more)"
+    typer.echo(line)
+
+
+def _unmarked(letter: DeadLetter, error: KafkaError) -> None:
+    typer.echo(
+        printable(
+            f"warning: {letter.event_id} replayed, but its replay could not be noted in "
+            f"{letter.topic} ({error!r}): a later replay will not know it (WRITE on the "
+            "dead-letter topic is needed)"
+        ),
+        err=True,
+    )

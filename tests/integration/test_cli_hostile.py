@@ -118,7 +118,7 @@ async def test_dlq_replay_publishes_where_the_dead_letter_topic_belongs_not_wher
 
     replayed = run_cli("inbox", "dlq", "replay", "--all", env=_env(kafka_bootstrap, notes))
     assert replayed.returncode == 0, replayed.stderr
-    assert replayed.stdout.strip() == "replayed 2 record(s)"
+    assert replayed.stdout.strip() == "replayed 2 records"
     # One line per misdirected record: shown, not obeyed.
     [warning] = [line for line in replayed.stderr.splitlines() if line.strip()]
     assert warning.startswith("warning: "), warning

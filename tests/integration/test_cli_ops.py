@@ -67,10 +67,30 @@ async def test_a_dead_lettered_event_is_replayed_after_the_fix_and_takes_effect_
     assert f"no dead-lettered record with event id {unknown}" in missing.stderr
     assert run_cli("inbox", "dlq", "replay", env=cli_env).returncode == 2  # ids or --all
 
-    # The handler is fixed (the worker restarts without the bug); the event is replayed twice.
-    for _ in range(2):
-        replayed = run_cli("inbox", "dlq", "replay", str(buggy.id), env=cli_env)
-        assert replayed.stdout.strip() == "replayed 1 record(s)", replayed.stderr
+    # The handler is fixed (the worker restarts without the bug); the event is replayed, then
+    # asked again: said and left (it printed a blank line, and replayed it again unasked); then
+    # replayed once more with --again.
+    replayed = run_cli("inbox", "dlq", "replay", str(buggy.id), env=cli_env)
+    assert (replayed.stdout, replayed.stderr) == ("replayed 1 record\n", "")
+    twice = run_cli("inbox", "dlq", "replay", str(buggy.id), env=cli_env)
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout == "replayed 0 records; 1 replayed already (--again replays it once more)\n"
+    assert twice.stderr.startswith(f"already replayed: {buggy.id} (replayed to {topic}/0@"), twice
+    again = run_cli("inbox", "dlq", "replay", str(buggy.id), "--again", env=cli_env)
+    assert again.stdout == "replayed 1 record\n", again.stderr
+    # The list leaves the replayed one out, and says so; --replayed shows it, marked.
+    listed = run_cli("inbox", "dlq", "list", env=cli_env)
+    assert listed.stdout.splitlines()[1:] == [
+        "1 replayed dead letter not shown (--replayed shows them)"
+    ], listed.stdout
+    assert "missing_header" in listed.stdout.splitlines()[0]
+    marked = run_cli("inbox", "dlq", "list", "--replayed", env=cli_env).stdout.splitlines()
+    assert f"(replayed to {topic}/0@" in marked[0], marked
+    assert marked[0].endswith(", 2 times)"), marked
+    [again_json] = json.loads(
+        run_cli("inbox", "dlq", "list", "--json", "--replayed", env=cli_env).stdout
+    )[:1]
+    assert len(again_json["replayed"]) == 2
     fixed = inbox_env(pg_url, kafka_bootstrap, topic, TEST_FAILING_ENTITY="-")
     await _run_until_caught_up(tmp_path, fixed, kafka_bootstrap, topic)
     assert sorted(str(e[0]) for e in await effects(pg_url)) == sorted([str(buggy.id), str(fine.id)])

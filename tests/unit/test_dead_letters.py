@@ -10,9 +10,15 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from outboxkit.inbox import DeadLetter, DeadLetterError, replay_targets, unique_dead_letters
+from outboxkit.inbox import (
+    DeadLetter,
+    DeadLetterError,
+    DeadLetterReplay,
+    replay_targets,
+    unique_dead_letters,
+)
 from outboxkit.inbox.deadletter import ADDED, SOURCE_PARTITION, SOURCE_TOPIC, dead_letter
-from outboxkit.inbox.deadletter_topic import origin_topic
+from outboxkit.inbox.deadletter_topic import _with_replays, origin_topic
 
 
 def _record(offset: int, headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
@@ -48,6 +54,22 @@ def test_a_replayed_event_that_fails_again_is_a_new_dead_letter() -> None:
     assert first.event_id == second.event_id
     assert first.dedupe_key != second.dedupe_key
     assert unique_dead_letters([first, second]) == [first, second]
+
+
+def test_a_replay_marker_marks_every_copy_of_its_dead_lettering_and_nothing_else() -> None:
+    """``dlq list`` leaves out, and ``dlq replay`` does not replay again unasked, what a replay's
+    marker (in the dead-letter topic, after the dead letter) names: the dead letter it replayed
+    and its copies (the replay published the dead-lettering once), not a later dead letter of
+    the same event (a replay that failed again)."""
+    record = _record(41, [("ce_id", b"0b7e6b8e-0000-4000-8000-000000000001")])
+    first, copy = _letter(record, 0), _letter(record, 1)
+    later = _letter(_record(97, [("ce_id", b"0b7e6b8e-0000-4000-8000-000000000001")]), 2)
+    when = datetime(2026, 12, 7, tzinfo=UTC)
+    marked = _with_replays(
+        [first, copy, later], {("orders.dlq", 2, 0): [DeadLetterReplay("orders/2@97", when)]}
+    )
+    assert [d.replays for d in marked] == [(DeadLetterReplay("orders/2@97", when),)] * 2 + [()]
+    assert marked[0].summary()["replayed"] == [{"to": "orders/2@97", "at": when.isoformat()}]
 
 
 def _forged(topic: str, headers: dict[str, str]) -> DeadLetter:
