@@ -29,7 +29,7 @@ from uuid import UUID
 import pydantic_core.core_schema as core
 import typing_extensions
 from hypothesis import strategies as st
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, create_model
 
 from outboxkit.schemas import Event
 from outboxkit.schemas.event import ENVELOPE_FIELDS
@@ -226,19 +226,19 @@ def _decimal_spec(draw: st.DrawFn) -> TypeSpec:
         allow_nan=False,
         allow_infinity=False,
     )
-    if digits is not None:  # pydantic's count: places, and digits before the point
-        values = values.filter(lambda d: _digits(d) <= digits)
     annotation = Annotated[Decimal, Field(**constraints)] if constraints else Decimal  # type: ignore[call-overload]
+    if digits is not None:  # pydantic counts digits its own way (trailing zeros, exponents)
+        adapter = TypeAdapter(annotation)
+        values = values.filter(lambda d: _valid(adapter, d))
     return TypeSpec(annotation, values, spark=places is not None or digits is None)
 
 
-def _digits(value: Decimal) -> int:
-    """The digits pydantic counts against ``max_digits`` (of the normalised value)."""
-    _, digits, exponent = value.normalize().as_tuple()
-    assert isinstance(exponent, int)
-    if exponent >= 0:
-        return len(digits) + exponent
-    return max(len(digits), -exponent)
+def _valid(adapter: TypeAdapter[Any], value: Any) -> bool:
+    try:
+        adapter.validate_python(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _scalars(draw: st.DrawFn) -> TypeSpec:
@@ -302,15 +302,19 @@ def _scalars(draw: st.DrawFn) -> TypeSpec:
 
 
 @st.composite
-def types(draw: st.DrawFn, depth: int = 2) -> TypeSpec:
-    """A field type: a scalar, or (``depth`` > 0) a container, a nested model or a union."""
+def types(draw: st.DrawFn, depth: int = 2, spark: bool = False) -> TypeSpec:
+    """A field type: a scalar, or (``depth`` > 0) a container, a nested model or a union;
+    ``spark``: only types the Spark pipeline maps."""
     kinds = ["scalar"] * 4 + (
         ["list", "tuple", "fixed_tuple", "dict", "model", "optional", "union"] if depth else []
     )
+    if spark:
+        kinds = [kind for kind in kinds if kind not in {"fixed_tuple", "union"}]
     kind = draw(st.sampled_from(kinds))
     if kind == "scalar":
-        return _scalars(draw)
-    inner = draw(types(depth=depth - 1))
+        scalar = _scalars(draw)
+        return scalar if scalar.spark or not spark else draw(types(depth=0, spark=spark))
+    inner = draw(types(depth=depth - 1, spark=spark))
     if kind == "list":
         return TypeSpec(list[inner.annotation], st.lists(inner.values, max_size=3), inner.spark)
     if kind == "tuple":
@@ -320,7 +324,7 @@ def types(draw: st.DrawFn, depth: int = 2) -> TypeSpec:
             inner.spark,
         )
     if kind == "fixed_tuple":
-        second = draw(types(depth=depth - 1))
+        second = draw(types(depth=depth - 1, spark=spark))
         return TypeSpec(
             tuple[inner.annotation, second.annotation],
             st.tuples(inner.values, second.values),
@@ -345,18 +349,18 @@ def types(draw: st.DrawFn, depth: int = 2) -> TypeSpec:
                 ]
             )
         )
-    spec = draw(model_specs(depth=depth - 1, nested=True))
+    spec = draw(model_specs(depth=depth - 1, nested=True, spark=spark))
     nested = build_nested(spec)
     return TypeSpec(nested, values_of(spec, nested), spec.spark)
 
 
-def _fields(draw: st.DrawFn, depth: int) -> tuple[FieldSpec, ...]:
+def _fields(draw: st.DrawFn, depth: int, spark: bool) -> tuple[FieldSpec, ...]:
     wires = draw(st.lists(st.sampled_from(WIRE_NAMES), min_size=1, max_size=6, unique=True))
     fields = []
     for index, wire in enumerate(wires):
         if wire in ENVELOPE_FIELDS:
             continue  # an envelope name is never a payload name (Event refuses it)
-        spec = draw(types(depth=depth))
+        spec = draw(types(depth=depth, spark=spark))
         python = wire if plain_name_allowed(wire) else f"f{index}_"
         defaulted = draw(st.booleans())
         default = draw(spec.values) if defaulted else None
@@ -365,9 +369,11 @@ def _fields(draw: st.DrawFn, depth: int) -> tuple[FieldSpec, ...]:
 
 
 @st.composite
-def model_specs(draw: st.DrawFn, depth: int = 2, nested: bool = False) -> ModelSpec:
+def model_specs(
+    draw: st.DrawFn, depth: int = 2, nested: bool = False, spark: bool = False
+) -> ModelSpec:
     return ModelSpec(
-        _fields(draw, depth), strict_reader=draw(st.booleans()) if not nested else False
+        _fields(draw, depth, spark), strict_reader=draw(st.booleans()) if not nested else False
     )
 
 
