@@ -4,8 +4,8 @@ is the registry's event (the Python pass's row, as the parity corpus of test_pip
 compares), decided on the JVM for every model the JVM path supports.
 
 One hypothesis example is a batch of models decoded in one Spark job (a job per model would
-cost minutes): ``PARTS`` times ``BATCHES`` times ``MODELS`` = 200 models and records per run, the reproduction blob
-printed on failure; ``OUTBOXKIT_WHOLE_BATCHES`` runs more batches."""
+cost minutes): ``PARTS`` x ``BATCHES`` x ``MODELS`` = 200 models and records per run, the
+reproduction blob printed on failure; ``OUTBOXKIT_WHOLE_BATCHES`` runs more batches."""
 
 from __future__ import annotations
 
