@@ -221,6 +221,14 @@ class Event(BaseModel):
         cls.event_payload_fields = tuple(
             name for name in cls.model_fields if name not in ENVELOPE_FIELDS
         )
+        for name in cls.event_payload_fields:
+            info = cls.model_fields[name]
+            wire = {info.alias, info.serialization_alias, info.validation_alias} & ENVELOPE_FIELDS
+            if wire:
+                raise EventDefinitionError(
+                    f"{cls.__name__}: field {name!r} has the alias {wire.pop()!r}, an envelope "
+                    "field's name: a payload field cannot be written under it"
+                )
         if cls.event_key_field is not None and cls.event_key_field not in cls.event_payload_fields:
             raise EventDefinitionError(
                 f"{cls.__name__}: key_field {cls.event_key_field!r} is not a payload field"

@@ -14,7 +14,14 @@ import pytest
 from pydantic import BaseModel, Field, field_serializer
 
 from outboxkit.relay import InMemoryOutbox, InMemoryOutboxStorage
-from outboxkit.schemas import Event, EventRegistry, SchemaError, check_source, encode
+from outboxkit.schemas import (
+    Event,
+    EventDefinitionError,
+    EventRegistry,
+    SchemaError,
+    check_source,
+    encode,
+)
 
 
 class Reading(BaseModel):
@@ -142,3 +149,11 @@ def test_every_outbox_refuses_a_source_that_is_no_uri_reference() -> None:
         InMemoryOutbox(InMemoryOutboxStorage(), source="interop shop")
     with pytest.raises(SchemaError, match="interop%20shop"):
         Outboxkit(source="interop shop")
+
+
+def test_a_payload_field_cannot_take_an_envelope_fields_name_as_its_alias() -> None:
+    """Readers refuse a payload holding an envelope field: such a model could write nothing."""
+    with pytest.raises(EventDefinitionError, match="alias 'id'"):
+
+        class Aliased(Event, type="test.aliased", topic="t"):
+            ident: str = Field(alias="id")
