@@ -79,6 +79,8 @@ OTHER_VARIABLES = {
     "OUTBOXKIT_BENCH_PROFILE": "the repository's relay bench: profile the relays",
     "OUTBOXKIT_FUZZ_EXAMPLES": "the repository's inbox fuzz test: how many examples",
     "OUTBOXKIT_WHOLE_EXAMPLES": "the repository's round-trip property of events: how many examples",
+    "OUTBOXKIT_WHOLE_BATCHES": "the same property through the Spark decoder: batches per test",
+    "OUTBOXKIT_WHOLE_MODELS": "the same property through the Spark decoder: models per batch",
 }
 
 
