@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
 
+import structlog
 from aiokafka.errors import KafkaError
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from outboxkit.console.app import Console
 
 __all__ = ["add_action_routes"]
+
+logger = structlog.get_logger("outboxkit.console")
 
 Form = dict[str, list[str]]
 
@@ -103,9 +106,13 @@ def _add_replays(app: FastAPI, state: "Console", Who: Any) -> None:
             raise Refused(400, "no such inbox")
         letters = await state.sources.dead_letters(view)
         reasons = form.get("reason")
-        if reasons:
+        if reasons:  # as `outboxkit inbox dlq replay --all`: the ones not replayed yet
             reason = reasons[0]
-            chosen = [d for d in letters if (d.header(ERROR_REASON) or "unknown") == reason]
+            chosen = [
+                d
+                for d in letters
+                if (d.header(ERROR_REASON) or "unknown") == reason and not d.replays
+            ]
             missing: list[str] = []
         else:
             wanted = form.get("letter") or []
@@ -136,6 +143,7 @@ def _add_replays(app: FastAPI, state: "Console", Who: Any) -> None:
             where=sorted(where.items(), key=lambda item: (item[0][0], item[0][1] or 0)),
             misdirected=[t for t in targets if t.misdirected is not None],
             missing=missing,
+            again=[d for d in letters if d.replays],
         )
 
     @app.post("/dead-letters/replay/confirmed", name="replay")
@@ -144,9 +152,21 @@ def _add_replays(app: FastAPI, state: "Console", Who: Any) -> None:
         inbox, letters, missing = await chosen_letters(form)
         if missing:
             raise Refused(409, f"{len(missing)} of the dead letters asked for are no longer listed")
+        unmarked: list[str] = []
+
+        def not_marked(letter: DeadLetter, exc: KafkaError) -> None:
+            # The replay happened; only its note in the dead-letter topic is missing.
+            unmarked.append(position(letter))
+            logger.warning(
+                "console: a replay's marker was refused", dead_letter=position(letter), error=exc
+            )
+
         try:
             sent = await replay_dead_letters(
-                state.settings, letters, dlq_suffix=state.settings.dlq_suffix
+                state.settings,
+                letters,
+                dlq_suffix=state.settings.dlq_suffix,
+                on_unmarked=not_marked,
             )
         except (OutboxkitError, KafkaError) as exc:
             raise Refused(502, f"the replay failed: {exc}") from None
@@ -158,6 +178,7 @@ def _add_replays(app: FastAPI, state: "Console", Who: Any) -> None:
             inbox=inbox,
             dead_letters=[position(d) for d in letters],
             event_ids=[d.event_id for d in letters],
+            unmarked=unmarked,
         )
         url = state.path(request, "dead_letters", {"inbox": inbox, "done": "replay", "n": sent})
         return RedirectResponse(url, status_code=303)

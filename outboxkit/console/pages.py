@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from outboxkit.console.payloads import show_payload
 from outboxkit.core.exceptions import OutboxkitError
 from outboxkit.core.printable import key_text
-from outboxkit.inbox import DeadLetter, unique_dead_letters
+from outboxkit.inbox import DeadLetter, DeadLetterReplay, unique_dead_letters
 from outboxkit.relay import RecordInfo
 from outboxkit.schemas import EventRegistry, WireHeader
 
@@ -43,6 +43,11 @@ class LetterRow:
     #: A later copy of an earlier dead-lettering of the same record (dead-lettering is at
     #: least once): replaying the first replays it.
     copy: bool
+
+    @property
+    def replays(self) -> tuple[DeadLetterReplay, ...]:
+        """Its replays (of it or of a copy), oldest first, as their markers tell."""
+        return self.letter.replays
 
 
 def letter_rows(
@@ -132,7 +137,9 @@ def add_page_routes(app: FastAPI, state: "Console", who: Callable[..., Any]) -> 
     async def dead_letters(
         request: Request,
         who: Who,
+        *,
         inbox: str | None = None,
+        replayed: bool = False,
         done: str | None = None,
         n: int | None = None,
     ) -> HTMLResponse:
@@ -151,7 +158,12 @@ def add_page_routes(app: FastAPI, state: "Console", who: Callable[..., Any]) -> 
                     sensitive=state.settings.console_sensitive_fields,
                     limit=state.settings.console_payload_limit,
                 )
-        reasons = Counter(str(r.summary["reason"] or "unknown") for r in rows if not r.copy)
+        # As `outboxkit inbox dlq list`: the dead letters replayed already only when asked.
+        hidden = 0 if replayed else sum(1 for r in rows if r.replays)
+        shown = [r for r in rows if replayed or not r.replays]
+        reasons = Counter(
+            str(r.summary["reason"] or "unknown") for r in rows if not r.copy and not r.replays
+        )
         return state.render(
             request,
             "dead_letters.html",
@@ -159,7 +171,9 @@ def add_page_routes(app: FastAPI, state: "Console", who: Callable[..., Any]) -> 
             page="dead_letters",
             views=views,
             view=view,
-            rows=rows,
+            rows=shown,
+            hidden=hidden,
+            replayed=replayed,
             reasons=sorted(reasons.items()),
             full=len(rows) >= state.settings.console_page_size,
             error=error,

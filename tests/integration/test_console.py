@@ -207,6 +207,13 @@ async def _the_poison_event_is_replayed_once_fixed(
         await screenshot(page, "replay")
         await page.click("#confirm-replay button")
         await expect(page.locator(".notice")).to_have_text("Replayed 1 dead letter.")
+        # Replayed: left out of the list (as `dlq list`), shown when asked, with where it went.
+        await expect(letter).to_have_count(0)
+        await expect(page.locator("main")).to_contain_text("1 replayed dead letter not shown")
+        await page.click("text=show them")
+        await expect(letter.locator("td.replayed")).to_contain_text(
+            f"replayed to {scene.payments}/0@"
+        )
         await scene.caught_up("the replayed event handled")
         expected = sorted([str(scene.poison.id), str(scene.fine.id)])
         await wait_effects(
@@ -242,8 +249,8 @@ async def _every_page_reads_without_javascript(scene: _Scene, page: Page, base: 
     await log_in(page, base, TOKEN)
     await expect(page.locator("#partitions tbody tr")).to_have_count(4)
     assert await page.locator("#overview").get_attribute("data-refreshed") is None
-    await page.goto(f"{base}/dead-letters")
-    await expect(page.locator(f"tr[data-event-id='{scene.poison.id}']")).to_be_visible()
+    await page.goto(f"{base}/dead-letters?replayed=1")
+    await expect(page.locator(f"tr[data-event-id='{scene.poison.id}']")).to_contain_text("replayed")
     await page.goto(f"{base}/outbox")
     await expect(page.locator(".empty")).to_contain_text("No parked records")
 
