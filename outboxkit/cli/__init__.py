@@ -25,6 +25,7 @@ from typing import Annotated
 
 import typer
 from typer._click.exceptions import ClickException  # typer's own click
+from typer.core import TyperArgument
 
 from outboxkit._version import __version__
 from outboxkit.cli import common
@@ -44,6 +45,25 @@ from outboxkit.preflight.diagnose import explain
 from outboxkit.variables import unknown_variable_warnings
 
 __all__ = ["app", "main"]
+
+
+def _argument_usage(self: TyperArgument) -> str:
+    """An argument in the usage line as a Unix command shows it: ``MODULE:INBOX``, or
+    ``[EVENT_ID]...`` when it may be left out (typer put a required one in braces, which read
+    as part of its name: ``{MODULE[:REGISTRY]}``)."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+def _argument_type(self: TyperArgument, ctx: typer.Context) -> str | None:
+    """No ``<str>`` after an argument's metavar, which already says what to give (as options
+    show none after theirs)."""
+    return None if self.metavar else TyperArgument.display_type(self, ctx)
+
+
+# typer has no setting for either: its argument class, as this command uses it.
+TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _argument_type  # type: ignore[method-assign,assignment]
 
 app = typer.Typer(
     name="outboxkit",

@@ -5,6 +5,7 @@ storage or its repairs for one operation."""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import gc
 import importlib
 import os
@@ -183,3 +184,27 @@ def import_user_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {name!r}: {exc}") from None
+
+
+def user_object(target: str, module: ModuleType, attribute: str, kind: type[T], public: str) -> T:
+    """``module.attribute`` (``target`` as the user typed it), a ``kind`` (named ``public`` to
+    the user); else a :class:`ConfigurationError` saying what is there instead: no such
+    attribute (with the closest name, or the module's objects of that kind), or an object of
+    another type."""
+    if not hasattr(module, attribute):
+        names = [name for name in vars(module) if not name.startswith("_")]
+        of_kind = sorted(name for name in names if isinstance(getattr(module, name), kind))
+        close = difflib.get_close_matches(attribute, of_kind or names, n=1)
+        if close:
+            hint = f"; did you mean {module.__name__}:{close[0]}?"
+        elif of_kind:
+            hint = f"; its {kind.__name__} objects: {', '.join(of_kind)}"
+        else:
+            hint = f"; it has no {kind.__name__}"
+        raise ConfigurationError(
+            f"{target!r}: module {module.__name__!r} has no attribute {attribute!r}{hint}"
+        )
+    value = getattr(module, attribute)
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"{target!r} is not an {public} (it is a {type(value).__name__})")
+    return value

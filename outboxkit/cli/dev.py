@@ -51,6 +51,14 @@ def dev_up(
     env = up(where, chosen)
     typer.echo(env.exports(), nl=False)
     typer.echo(f"# running (pid {env.pid}); stop them with: outboxkit dev down", err=True)
+    typer.echo(f"# {TRUSTS_EVERY_LOGIN}", err=True)
+
+
+#: Said at every ``dev up``: a wrong password that works here fails on a real server.
+TRUSTS_EVERY_LOGIN = (
+    "this PostgreSQL trusts every local login (any user, any password): a wrong password in "
+    "OUTBOXKIT_DATABASE_URL goes unnoticed here, not on your servers"
+)
 
 
 @dev_app.command("down")

@@ -21,6 +21,7 @@ from outboxkit.cli.common import (
     load,
     run_on_loop,
     run_worker,
+    user_object,
 )
 from outboxkit.cli.dlq import dlq_app
 from outboxkit.cli_options import (
@@ -95,9 +96,8 @@ def _import_inbox(target: str) -> Inbox[Any]:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{target!r}: give the Inbox as module:attribute")
-    inbox = getattr(import_user_module(module_name), attribute, None)
-    if not isinstance(inbox, Inbox):
-        raise ConfigurationError(f"{target!r} is not an outboxkit.inbox.Inbox (got {inbox!r})")
+    module = import_user_module(module_name)
+    inbox: Inbox[Any] = user_object(target, module, attribute, Inbox, "outboxkit.inbox.Inbox")
     return inbox
 
 

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from outboxkit.cli.common import EXIT_FAILED, fail_config, import_user_module
+from outboxkit.cli.common import EXIT_FAILED, fail_config, import_user_module, user_object
 from outboxkit.cli_options import JsonOutput
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.schemas import EventRegistry
@@ -115,12 +115,9 @@ def import_registry(target: str) -> EventRegistry:
         raise ConfigurationError(f"{target!r}: give the EventRegistry as module[:attribute]")
     module = import_user_module(module_name)
     if attribute:
-        registry = getattr(module, attribute, None)
-        if not isinstance(registry, EventRegistry):
-            raise ConfigurationError(
-                f"{target!r} is not an outboxkit.schemas.EventRegistry (got {registry!r})"
-            )
-        return registry
+        return user_object(
+            target, module, attribute, EventRegistry, "outboxkit.schemas.EventRegistry"
+        )
     found: dict[int, list[str]] = {}
     for name, value in sorted(vars(module).items()):
         if isinstance(value, EventRegistry):

@@ -51,8 +51,15 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
-import pytest_asyncio
+try:
+    import pytest
+    import pytest_asyncio
+except ModuleNotFoundError as missing:  # its submodules too (outboxkit.testing.schemas) need it
+    raise ModuleNotFoundError(
+        f"outboxkit.testing needs the [testing] extra ({missing.name} is not installed): "
+        "pip install 'outboxkit[testing]'",
+        name=missing.name,
+    ) from None
 
 from outboxkit.backends import backend_for, forget_memory_database
 from outboxkit.embedded import KafkaCluster

@@ -7,7 +7,9 @@
     def test_events_stay_compatible() -> None:
         assert_compatible(registry, against="schemas/", mode="full")
 
-Light on purpose: it needs only :mod:`outboxkit.schemas`, no server and no fixture.
+Light on purpose: it needs only :mod:`outboxkit.schemas`, no server and no fixture; installed
+with the ``[testing]`` extra, as the rest of :mod:`outboxkit.testing` (the package is a pytest
+plugin, which imports pytest).
 """
 
 from __future__ import annotations

@@ -99,6 +99,8 @@ def test_getting_started_runs_as_written(built: Built, tmp_path: Path) -> None:
     assert installed, output
     assert f"outboxkit-{built.wheel.name.split('-')[1]}" in installed[0].split()
     assert (work / ".venv" / "bin" / "outboxkit").exists(), "the guide's virtualenv has it"
+    # dev up's PostgreSQL lets any password in, which would hide a wrong one: it says so.
+    assert "this PostgreSQL trusts every local login (any user, any password)" in output
     assert "created orders: 3 partitions" in output
     assert "created orders.dlq: 3 partitions" in output
     assert "charged: [('o-" in output

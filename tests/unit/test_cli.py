@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +13,11 @@ import typer
 from typer.testing import CliRunner
 
 from outboxkit.cli import _inbox_runs_by_default, app
+from outboxkit.cli import dev as dev_cli
 from outboxkit.cli.common import run_on_loop, run_worker
 from outboxkit.cli_options import PER_INVOCATION
 from outboxkit.core.kafka import missing_topics
+from outboxkit.dev import DevEnvironment
 from tests.docs_snippets import REPO
 
 runner = CliRunner()
@@ -99,6 +102,11 @@ def test_help_is_plain_text_without_type_placeholders(path: tuple[str, ...]) -> 
     # #44: the Spark pipeline's options showed <str> and <int> too.
     options = [line for line in result.output.splitlines() if line.startswith("  --")]
     assert not [line for line in options if "<" in line.split("  ")[1]], options
+    # Arguments too: no "<str>" after a metavar, no braces around it in the usage line (it
+    # read "{MODULE[:REGISTRY]}" and "MODULE[:REGISTRY] <str>").
+    assert "<str>" not in result.output, result.output
+    usage = result.output.splitlines()[0]
+    assert "{" not in usage, usage
 
 
 def test_pipeline_run_shows_its_defaults_as_the_other_commands_do() -> None:
@@ -204,3 +212,19 @@ def test_asking_for_uvloop_without_it_is_exit_2_saying_what_to_install(
     result = runner.invoke(app, ["relay"])
     assert result.exit_code == 2, result.output
     assert "pip install 'outboxkit[uvloop]'" in result.output
+
+
+def test_dev_up_says_its_postgresql_lets_any_password_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A wrong password works against `outboxkit dev up` (trust authentication) and then fails
+    on a real server: unsaid, a newcomer learnt it from the first deploy."""
+    running = DevEnvironment(
+        pid=1, broker="kafka", env={"OUTBOXKIT_DATABASE_URL": "postgresql://x"}
+    )
+    monkeypatch.setattr(dev_cli, "status", lambda directory: running)
+    monkeypatch.setattr(dev_cli, "up", lambda directory, broker: running)
+    result = runner.invoke(app, ["dev", "up", "--directory", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "export OUTBOXKIT_DATABASE_URL=postgresql://x" in result.stdout
+    assert "trusts every local login (any user, any password)" in result.stderr

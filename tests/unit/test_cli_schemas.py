@@ -174,6 +174,9 @@ def test_the_directory_can_come_from_the_environment(
             "has several EventRegistry objects (other, registry)",
         ),
         (V1, "{module}:OrderPlaced", "is not an outboxkit.schemas.EventRegistry"),
+        # A misspelt attribute was "got None".
+        (V1, "{module}:registy", "has no attribute 'registy'; did you mean {module}:registry?"),
+        ("x = 1\n", "{module}:registry", "has no attribute 'registry'; it has no EventRegistry"),
         (V1, "no_such_module_anywhere:registry", "cannot import 'no_such_module_anywhere'"),
     ],
 )

@@ -189,3 +189,14 @@ def test_the_operators_tooling_is_what_the_check_looks_for() -> None:
     """Guards the test above: ``outboxkit check`` loads the modules it looks for."""
     loaded = _operator_modules_after("import outboxkit.cli.migrate")
     assert {"outboxkit.preflight.check", "outboxkit.preflight.diagnose", "typer"} <= set(loaded)
+
+
+@pytest.mark.parametrize("hidden", ["pytest", "pytest_asyncio"])
+def test_outboxkit_testing_without_the_testing_extra_names_it(hidden: str) -> None:
+    """``outboxkit.testing.schemas`` (and the plugin) failed with a bare ``No module named
+    'pytest'``: nothing said that the ``[testing]`` extra brings it."""
+    printed = _without((hidden,), "from outboxkit.testing.schemas import assert_compatible")
+    assert printed == (
+        f"ModuleNotFoundError outboxkit.testing needs the [testing] extra ({hidden} is not "
+        "installed): pip install 'outboxkit[testing]'"
+    )
