@@ -86,6 +86,8 @@ def payload_schema(event_cls: type[Event]) -> SchemaDocument:
         document["required"] = required
     else:
         document.pop("required", None)
+    if not event_cls.event_strict_reader:
+        _open_objects(document)
     document["$schema"] = JSON_SCHEMA_DIALECT
     document["$id"] = event_cls.event_dataschema  # what each record's ce_dataschema names
     document[TYPE_KEY] = event_cls.event_type
@@ -94,6 +96,42 @@ def payload_schema(event_cls: type[Event]) -> SchemaDocument:
     document[TOPIC_KEY] = event_cls.event_topic
     document[STRICT_READER_KEY] = event_cls.event_strict_reader
     return document
+
+
+#: JSON Schema's keywords whose value is a schema, a list of schemas, or a map of them (the
+#: map's keys are field names: data). Nothing else of a document is walked.
+_ONE_SCHEMA = (
+    "items",
+    "additionalProperties",
+    "not",
+    "contains",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+)
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
+
+
+def _open_objects(schema: Any) -> None:
+    """Drop ``additionalProperties: false`` (a model that forbids unknown fields) from every
+    object of ``schema``, walked by JSON Schema's grammar: a tolerant reader ignores the fields
+    it does not declare, at every level, so the schema that ``ce_dataschema`` names accepts a
+    record with a field a newer producer added, as the reader does. A strict reader's document
+    stays closed."""
+    if not isinstance(schema, dict):
+        return
+    if schema.get("additionalProperties") is False:
+        del schema["additionalProperties"]
+    for key in _ONE_SCHEMA:
+        _open_objects(schema.get(key))
+    for key in _SCHEMA_LISTS:
+        for sub in schema.get(key) or ():
+            _open_objects(sub)
+    for key in _SCHEMA_MAPS:
+        for sub in (schema.get(key) or {}).values():
+            _open_objects(sub)
 
 
 def schema_filename(event_type: str, version: int) -> str:

@@ -94,12 +94,18 @@ def event(
     version: int = 1,
     topic: str = "shop.orders",
     key_field: str | None = None,
+    strict_reader: bool = False,
 ) -> type[Event]:
     """An event model; a field is its annotation (required) or (annotation, default)."""
     definitions = {
         name: spec if isinstance(spec, tuple) else (spec, ...) for name, spec in fields.items()
     }
-    keywords: dict[str, Any] = {"type": event_type, "version": version, "topic": topic}
+    keywords: dict[str, Any] = {
+        "type": event_type,
+        "version": version,
+        "topic": topic,
+        "strict_reader": strict_reader,
+    }
     if key_field is not None:
         keywords["key_field"] = key_field
     model: type[Event] = create_model(  # type: ignore[call-overload]

@@ -23,7 +23,6 @@ from outboxkit.schemas.compatibility import (
     compare_snapshots,
 )
 from outboxkit.schemas.snapshot import (
-    STRICT_READER_KEY,
     Snapshot,
     payload_schema,
 )
@@ -31,11 +30,6 @@ from tests.docs_snippets import REPO
 from tests.unit.schema_pairs import SchemaPair, event, schema_pairs
 
 B, F = "backward", "forward"
-
-
-def strict(document: dict[str, Any]) -> dict[str, Any]:
-    """The same schema, read by a reader declared with ``strict_reader=True``."""
-    return {**document, STRICT_READER_KEY: True}
 
 
 class Color(StrEnum):
@@ -371,16 +365,17 @@ def test_a_strict_reader_rejects_the_fields_it_does_not_declare(
     expected: list[Any],
 ) -> None:
     old_strict, new_strict = stricts
-    old_doc, new_doc = payload_schema(event(old)), payload_schema(event(new))
-    old_doc = strict(old_doc) if old_strict else old_doc
-    new_doc = strict(new_doc) if new_strict else new_doc
+    old_doc = payload_schema(event(old, strict_reader=old_strict))
+    new_doc = payload_schema(event(new, strict_reader=new_strict))
     found = [f for f in compare_event_schemas(old_doc, new_doc) if f.breaks]
     assert sorted(_summary(found)) == sorted(expected), change
 
 
 def test_switching_strict_reader_is_a_note() -> None:
     document = payload_schema(event({"a": int}))
-    [finding] = compare_event_schemas(document, strict(document))
+    [finding] = compare_event_schemas(
+        document, payload_schema(event({"a": int}, strict_reader=True))
+    )
     assert finding.rule is Rule.STRICT_READER_CHANGED
     assert not finding.breaks
 
