@@ -29,6 +29,7 @@ from outboxkit.schemas.snapshot import (
     MAX_DIGITS_KEY,
     STRICT_READER_KEY,
     SchemaDocument,
+    decimal_pattern,
 )
 
 Direction = Literal["backward", "forward"]
@@ -222,7 +223,11 @@ class Walk:
                 changes.append(self._constraint_change(high, reader, writer))
         if _kind(reader) in _NUMERIC:
             changes += self._bounds(reader, writer)
-        if "pattern" in reader and writer.get("pattern") != reader["pattern"]:
+        if (
+            "pattern" in reader
+            and writer.get("pattern") != reader["pattern"]
+            and not _decimal_text(reader)
+        ):
             changes.append(self._constraint_change("pattern", reader, writer))
         gaps = []
         if changes:
@@ -414,6 +419,14 @@ def _accepts(reader: dict[str, Any], value: object) -> bool:
         if upper is not None and (value > upper[0] or (upper[1] and value == upper[0])):
             return False
     return True
+
+
+def _decimal_text(node: dict[str, Any]) -> bool:
+    """Whether ``node``'s pattern is the one a ``Decimal``'s text gets from its precision
+    (judged by the ``decimal`` rules, not as a pattern: exports before it had none)."""
+    return node.get("pattern") == decimal_pattern(
+        node.get(MAX_DIGITS_KEY), node.get(DECIMAL_PLACES_KEY)
+    )
 
 
 def _whole_digits(max_digits: int | None, decimal_places: int | None) -> float:

@@ -59,11 +59,49 @@ class _PayloadSchemaGenerator(GenerateJsonSchema):
 
     def decimal_schema(self, schema: core_schema.DecimalSchema) -> JsonSchemaValue:
         json_schema = super().decimal_schema(schema)
-        if schema.get("max_digits") is not None:
-            json_schema[MAX_DIGITS_KEY] = schema["max_digits"]
-        if schema.get("decimal_places") is not None:
-            json_schema[DECIMAL_PLACES_KEY] = schema["decimal_places"]
+        digits, places = schema.get("max_digits"), schema.get("decimal_places")
+        if digits is not None:
+            json_schema[MAX_DIGITS_KEY] = digits
+        if places is not None:
+            json_schema[DECIMAL_PLACES_KEY] = places
+        for branch in json_schema.get("anyOf", ()):
+            if branch.get("type") == "string":  # the form writers send: str(Decimal)
+                branch["pattern"] = decimal_pattern(digits, places)
         return json_schema
+
+
+def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
+    """A regular expression (ECMA-262 and Python alike) for the text a writer sends of a
+    ``Decimal(max_digits, decimal_places)`` (``str(value)``): at most ``decimal_places`` places
+    and ``max_digits`` digits, counted as pydantic counts them (leading zeros and the
+    fraction's trailing zeros do not count). The exponent form (``1E+2``, ``1E-7``, what
+    ``str`` writes of such values) is checked for its form only, and the reader's lax forms
+    (``.5``, ``+1``, ``1_000``, surrounding spaces) are not matched: docs/schemas.md."""
+
+    def whole(at_most: int | None) -> str:
+        if at_most is None:
+            return "(?:0|[1-9][0-9]*)"
+        return "0" if at_most <= 0 else f"(?:0|[1-9][0-9]{{0,{at_most - 1}}})"
+
+    if decimal_places is not None:
+        fraction = r"(?:\.0+)?" if decimal_places == 0 else rf"(?:\.[0-9]{{1,{decimal_places}}}0*)?"
+        whole_digits = None if max_digits is None else max_digits - decimal_places
+        plain = whole(whole_digits) + fraction
+        if whole_digits == 0:  # pydantic counts a zero before the point then: 0.05, never 0
+            plain = rf"0\.[0-9]{{0,{decimal_places - 1}}}[1-9]0*"
+    elif max_digits is not None:  # digits before and after the point share the bound
+        plain = (
+            "(?:"
+            + "|".join(
+                [whole(max_digits) + r"(?:\.0+)?"]
+                + [whole(max_digits - k) + rf"\.[0-9]{{{k}}}0*" for k in range(1, max_digits + 1)]
+            )
+            + ")"
+        )
+    else:
+        plain = whole(None) + r"(?:\.[0-9]+)?"
+    exponent = r"[0-9](?:\.[0-9]+)?E[+-][0-9]+"
+    return f"^-?(?:{plain}|{exponent})$"
 
 
 def payload_schema(event_cls: type[Event]) -> SchemaDocument:
