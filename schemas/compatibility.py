@@ -25,9 +25,9 @@ chain to a newer one), so:
 - every ``(type, version)`` in both is compared field by field, in every mode: a version still
   registered is still written and read;
 - a version the snapshot has and the registry cannot read any more (no model, no upcaster
-  chain) breaks ``BACKWARD`` when it is its type's latest in the snapshot, and only the
-  transitive modes when an older one is dropped (a non-transitive mode assumes, as Confluent's
-  does, that records of versions before the latest are gone);
+  chain) breaks ``BACKWARD``, the latest or an older one: the snapshot keeps every version
+  until ``outboxkit schemas export --prune`` says its records are gone (BACKWARD_TRANSITIVE's
+  semantics for the versions it keeps);
 - a version read through an upcaster, a version added, a default changed and ``strict_reader``
   switched are *notes*: worth a line, breaking no mode (the check cannot see what an upcaster
   returns, nor whether producers write the new version yet);
@@ -87,7 +87,6 @@ _BACKWARD_MODES = frozenset(
 _FORWARD_MODES = frozenset(
     {_Mode.FORWARD, _Mode.FULL, _Mode.FORWARD_TRANSITIVE, _Mode.FULL_TRANSITIVE}
 )
-_TRANSITIVE_BACKWARD_MODES = frozenset({_Mode.BACKWARD_TRANSITIVE, _Mode.FULL_TRANSITIVE})
 _EVERY_MODE = frozenset(_Mode)
 _NO_MODE: frozenset[CompatibilityMode] = frozenset()
 
@@ -431,7 +430,7 @@ def _version_removed(event_type: str, version: int, *, latest: bool) -> Finding:
         f"no model or upcaster reads it ({which})",
         "its records still in a topic, an outbox or a dead-letter topic cannot be decoded "
         "(unsupported_version)",
-        _BACKWARD_MODES if latest else _TRANSITIVE_BACKWARD_MODES,
+        _BACKWARD_MODES,
     )
 
 

@@ -261,10 +261,10 @@ def _slot_of(document: object) -> SlotKey | None:
     return event_type, version
 
 
-def is_snapshot_document(text: str) -> bool:
-    """Whether ``text`` is a schema ``outboxkit schemas export`` wrote (export replaces those
-    of versions no longer registered, and leaves any other file alone)."""
+def snapshot_slot(text: str) -> SlotKey | None:
+    """The ``(type, version)`` of a schema ``outboxkit schemas export`` wrote, or ``None`` for
+    any other text (export leaves such files alone)."""
     try:
-        return _slot_of(json.loads(text)) is not None
+        return _slot_of(json.loads(text))
     except ValueError:
-        return False
+        return None

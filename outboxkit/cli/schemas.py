@@ -17,9 +17,9 @@ import typer
 from outboxkit.cli.common import EXIT_FAILED, fail_config, import_user_module, user_object
 from outboxkit.cli_options import JsonOutput
 from outboxkit.core.exceptions import ConfigurationError
-from outboxkit.schemas import EventRegistry
+from outboxkit.schemas import Event, EventRegistry
 from outboxkit.schemas.compatibility import DEFAULT_MODE, CompatibilityMode, check_compatibility
-from outboxkit.schemas.snapshot import Snapshot, is_snapshot_document
+from outboxkit.schemas.snapshot import Snapshot, snapshot_slot
 
 schemas_app = typer.Typer(
     help="Export the JSON Schemas of your events, and check a change against them in CI.",
@@ -45,15 +45,43 @@ SchemasDir = Annotated[
 
 
 @schemas_app.command("export")
-def export_command(target: Target, *, to: SchemasDir) -> None:
+def export_command(
+    target: Target,
+    *,
+    to: SchemasDir,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune",
+            help="Also delete the schemas of versions the registry neither registers nor "
+            "reads (their records are gone from every topic, outbox and dead-letter topic). "
+            "Refused for a version a registered upcaster or model still reads.",
+        ),
+    ] = False,
+) -> None:
     """Write one JSON Schema per event type and version to DIR (stable text: an unchanged
-    registry changes no file), and delete the schemas of versions no longer registered. Commit
-    the directory: `outboxkit schemas check` compares later changes with it."""
-    snapshot = _snapshot_of(target)
+    registry changes no file). The schemas of versions no longer registered stay (`check`
+    judges a removed upcaster against them) unless --prune. Commit the directory: `outboxkit
+    schemas check` compares later changes with it."""
+    registry = _registry_of(target)
+    snapshot = Snapshot.of_registry(registry)
     try:
         to.mkdir(parents=True, exist_ok=True)
+        kept = _unregistered(snapshot, to)
+        readable = sorted(
+            name for name, slot in kept.items() if slot[1] in registry.readable_versions(slot[0])
+        )
+        if prune and readable:
+            raise fail_config(
+                ConfigurationError(
+                    f"--prune refused: {', '.join(readable)} still read by the registry (an "
+                    "upcaster from that version): remove the upcaster first"
+                )
+            )
         written = _write(snapshot, to)
-        removed = _remove_stale(snapshot, to)
+        removed = sorted(kept) if prune else []
+        for name in removed:
+            (to / name).unlink()
     except OSError as exc:
         raise fail_config(ConfigurationError(f"cannot write to {to}: {exc}")) from None
     summary = f"exported {len(snapshot)} schema(s) to {to}: {len(written)} changed"
@@ -62,6 +90,8 @@ def export_command(target: Target, *, to: SchemasDir) -> None:
         typer.echo(f"  wrote {name}")
     for name in removed:
         typer.echo(f"  removed {name}")
+    for name in [] if prune else sorted(kept):
+        typer.echo(f"  kept {name} (not registered; --prune deletes it once no record needs it)")
 
 
 @schemas_app.command("check")
@@ -101,8 +131,12 @@ def check_command(
 
 
 def _snapshot_of(target: str) -> Snapshot:
+    return Snapshot.of_registry(_registry_of(target))
+
+
+def _registry_of(target: str) -> EventRegistry:
     try:
-        return Snapshot.of_registry(import_registry(target))
+        return import_registry(target)
     except ConfigurationError as exc:
         raise fail_config(exc) from None
 
@@ -125,8 +159,18 @@ def import_registry(target: str) -> EventRegistry:
     if len(found) == 1:
         return next(v for v in vars(module).values() if isinstance(v, EventRegistry))
     if not found:
+        events = sorted(
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, Event) and value is not Event
+        )
+        example = events[0] if events else "OrderPlaced"
         raise ConfigurationError(
-            f"module {module_name!r} has no EventRegistry: give it as {module_name}:attribute"
+            f"module {module_name!r} has no EventRegistry"
+            + (f" (it has the events {', '.join(events[:5])})" if events else "")
+            + ": make one beside your events, `registry = EventRegistry()` and "
+            f"`registry.register({example})` for each (or `@registry.register` on each "
+            f"class), then give it as {module_name}:registry"
         )
     names = ", ".join(names[0] for names in found.values())
     raise ConfigurationError(
@@ -165,12 +209,15 @@ def _write(snapshot: Snapshot, directory: Path) -> list[str]:
     return written
 
 
-def _remove_stale(snapshot: Snapshot, directory: Path) -> list[str]:
-    """Delete the exported schemas of versions no longer registered (other files stay)."""
+def _unregistered(snapshot: Snapshot, directory: Path) -> dict[str, tuple[str, int]]:
+    """The exported schemas in ``directory`` of versions ``snapshot`` does not have: file name
+    → (type, version). Other files are not looked at."""
     current = set(snapshot.files())
-    removed = []
+    found = {}
     for path in sorted(directory.glob("*.json")):
-        if path.name not in current and is_snapshot_document(path.read_text()):
-            path.unlink()
-            removed.append(path.name)
-    return removed
+        if path.name in current:
+            continue
+        slot = snapshot_slot(path.read_text())
+        if slot is not None:
+            found[path.name] = slot
+    return found

@@ -95,15 +95,68 @@ def test_export_writes_one_stable_file_per_type_and_version(
     assert again.splitlines() == [f"exported 2 schema(s) to {schemas}: 0 changed"]
 
 
-def test_export_removes_the_schemas_of_versions_no_longer_registered(
+#: Version 2 only, version 1 read through an upcaster.
+V2_UPCAST = """
+from outboxkit.schemas import Event, EventRegistry
+
+registry = EventRegistry()
+
+
+@registry.register
+class OrderPlacedV2(Event, type="shop.order_placed", version=2, topic="shop.orders",
+                   key_field="order_id"):
+    order_id: str
+    total: int = 0
+
+
+@registry.upcaster(OrderPlacedV2, from_version=1)
+def _v1(payload):
+    payload.pop("color", None)
+    return payload
+"""
+#: The same without the upcaster: version 1 records can no longer be read.
+V2_ONLY = V2_UPCAST[: V2_UPCAST.index("@registry.upcaster")]
+
+
+def test_export_keeps_the_schemas_of_versions_no_longer_registered(
+    write_module: WriteModule, tmp_path: Path
+) -> None:
+    """v1's schema stays after v2 replaces it: a later change that removes the upcaster is
+    then judged against it (it failed against the earlier snapshot only)."""
+    schemas = tmp_path / "schemas"
+    _export(write_module(V1), schemas)
+    (schemas / "README.md").write_text("our event schemas\n")
+    output = _export(write_module(V2_UPCAST), schemas)
+    assert "  kept shop.order_placed.v1.json" in output
+    assert sorted(p.name for p in schemas.iterdir()) == [
+        "README.md",
+        "shop.order_placed.v1.json",
+        "shop.order_placed.v2.json",
+    ]
+    assert _check(write_module(V2_UPCAST), schemas)[0] == 0
+    code, output = _check(write_module(V2_ONLY), schemas)
+    assert code == 1, output
+    assert "shop.order_placed v1" in output
+    assert "version removed" in output or "no model or upcaster reads it" in output
+
+
+def test_prune_deletes_what_the_registry_no_longer_reads_and_nothing_it_reads(
     write_module: WriteModule, tmp_path: Path
 ) -> None:
     schemas = tmp_path / "schemas"
-    _export(write_module(V2_ADDED), schemas)
-    (schemas / "README.md").write_text("our event schemas\n")
-    output = _export(write_module(V1), schemas)
-    assert "  removed shop.order_placed.v2.json" in output.splitlines()
-    assert sorted(p.name for p in schemas.iterdir()) == ["README.md", "shop.order_placed.v1.json"]
+    _export(write_module(V1), schemas)
+    _export(write_module(V2_UPCAST), schemas)
+    refused = runner.invoke(
+        app, ["schemas", "export", write_module(V2_UPCAST), "--to", str(schemas), "--prune"]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "shop.order_placed.v1.json still read by the registry" in refused.output
+    pruned = runner.invoke(
+        app, ["schemas", "export", write_module(V2_ONLY), "--to", str(schemas), "--prune"]
+    )
+    assert pruned.exit_code == 0, pruned.output
+    assert "  removed shop.order_placed.v1.json" in pruned.output.splitlines()
+    assert sorted(p.name for p in schemas.iterdir()) == ["shop.order_placed.v2.json"]
 
 
 def test_check_passes_a_compatible_change(write_module: WriteModule, tmp_path: Path) -> None:
@@ -167,7 +220,7 @@ def test_the_directory_can_come_from_the_environment(
 @pytest.mark.parametrize(
     ("source", "target", "message"),
     [
-        ("x = 1\n", "{module}", "has no EventRegistry: give it as {module}:attribute"),
+        ("x = 1\n", "{module}", "has no EventRegistry: make one beside your events"),
         (
             V1 + "other = EventRegistry()\n",
             "{module}",
@@ -244,3 +297,16 @@ def test_the_helper_fails_with_the_list_of_breaking_changes(
 def test_the_helper_needs_exported_schemas(write_module: WriteModule, tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="no exported schemas"):
         assert_compatible(_registry(write_module, V1), against=tmp_path)
+
+
+def test_a_module_with_events_and_no_registry_is_told_how_to_make_one(
+    write_module: WriteModule, tmp_path: Path
+) -> None:
+    module = write_module(
+        V1.replace("registry = EventRegistry()", "").replace("@registry.register", "")
+    )
+    result = runner.invoke(app, ["schemas", "export", module, "--to", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "has no EventRegistry (it has the events OrderPlaced)" in result.output
+    assert "registry.register(OrderPlaced)" in result.output
+    assert f"{module}:registry" in result.output
