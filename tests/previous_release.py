@@ -1,9 +1,12 @@
 """Release N-1, built into a wheel and installed into a virtualenv of its own, for the
 side-by-side upgrade test (tests/integration/test_upgrade_side_by_side.py, docs/upgrading.md).
 
-N-1 is the last ``v*`` tag (other than one on the commit under test) or, until there is one,
-the parent of the newest commit that added a migration file (the code just before the newest
-schema change). Its tree comes out of git (``git archive``: symlinks kept), its wheel is built
+N-1 is the newest release before the commit under test (:func:`previous_release`): a release is
+a ``v<version>`` tag, or the commit CHANGELOG.md records under the release's heading (``## 0.1.0
+(commit <40 hex digits>)``), which is what a clone without tags knows of it (CI systems often
+clone without them); where both exist they must agree (tests/unit/test_releases.py). Before
+any release, N-1 was the parent of the newest commit that added a migration file. Its tree
+comes out of git (``git archive``: symlinks kept), its wheel is built
 by ``python -m build`` (isolated, as RELEASING.md builds it: setuptools from the index), and it
 is installed with ``--no-deps`` into ``~/.cache/outboxkit/release-<commit>``, whose ``.pth``
 adds this environment's site-packages after its own: N-1's code, this environment's
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,8 +32,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from outboxkit.migrations.compat import release
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "outboxkit"
+CHANGELOG = REPO / "CHANGELOG.md"
+#: A release's heading in CHANGELOG.md, with the commit recorded once it is tagged.
+_HEADING = re.compile(r"^## (\d+(?:\.\d+)+)\b(?:[^\n]*?\bcommit ([0-9a-f]{40}))?[^\n]*$", re.M)
 
 
 @dataclass(frozen=True)
@@ -65,24 +74,62 @@ def _whole_history() -> None:
         ) from None
 
 
+def recorded_releases(text: str | None = None) -> dict[str, str | None]:
+    """Each release CHANGELOG.md (or ``text``) has a heading for → the commit recorded under it
+    (``None`` for the release being made, recorded once tagged)."""
+    found = _HEADING.findall(CHANGELOG.read_text() if text is None else text)
+    return {version: commit or None for version, commit in found}
+
+
+def tagged_releases() -> dict[str, str]:
+    """Each ``v<version>`` tag of this clone → its commit."""
+    tags = _git("tag", "--list", "v*").split()
+    return {tag.removeprefix("v"): _git("rev-list", "-n", "1", tag) for tag in tags}
+
+
+def releases() -> dict[str, tuple[str, str]]:
+    """Each release this clone knows → (its commit, its label): its tag, else the commit
+    CHANGELOG.md records (a clone without tags)."""
+    known = {
+        version: (commit, f"{commit[:9]} (CHANGELOG.md's {version}; no tag v{version} here)")
+        for version, commit in recorded_releases().items()
+        if commit is not None
+    }
+    known |= {version: (commit, f"v{version}") for version, commit in tagged_releases().items()}
+    return known
+
+
 def previous_release() -> tuple[str, str]:
-    """(commit, label) of release N-1."""
+    """(commit, label) of release N-1: the newest release whose commit is an ancestor of the
+    commit under test and not that commit itself (on a release's own commit, the release
+    before it)."""
     _whole_history()
     head = _git("rev-parse", "HEAD")
-    # A tag on the commit under test is release N itself (the tagged commit's own CI run).
-    tags = [
-        tag
-        for tag in _git("tag", "--list", "v*", "--sort=-v:refname").split()
-        if _git("rev-list", "-n", "1", tag) != head
+    earlier = [
+        (version, commit, label)
+        for version, (commit, label) in releases().items()
+        if commit != head and _is_ancestor(commit, head)
     ]
-    if tags:
-        return _git("rev-list", "-n", "1", tags[0]), tags[0]
+    if earlier:
+        _, commit, label = max(earlier, key=lambda found: release(found[0]))
+        return commit, label
     newest = _git(
         "log", "-1", "--diff-filter=A", "--format=%H", "HEAD", "--", "outboxkit/migrations/files"
     )
     assert newest, "no commit added a migration: cannot tell release N-1"
     commit = _git("rev-parse", f"{newest}^")
     return commit, f"{commit[:9]} (before {newest[:9]}, the newest migration)"
+
+
+def _is_ancestor(commit: str, head: str) -> bool:
+    """``commit`` is in ``head``'s history (a commit this clone does not have is not)."""
+    result = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", commit, head],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    return result.returncode == 0
 
 
 def build_release() -> Release:

@@ -56,11 +56,18 @@ class Step:
 
 
 def release(version: str) -> tuple[int, ...]:
-    """``0.2.0`` → ``(0, 2, 0)``: releases compare by their numbers (``0.10.0`` > ``0.9.1``)."""
-    numbers = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if numbers is None:
+    """A version as releases compare: by their numbers (``0.10.0`` > ``0.9.1``, ``0.9`` =
+    ``0.9.0``), and a build before a release (``0.2.0.dev0``, ``0.2.0rc1``: anything after the
+    numbers but a ``+local`` label or ``.postN``) older than that release and newer than every
+    earlier one: ``0.2.0`` → ``(0, 2, 0, 1)``, ``0.2.0.dev0`` → ``(0, 2, 0, 0)``."""
+    found = re.match(r"(\d+(?:\.\d+)*)(.*)", version.strip())
+    if found is None:
         raise ValueError(f"not a release number: {version!r}")
-    return tuple(int(n) for n in numbers[0].split("."))
+    numbers = [int(n) for n in found[1].split(".")]
+    numbers += [0] * (3 - len(numbers))
+    before = found[2].split("+", 1)[0]
+    final = not before or re.fullmatch(r"\.?post\d*", before) is not None
+    return (*numbers, 1 if final else 0)
 
 
 def _strip_sql_comments(sql: str) -> str:

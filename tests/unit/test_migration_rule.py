@@ -14,6 +14,7 @@ import pytest
 from outboxkit._version import __version__
 from outboxkit.migrations import Migration, MigrationError, load_migrations, not_applied
 from outboxkit.migrations.compat import contract_steps, incompatible, release, runs_beside
+from tests.previous_release import releases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +25,8 @@ BEFORE_THE_RULE = {
     ("mongodb", "0002_head_index"),
 }
 
-#: tag_holds(release, migration): None when tag v<release> does not exist, else whether it
-#: already holds the migration's file.
+#: tag_holds(release, migration): None when the release is not made (no tag v<release>, no
+#: commit recorded in CHANGELOG.md), else whether its commit already holds the migration's file.
 TagHolds = Callable[[str, Migration], bool | None]
 
 
@@ -35,12 +36,17 @@ def _path(migration: Migration) -> str:
 
 
 def git_tag_holds(version: str, migration: Migration) -> bool | None:
-    def git(*args: str) -> int:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=False).returncode
-
-    if git("rev-parse", "-q", "--verify", f"refs/tags/v{version}") != 0:
+    made = releases().get(version)  # its tag, or the commit CHANGELOG.md records
+    if made is None:
         return None
-    return git("cat-file", "-e", f"v{version}:{_path(migration)}") == 0
+    commit, _ = made
+    held = subprocess.run(
+        ["git", "cat-file", "-e", f"{commit}:{_path(migration)}"],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    return held.returncode == 0
 
 
 def violations(migration: Migration, tag_holds: TagHolds = git_tag_holds) -> list[str]:
@@ -176,13 +182,22 @@ def test_a_marked_contract_step_passes_once_its_release_is_tagged_without_it() -
 
 
 def test_a_marker_naming_a_release_after_this_one_is_refused() -> None:
-    later = ".".join(map(str, (*release(__version__)[:-1], release(__version__)[-1] + 1)))
+    major, minor, patch = release(__version__)[:3]
+    later = f"{major}.{minor}.{patch + 1}"
     sql = _sql(f"-- contract: runs beside >= {later}\nDROP TABLE outboxkit.relay_waiting;")
     assert "a later release" in violations(sql, _tags(**{later.replace(".", "_"): False}))[0]
 
 
 def test_releases_compare_by_number() -> None:
-    assert release("0.10.0") > release("0.9.1") > release("0.9") == (0, 9)
+    assert release("0.10.0") > release("0.9.1") > release("0.9") == release("0.9.0")
+
+
+def test_a_build_before_a_release_is_older_than_it() -> None:
+    """A relay built from the code between 0.1.0 and 0.1.1 reports 0.1.1.dev0: older than
+    0.1.1 (a contract step that 0.1.1 runs beside may remove what it still uses), newer than
+    0.1.0."""
+    assert release("0.1.0") < release("0.1.1.dev0") < release("0.1.1")
+    assert release("0.1.0.post1") < release("0.1.1rc1") < release("0.1.1") == release("0.1.1+local")
 
 
 def test_workers_run_beside_what_their_release_allows() -> None:
