@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -15,7 +16,7 @@ from typing import Any, Self, TypeVar
 import psycopg
 from psycopg.abc import PQGen
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from outboxkit.core.exceptions import OutboxkitError
 
@@ -120,15 +121,20 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 #: meanwhile fails, is retried, and the pool replaces the connection.
 CHECK_AFTER_IDLE = 1.0
 
+#: While its database does not answer, a :class:`RecoveringPool` tries a new connection this
+#: often (seconds): a refused one costs nothing, and the first that succeeds ends the wait.
+PROBE_EVERY = 0.25
+
+#: A pool replaced by a new one is closed in the background; its workers (a connection attempt
+#: in progress) get this long to stop.
+_REPLACED_POOL_GRACE = 1.0
+
 _last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
     weakref.WeakKeyDictionary()
 )
 
-
-async def _check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
-    used = _last_used.get(conn)
-    if used is None or time.monotonic() - used >= CHECK_AFTER_IDLE:
-        await AsyncConnectionPool.check_connection(conn)
+#: Called with the pool whose check found a connection broken.
+OnBroken = Callable[[Pool], Awaitable[None]]
 
 
 def make_pool(
@@ -141,10 +147,12 @@ def make_pool(
     application_name: str | None = None,
     custom_plans: bool = False,
     read_timeout: float | None = None,
+    on_broken: OnBroken | None = None,
 ) -> Pool:
     """A closed pool of autocommit connections, each checked before use unless it ran a
     statement within :data:`CHECK_AFTER_IDLE` (a server restart leaves broken connections
-    behind). Open it with ``await pool.open(wait=False)``.
+    behind). Open it with ``await pool.open(wait=False)``; :class:`RecoveringPool` makes and
+    replaces them.
 
     ``statement_timeout`` bounds every statement: one that runs away (a bad plan, a lock held
     by someone else) fails and is retried instead of freezing its caller without a word.
@@ -153,13 +161,25 @@ def make_pool(
     every execution of a prepared statement for its parameters and the tables as they are now
     (``plan_cache_mode=force_custom_plan``): for statements whose best plan depends on how full a
     table is, a generic plan cached while it was empty can be ruinous once it is not.
-    ``read_timeout`` bounds every wait for the server (:class:`BoundedConnection`)."""
+    ``read_timeout`` bounds every wait for the server (:class:`BoundedConnection`).
+    ``on_broken`` is awaited when a check fails, before the pool discards the connection."""
 
     async def configure(conn: psycopg.AsyncConnection[TupleRow]) -> None:
         if isinstance(conn, BoundedConnection):
             conn.read_timeout = read_timeout
 
-    return AsyncConnectionPool(
+    async def check(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        used = _last_used.get(conn)
+        if used is not None and time.monotonic() - used < CHECK_AFTER_IDLE:
+            return
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            if on_broken is not None:
+                await on_broken(pool)
+            raise
+
+    pool: Pool = AsyncConnectionPool(
         url,
         min_size=1,
         max_size=size,
@@ -173,10 +193,135 @@ def make_pool(
         },
         connection_class=BoundedConnection,
         configure=configure if read_timeout is not None else None,
-        check=_check_if_idle,
+        check=check,
         timeout=connect_timeout,
         name=name,
     )
+    return pool
+
+
+class RecoveringPool:
+    """A pool (:func:`make_pool`) that is back at full speed as soon as its database answers
+    again after a restart or a failover.
+
+    psycopg_pool on its own is slow to come back. It lends its oldest idle connection first
+    and checks it, and between two failed checks it waits 0, 1, 2, 4 s…: after a restart every
+    idle connection is dead, and the new good ones queue behind them. And it re-adds a lost
+    connection with a backoff of its own (1, 2, 4, 8 s… between attempts), so after an outage
+    of *t* seconds its next attempt may come up to *t* seconds after the database answers.
+    Measured on an inbox worker of 24 partitions: 3 to 17 s idle after the database answered.
+
+    So a connection that fails for the server's sake (a failed check, a connection error, no
+    connection within ``connect_timeout``) makes its idle siblings suspect: they are dropped at
+    once (``drain``), and a probe tries a new connection every :data:`PROBE_EVERY` until one
+    succeeds. Then the pool is replaced by a new one, whose first connection is made at once;
+    whoever waited on the old pool gets a connection of the new one. :meth:`unanswered_for` says
+    how long the database has not answered (for health probes). A statement cancelled by
+    ``statement_timeout`` is not the server's fault and changes nothing."""
+
+    def __init__(self, url: str, *, connect_timeout: float, name: str, **options: Any) -> None:
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._name = name
+        self._options = options
+        self._pool = self._new_pool()
+        self._unanswered_since: float | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._replaced: set[asyncio.Task[None]] = set()
+        #: How many times the pool was replaced after its database answered again.
+        self.renewals = 0
+
+    def _new_pool(self) -> Pool:
+        return make_pool(
+            self._url,
+            connect_timeout=self._connect_timeout,
+            name=self._name,
+            on_broken=self._broken,
+            **self._options,
+        )
+
+    async def open(self) -> None:
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        await asyncio.gather(*self._replaced, return_exceptions=True)
+        await self._pool.close()
+
+    def unanswered_for(self) -> float | None:
+        """Seconds since a connection failed for the server's sake, while no new one has
+        succeeded since; None while the database answers."""
+        since = self._unanswered_since
+        return None if since is None else time.monotonic() - since
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection (committed or rolled back on exit, as psycopg_pool's own).
+        Raises what psycopg and psycopg_pool raise."""
+        conn, pool = await self._getconn()
+        try:
+            async with conn:
+                yield conn
+            _last_used[conn] = time.monotonic()
+        except psycopg.OperationalError as exc:
+            if not isinstance(exc, psycopg.errors.QueryCanceled):
+                self._unanswered()
+            raise
+        finally:
+            await pool.putconn(conn)
+
+    async def _getconn(self) -> tuple[psycopg.AsyncConnection[TupleRow], Pool]:
+        pool = self._pool
+        try:
+            return await pool.getconn(), pool
+        except (PoolTimeout, PoolClosed):
+            if pool is self._pool:  # not replaced while this waited
+                if not pool.closed:
+                    self._unanswered()
+                raise
+        pool = self._pool  # the database answered meanwhile: its new pool
+        return await pool.getconn(), pool
+
+    async def _broken(self, pool: Pool) -> None:
+        """A check found one of ``pool``'s connections broken: drop its idle siblings now."""
+        if pool is self._pool:
+            await pool.drain()
+            self._unanswered()
+
+    def _unanswered(self) -> None:
+        if self._unanswered_since is None:
+            self._unanswered_since = time.monotonic()
+        if self._probe is None and not self._pool.closed:
+            self._probe = asyncio.create_task(self._until_answered(), name=f"{self._name} probe")
+
+    async def _until_answered(self) -> None:
+        """Try a new connection every :data:`PROBE_EVERY` until one succeeds; then replace the
+        pool."""
+        try:
+            while True:
+                try:
+                    conn = await connect_session(
+                        self._url,
+                        application_name=f"{self._name.replace('.', '-')}-probe",
+                        connect_timeout=self._connect_timeout,
+                    )
+                except psycopg.OperationalError:
+                    await asyncio.sleep(PROBE_EVERY)
+                    continue
+                await conn.close()
+                break
+            old, self._pool = self._pool, self._new_pool()
+            await self._pool.open()
+            self.renewals += 1
+            self._unanswered_since = None
+            closing = asyncio.create_task(old.close(timeout=_REPLACED_POOL_GRACE))
+            self._replaced.add(closing)
+            closing.add_done_callback(self._replaced.discard)
+        finally:
+            self._probe = None
 
 
 async def connect_session(
@@ -201,20 +346,19 @@ async def connect_session(
 
 @asynccontextmanager
 async def connection(
-    pool: Pool, unavailable: type[OutboxkitError]
+    pool: RecoveringPool, unavailable: type[OutboxkitError]
 ) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
     """A pooled connection; an unreachable server surfaces as ``unavailable`` (retriable)."""
     try:
         async with pool.connection() as conn:
             yield conn
-            _last_used[conn] = time.monotonic()
     except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
         raise unavailable(f"PostgreSQL is unavailable: {exc}") from exc
 
 
 class PooledStore:
-    """Base of outboxkit's PostgreSQL stores: a pool opened and closed with ``async with``,
-    and connections whose failures surface as the store's own retriable error."""
+    """Base of outboxkit's PostgreSQL stores: a :class:`RecoveringPool` opened and closed with
+    ``async with``, and connections whose failures surface as the store's own retriable error."""
 
     unavailable: type[OutboxkitError]
 
@@ -229,7 +373,7 @@ class PooledStore:
         custom_plans: bool = False,
         read_timeout: float | None = None,
     ) -> None:
-        self._pool = make_pool(
+        self._pool = RecoveringPool(
             url,
             size=pool_size,
             connect_timeout=connect_timeout,
@@ -240,7 +384,7 @@ class PooledStore:
         )
 
     async def __aenter__(self) -> Self:
-        await self._pool.open(wait=False)
+        await self._pool.open()
         return self
 
     async def __aexit__(
@@ -253,6 +397,11 @@ class PooledStore:
             await self._close_own_connections()
         finally:
             await self._pool.close()
+
+    def unanswered_for(self) -> float | None:
+        """Seconds the database has not answered this store's pool (a connection failed for
+        the server's sake, and no new one could be made since); None while it answers."""
+        return self._pool.unanswered_for()
 
     async def _close_own_connections(self) -> None:
         """Close what a store holds beside the pool (a dedicated session), before the pool."""

@@ -81,7 +81,7 @@ class DeliveryPath(Generic[TX]):
             settings,
             store,
             metrics=metrics,
-            pause=partial(wait_or_stop, stopping, settings.retry_backoff_max, leaving),
+            pause=partial(wait_or_stop, stopping, leaving=leaving),
             dead_letter=self._dead_letter,
             health=health,
         )

@@ -97,6 +97,9 @@ class InMemoryInboxStore:
     async def ping(self) -> None:
         self._check_available()
 
+    def unanswered_for(self) -> float | None:
+        return None  # memory always answers
+
     def _check_available(self) -> None:
         if self.unavailable:
             raise InboxStorageUnavailableError("the in-memory store is set unavailable")

@@ -112,3 +112,9 @@ class InboxStore(Protocol[TX]):
         """Return once the database answers; raise the store's unavailable error if it does
         not (a worker that left its group while its transactions failed asks before it
         rejoins)."""
+
+    def unanswered_for(self) -> float | None:
+        """Seconds since the store found its database not answering (a connection lost for
+        the server's sake, and none made since), or None while it answers or the store cannot
+        tell: the worker's health reports the outage from then on, before any transaction has
+        failed for it, and until a new connection succeeds."""

@@ -64,10 +64,24 @@ class TransactionHealth:
         self.unavailable_since = None
 
 
+#: The first pause before retrying a transaction the database did not answer; each further
+#: failure in a row doubles it, up to ``retry_backoff_max``.
+FIRST_OUTAGE_PAUSE = 0.05
+
+
+def outage_pause(failures: int, longest: float) -> float:
+    """Seconds to wait before the next try after ``failures`` transactions in a row the
+    database did not answer. Short at first: a try during an outage mostly waits for a
+    connection (the pool hands one out as soon as the database answers again), so a long
+    fixed pause would only hold back the first try after it does."""
+    return min(longest, FIRST_OUTAGE_PAUSE * 2.0 ** max(failures - 1, 0))
+
+
 class TransactionRunner(Generic[TX]):
-    """Runs the deliveries of inbox ``name`` in ``store``'s transactions. ``pause`` waits before
-    a retry after an outage (and raises when the worker stops); ``dead_letter`` takes a delivery
-    whose handler failed ``settings.handler_attempts`` times."""
+    """Runs the deliveries of inbox ``name`` in ``store``'s transactions. ``pause`` waits the
+    seconds it is given before a retry after an outage (:func:`outage_pause`; it raises when
+    the worker stops); ``dead_letter`` takes a delivery whose handler failed
+    ``settings.handler_attempts`` times."""
 
     def __init__(
         self,
@@ -76,7 +90,7 @@ class TransactionRunner(Generic[TX]):
         store: InboxStore[TX],
         *,
         metrics: InboxMetrics,
-        pause: Callable[[], Awaitable[None]],
+        pause: Callable[[float], Awaitable[None]],
         dead_letter: DeadLettering,
         health: TransactionHealth | None = None,
     ) -> None:
@@ -98,6 +112,7 @@ class TransactionRunner(Generic[TX]):
         database aborted for outliving its time limit is split in halves, down to one record,
         whose handler then counts as failing (G8). Empties ``batch``."""
         size = len(batch)
+        outages = 0
         while batch:
             began = time.monotonic()
             started = time.perf_counter()
@@ -122,9 +137,12 @@ class TransactionRunner(Generic[TX]):
             except InboxStorageUnavailableError as exc:
                 # Not the records' fault: keep the position and try the same batch again.
                 self._storage_unavailable(exc, progress, began)
-                self._log.warning("database unavailable, pausing", error=str(exc))
-                await self._pause()
+                outages += 1
+                pause = outage_pause(outages, self._backoff_max)
+                self._log.warning("database unavailable, pausing", error=str(exc), pause=pause)
+                await self._pause(pause)
                 continue
+            outages = 0
             self._took_effect()
             done, handled = len(outcome.ran), sum(outcome.ran)
             if done:
@@ -146,6 +164,7 @@ class TransactionRunner(Generic[TX]):
         """One delivery on its own: retries a raising handler with backoff, then dead-letters."""
         event = delivery.event
         log = self._log.bind(event_id=str(event.id), event_type=event.event_type)
+        outages = 0
         while True:
             began = time.monotonic()
             try:
@@ -155,8 +174,10 @@ class TransactionRunner(Generic[TX]):
             except InboxStorageUnavailableError as exc:
                 # Not the record's fault: keep the position and try the same record again.
                 self._storage_unavailable(exc, progress, began)
-                log.warning("database unavailable, pausing", error=str(exc))
-                await self._pause()
+                outages += 1
+                pause = outage_pause(outages, self._backoff_max)
+                log.warning("database unavailable, pausing", error=str(exc), pause=pause)
+                await self._pause(pause)
             except Exception as exc:  # the handler kept raising
                 self.health.last_error = f"handler failed: {exc!r}"
                 progress.error(self.health.last_error)

@@ -125,7 +125,7 @@ class InboxWorker(Generic[TX]):
                 None if state.last_progress is None else now - state.last_progress
             ),
             last_error=state.last_error,
-            database_available=state.database_available,
+            database_available=state.database_available and self.store.unanswered_for() is None,
             partitions=troubled(partitions, pending, self.settings.stall_after, now),
             stepped_aside_for=(
                 None if self._aside_since is None else time.monotonic() - self._aside_since

@@ -24,6 +24,7 @@ from outboxkit.core.supervisor import Supervisor, unless_stopped
 from outboxkit.core.waiting import sleep_unless_cancelled
 from outboxkit.relay.batches import InFlightLimit
 from outboxkit.relay.blocks import Block
+from outboxkit.relay.degraded import MissedWakeups
 from outboxkit.relay.departed import DepartedCheck
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.fencing import Fencer, KafkaFencer
@@ -139,6 +140,7 @@ class Relay:
             settings, self.metrics, self._new_worker, self._progress.failed, crash_backoff
         )
         self._backlog = BacklogMonitor(storage, settings, self.metrics)
+        self._missed_wakeups = MissedWakeups(self.metrics)
         self._stopping = asyncio.Event()
         self._running = False
         self._ownership: Ownership | None = None
@@ -162,6 +164,7 @@ class Relay:
             confirm=ownership.confirm,
             on_progress=self._progress.progressed,
             on_error=self._progress.failed,
+            missed_wakeups=self._missed_wakeups,
         )
         tasks = Supervisor("relay")
         if DepartedCheck.wanted(self.settings):
@@ -261,6 +264,7 @@ class Relay:
             stepped_aside_for=(
                 None if self._step_aside is None else _rounded(self._step_aside.aside_for())
             ),
+            wakeups_missed_for=_rounded(self._missed_wakeups.missed_for()),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

@@ -6,6 +6,13 @@ change-stream event) or *busy* (it reads every partition each cycle and writers 
 a busy relay costs writers nothing. An idle block turns busy after :data:`BUSY_AFTER` cycles in
 a row that found records; a busy one turns idle after :data:`IDLE_AFTER` empty cycles in a row.
 Wake-ups are hints: an idle block still reads everything every ``sweep_interval``.
+
+What the block believes about its declaration is checked against the storage: at each sweep and
+after every reconnect of the listener it declares itself again, and a declaration the storage no
+longer had (PostgreSQL's unlogged ``outboxkit.relay_waiting`` is empty after a crash restart or
+on a promoted standby) is reported, as are sweeps that keep finding records no wake-up
+announced (:mod:`outboxkit.relay.degraded`). Without this, a relay that writers stopped waking
+stays a sweep-interval poller, silently.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from outboxkit.core.waiting import wait_set
+from outboxkit.relay.degraded import MissedWakeups
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import TopicPartition
@@ -44,12 +52,22 @@ class IdleGate:
     metrics: RelayMetrics
     settings: RelaySettings  #: sweep_interval
     stop: asyncio.Event
+    #: The relay's record of wake-ups it missed (shared by its blocks' gates).
+    missed: MissedWakeups
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _dirty: set[TopicPartition] = field(default_factory=set, init=False)
     _waiting: bool = field(default=False, init=False)
     _streak: int = field(default=0, init=False)
     _empty: int = field(default=0, init=False)
     _woken_at: float | None = field(default=None, init=False)
+    #: Declare again at the next rest: the listener reconnected (the database may have
+    #: restarted or failed over, and lost the declaration with it).
+    _redeclare: bool = field(default=False, init=False)
+    #: The last wait ended with the sweep; the cycle now running is its read.
+    _swept: bool = field(default=False, init=False)
+    _sweep_cycle: bool = field(default=False, init=False)
+    #: Sweeps in a row that found records no wake-up announced.
+    _unannounced: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._dirty = set(self.tps)  # look at everything first
@@ -67,8 +85,19 @@ class IdleGate:
     def wake(self, tp: TopicPartition | None) -> None:
         """A writer committed rows of ``tp`` (``None``: maybe any partition)."""
         self.look_again(None if tp is None else (tp,))
+        if tp is not None:
+            self._unannounced = 0
+            self.missed.announced()
         if self._woken_at is None:
             self._woken_at = time.perf_counter()
+        self._wake.set()
+
+    def reconnected(self) -> None:
+        """The listener (or change stream) reconnected: wake-ups sent meanwhile are lost, and
+        the database may have lost the declaration too. Read everything, and declare again
+        before waiting."""
+        self._redeclare = True
+        self.look_again()
         self._wake.set()
 
     def interrupt(self) -> None:
@@ -85,6 +114,7 @@ class IdleGate:
         look = self._dirty if self._waiting else set(self.tps)
         self._dirty = set()
         self._wake.clear()
+        self._sweep_cycle, self._swept = self._swept, False
         woken_at, self._woken_at = self._woken_at, None
         return look, woken_at
 
@@ -94,19 +124,39 @@ class IdleGate:
         if not self._waiting:
             # Declare idle, then look once more when the writers that may have missed the
             # declaration are done: they sent no notification.
-            self._waiting = await self._set_waiting(True)
+            self._waiting = await self._set_waiting(True) is not None
             self._streak = 0
             await self._await_writers()
             self.look_again()
             return
+        if self._redeclare:
+            self._redeclare = False
+            await self._declare_again()
+            return
         reason = await self._wait(self.settings.sweep_interval)
         if reason == "sweep":
-            self.look_again()
+            self._swept = True
+            await self._declare_again()
         self.metrics.wakeups.labels(reason).inc()
+
+    async def _declare_again(self) -> None:
+        """Declare the block waiting again (it believes it is) and read everything: if the
+        storage no longer had the declaration, writers have not been waking it, so report
+        that and wait for those who may have missed the new one first."""
+        self.look_again()
+        missing = await self._set_waiting(True)
+        if missing is None:
+            self._redeclare = True  # the database did not answer: at the next rest
+        elif missing:
+            self.missed.declaration_lost(self.tps)
+            await self._await_writers()
 
     async def after_cycle(self, found: bool) -> None:
         """Switch between idle (declared, woken by writers) and busy (reading every cycle)."""
         if self._waiting:
+            if found and self._sweep_cycle:
+                self._unannounced += 1
+                self.missed.unannounced(self.tps, self._unannounced)
             self._streak = self._streak + 1 if found else 0
             if self._streak >= BUSY_AFTER:
                 try:
@@ -128,12 +178,13 @@ class IdleGate:
                 await self.wakeups.set_waiting(self.tps, False)
             self._waiting = False
 
-    async def _set_waiting(self, waiting: bool) -> bool:
+    async def _set_waiting(self, waiting: bool) -> int | None:
+        """How many of the block's partitions the storage changed; None if it did not answer
+        (no wake-ups then: the sweep still runs)."""
         try:
-            await self.wakeups.set_waiting(self.tps, waiting)
+            return await self.wakeups.set_waiting(self.tps, waiting) or 0
         except StorageUnavailableError:
-            return False  # no wake-ups then: the sweep still runs
-        return waiting
+            return None
 
     async def _await_writers(self) -> None:
         """Until every writer transaction that was open when the block was declared idle has

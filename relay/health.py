@@ -67,6 +67,10 @@ class RelayHealth:
     #: Seconds this relay has been out of its group because it could not read its database
     #: for ``step_aside_after``: the other relays publish its partitions until it rejoins.
     stepped_aside_for: float | None = None
+    #: Seconds writers have not been waking this relay (its idle declarations were lost, or
+    #: its sweeps keep finding records no wake-up announced): it publishes everything, but on
+    #: its sweep, up to ``sweep_interval`` late, instead of on commit. Degraded, not unhealthy.
+    wakeups_missed_for: float | None = None
 
     @property
     def healthy(self) -> bool:

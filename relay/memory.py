@@ -173,11 +173,13 @@ class InMemoryOutboxStorage:
         if give_up:
             row.state = "failed"
 
-    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> int:
+        before = len(self._waiting)
         if waiting:
             self._waiting.update(tps)
         else:
             self._waiting.difference_update(tps)
+        return abs(len(self._waiting) - before)
 
     async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         return True  # writes are atomic here: nothing is ever half-committed

@@ -93,6 +93,26 @@ class RelayMetrics:
             ["reason"],
             registry=reg,
         )
+        self.unannounced = Counter(
+            "outboxkit_relay_unannounced_sweeps",
+            "Sweeps of an idle block that found records no wake-up had announced (expected to "
+            "stay near 0: writers wake an idle relay on commit)",
+            ["topic"],
+            registry=reg,
+        )
+        self.declarations_lost = Counter(
+            "outboxkit_relay_declarations_lost",
+            "Partitions whose idle declaration the database no longer had (a crash restart or "
+            "a failover loses them), declared again",
+            registry=reg,
+        )
+        self.wakeups_missed = Gauge(
+            "outboxkit_relay_wakeups_missed",
+            "1 while writers do not wake this relay (its idle declarations were lost, or its "
+            "sweeps keep finding records no wake-up announced): it publishes on its sweep, "
+            "every OUTBOXKIT_SWEEP_INTERVAL, instead of on commit",
+            registry=reg,
+        )
         self.latency = Histogram(
             "outboxkit_relay_commit_to_ack_seconds",
             "From the outbox row's insert to Kafka's acknowledgement (the transaction's commit)",

@@ -64,12 +64,13 @@ async def dispatch_wakeups(
     wakeups: WakeupSource, blocks: RunningBlocks, metrics: RelayMetrics
 ) -> None:
     """Wake the worker of each partition a writer committed to; every worker after a
-    reconnect (``None``: notifications may have been missed)."""
+    reconnect (``None``: notifications may have been missed, and the database may have lost
+    the workers' idle declarations: each declares again)."""
     async for tp in wakeups.wakeups():
         if tp is None:
             metrics.wakeups.labels("reconnect").inc()
             for worker in blocks.workers:
-                worker.wake(None)
+                worker.reconnected()
         elif (owner := blocks.worker_of(tp)) is not None:
             owner.wake(tp)
 

@@ -135,8 +135,12 @@ class WakeupSource(Protocol):
     relays cost writers nothing; a change stream costs writers nothing anyway, so there
     :meth:`set_waiting` does nothing and :meth:`earlier_writers_ended` is always true."""
 
-    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
-        """Declare that a relay waits for new rows of ``tps`` (writers then wake it) or not."""
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> int:
+        """Declare that a relay waits for new rows of ``tps`` (writers then wake it) or not;
+        return how many of ``tps`` this changed. The relay declares again what it believes
+        declared (at each sweep, after a reconnect): a partition whose declaration the storage
+        no longer had counts, and tells the relay that writers have not been waking it. A
+        storage with nothing to declare returns 0."""
 
     async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         """Whether every writer transaction that was open when ``tps``' relay last declared

@@ -36,6 +36,7 @@ import structlog
 from outboxkit.relay.batches import InFlightLimit, by_depth
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.clock import StageClock
+from outboxkit.relay.degraded import MissedWakeups
 from outboxkit.relay.exceptions import OwnershipLostError
 from outboxkit.relay.fencing import Fencer
 from outboxkit.relay.gate import IdleGate
@@ -66,6 +67,8 @@ class WorkerContext:
     confirm: Confirm
     on_progress: Callable[[], None]
     on_error: Callable[[BaseException], None]
+    #: Wake-ups the relay's blocks missed (:mod:`outboxkit.relay.degraded`).
+    missed_wakeups: MissedWakeups
 
 
 @dataclass
@@ -91,7 +94,9 @@ class BlockWorker:
     def __post_init__(self) -> None:
         ctx, settings = self.ctx, self.ctx.settings
         clock = self.clock = StageClock(ctx.metrics, self.tps, settings, self.stop)
-        self.gate = IdleGate(self.tps, ctx.wakeups, ctx.metrics, settings, self.stop)
+        self.gate = IdleGate(
+            self.tps, ctx.wakeups, ctx.metrics, settings, self.stop, ctx.missed_wakeups
+        )
         self.lease = ProducerLease(
             self.block, self.tps, settings, ctx.confirm, ctx.fencer, ctx.publisher_factory, clock
         )
@@ -122,6 +127,10 @@ class BlockWorker:
     def wake(self, tp: TopicPartition | None) -> None:
         """A writer committed rows of ``tp`` (``None``: maybe any partition)."""
         self.gate.wake(tp)
+
+    def reconnected(self) -> None:
+        """The wake-ups reconnected: read everything, declare the block waiting again."""
+        self.gate.reconnected()
 
     def request_stop(self) -> None:
         self.stop.set()

@@ -226,6 +226,10 @@ class MongoInboxStore(MongoConnection):
     async def ping(self) -> None:
         await guarded(self.database.command("ping"), InboxStorageUnavailableError)
 
+    def unanswered_for(self) -> float | None:
+        """None: pymongo finds a primary by itself; an outage shows in failed transactions."""
+        return None
+
     async def count(self, consumer: str) -> int:
         # Embedded documents compare field by field, so this range is one consumer's slice of
         # the _id index.

@@ -25,7 +25,7 @@ from outboxkit.backends.checks import (
     migrations_result,
 )
 from outboxkit.core.login import refused_login
-from outboxkit.core.postgres import make_pool
+from outboxkit.core.postgres import RecoveringPool
 from outboxkit.core.redact import redact
 from outboxkit.core.settings import ConnectionSettings, DatabaseKind
 from outboxkit.inbox import InboxSettings, InboxStore
@@ -230,10 +230,10 @@ class PostgresBackend:
     async def transactions(
         self, *, source: str, pool_size: int, connect_timeout: float
     ) -> AsyncIterator[Transactions]:
-        pool = make_pool(
+        pool = RecoveringPool(
             self.url, size=pool_size, connect_timeout=connect_timeout, name="outboxkit-service"
         )
-        await pool.open(wait=False)
+        await pool.open()
         try:
             yield _PostgresTransactions(pool, PostgresOutbox(source=source))
         finally:

@@ -65,8 +65,9 @@ class MongoWakeups:
     def __init__(self, outbox: Collection) -> None:
         self._outbox = outbox
 
-    async def set_waiting(self, tps: Iterable[TopicPartition], waiting: bool) -> None:
+    async def set_waiting(self, tps: Iterable[TopicPartition], waiting: bool) -> int:
         """Nothing to declare: the change stream reports every insert anyway."""
+        return 0
 
     async def earlier_writers_ended(self, tps: Iterable[TopicPartition]) -> bool:
         """Always: an insert committed after the stream opened is on the stream."""

@@ -119,6 +119,9 @@ SET attempts = attempts + 1,
 WHERE id = %(id)s AND state = 'pending'
 
 -- set_waiting --
+-- Also run again, at each sweep and after the listener reconnects, by a relay that believes
+-- itself declared: the rows it inserts (its row count) are declarations the table had lost. The
+-- table is unlogged: a crash restart empties it, and a promoted standby never had its rows.
 INSERT INTO outboxkit.relay_waiting (topic, partition)
 SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::integer[])
 ON CONFLICT DO NOTHING

@@ -188,15 +188,18 @@ class PostgresOutboxStorage(NamedStatements):
             "record_failure", {"id": record.id, "error": error[:4000], "give_up": give_up}
         )
 
-    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> int:
         if not tps:
-            return
+            return 0
         params = {"topics": [tp.topic for tp in tps], "partitions": [tp.partition for tp in tps]}
-        await self._execute("set_waiting" if waiting else "clear_waiting", params)
-        if waiting:  # a separate statement: its snapshot is taken after the declaration commit
+        changed = await self._execute("set_waiting" if waiting else "clear_waiting", params)
+        if waiting and changed:
+            # A separate statement: its snapshot is taken after the declaration committed.
+            # Declared already (a check at the sweep): no writer can have missed it.
             [(horizon,)] = await self._fetch("writers_horizon", {})
             for tp in tps:
                 self._horizons[tp] = str(horizon)
+        return changed
 
     async def earlier_writers_ended(self, tps: Collection[TopicPartition]) -> bool:
         horizons = {self._horizons[tp] for tp in tps if tp in self._horizons}

@@ -155,6 +155,9 @@ class CrashAfterCommit:
     async def ping(self) -> None:
         await self._store.ping()
 
+    def unanswered_for(self) -> float | None:
+        return self._store.unanswered_for()
+
 
 async def _run_crashing(probability: float) -> None:
     settings = load_settings(InboxSettings)

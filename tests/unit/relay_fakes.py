@@ -404,15 +404,18 @@ class SpyStorage(InMemoryOutboxStorage):
             self.fetches.append(Fetch(tp, count, tp in self.declared))
         return found
 
-    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> None:
+    async def set_waiting(self, tps: Collection[TopicPartition], waiting: bool) -> int:
+        changed = 0
         for tp in sorted(tps, key=lambda t: t.partition):
             self.waiting_calls.append((tp, waiting))
+            changed += (tp in self.declared) != waiting
             if waiting:
                 self.declared.add(tp)
             else:
                 self.declared.discard(tp)
         if self.notify:
             await super().set_waiting(tps, waiting)
+        return changed
 
     async def purge_published(self, older_than: timedelta, limit: int) -> int:
         deleted = await super().purge_published(older_than, limit)

@@ -13,9 +13,9 @@ from aiokafka.structs import ConsumerRecord
 
 from outboxkit.core.memory import MemoryTransaction
 from outboxkit.inbox import BatchOutcome, Delivery, InMemoryInboxStore
-from outboxkit.inbox.exceptions import InboxTransactionTooLongError
+from outboxkit.inbox.exceptions import InboxStorageUnavailableError, InboxTransactionTooLongError
 from outboxkit.inbox.progress import PartitionProgress
-from outboxkit.inbox.transactions import TransactionRunner
+from outboxkit.inbox.transactions import FIRST_OUTAGE_PAUSE, TransactionRunner, outage_pause
 from tests.unit.inbox_fakes import TP, Charged, charging_inbox, metrics, record, settings
 
 
@@ -70,7 +70,7 @@ class _DeadLetters:
         self.letters.append((record.offset, reason, type(error).__name__))
 
 
-async def _no_pause() -> None:
+async def _no_pause(seconds: float) -> None:
     return None
 
 
@@ -125,3 +125,49 @@ async def test_a_raising_handler_rolls_back_only_its_own_delivery() -> None:
     assert store.effects == [("charge", "a"), ("charge", "b")]
     assert [letter[0] for letter in dead_letters.letters] == [1, 1]
     assert again.offset == 3
+
+
+class _Outage(InMemoryInboxStore):
+    """The in-memory store, unavailable for its first ``failing`` transactions."""
+
+    def __init__(self, failing: int) -> None:
+        super().__init__()
+        self.failing = failing
+
+    async def process_batch(
+        self, consumer: str, deliveries: Sequence[Delivery[MemoryTransaction]]
+    ) -> BatchOutcome:
+        if self.failing:
+            self.failing -= 1
+            raise InboxStorageUnavailableError("the database does not answer (fake)")
+        return await super().process_batch(consumer, deliveries)
+
+
+async def test_the_first_retry_after_an_outage_comes_at_once_and_the_pauses_grow_from_there() -> (
+    None
+):
+    """The pause before retrying a transaction the database did not answer starts short and
+    doubles, up to ``retry_backoff_max``: a try during an outage waits for a connection anyway,
+    and the first try after the database answers must not sit out a fixed pause (before, every
+    pause was ``retry_backoff_max``: 5 s by default, after the database was back)."""
+    store, dead_letters = _Outage(failing=9), _DeadLetters()
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    runner = TransactionRunner(
+        "payments",
+        settings(retry_backoff_max=1.0),
+        store,
+        metrics=metrics(),
+        pause=pause,
+        dead_letter=dead_letters,
+    )
+    await runner.run(TP, _deliveries([Charged(order="a")]), PartitionProgress())
+
+    assert pauses == [FIRST_OUTAGE_PAUSE * 2**n for n in range(5)] + [1.0] * 4
+    assert pauses[0] <= 0.05
+    assert store.effects == [("charge", "a")]
+    assert runner.health.database_available
+    assert outage_pause(1, 5.0) == FIRST_OUTAGE_PAUSE

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from outboxkit.relay.degraded import UNANNOUNCED_EPISODE, MissedWakeups
 from outboxkit.relay.exceptions import StorageUnavailableError
 from outboxkit.relay.gate import BUSY_AFTER, IDLE_AFTER, IdleGate
 from outboxkit.relay.records import TopicPartition
@@ -27,7 +28,8 @@ class Rig:
         self.metrics = Metrics()
         self.stop = asyncio.Event()
         relay = settings(sweep_interval=sweep_interval)
-        self.gate = IdleGate(TPS, self.storage, self.metrics.relay, relay, self.stop)
+        self.missed = MissedWakeups(self.metrics.relay)
+        self.gate = IdleGate(TPS, self.storage, self.metrics.relay, relay, self.stop, self.missed)
 
     def take(self) -> set[TopicPartition]:
         look, _ = self.gate.take()
@@ -153,3 +155,92 @@ async def test_leaving_stops_writers_waking_the_block() -> None:
     await rig.gate.leave()
     assert not rig.gate.waiting
     assert rig.storage.declared == set()
+
+
+async def test_a_declaration_the_database_lost_is_made_again_at_the_sweep_and_reported() -> None:
+    """PostgreSQL's unlogged ``relay_waiting`` is empty after a crash restart and on a promoted
+    standby: the block still believes it waits, and writers wake nobody. Before, it never
+    declared itself again (only after BUSY_AFTER busy cycles in a row, rare when quiet) and
+    published on its sweep for good, saying nothing. Now each sweep declares it again; one the
+    storage no longer had is reported once (a metric, the relay's episode) until a wake-up
+    arrives."""
+    rig = Rig(sweep_interval=0.05)
+    await rig.idle()
+    rig.take()
+    rig.storage.declared.clear()  # the database restarted
+    await asyncio.wait_for(rig.gate.rest(), 5)  # the sweep
+    assert rig.storage.declared == set(TPS)  # writers wake it again
+    assert rig.take() == set(TPS)
+    assert rig.metrics.value("outboxkit_relay_declarations_lost_total") == len(TPS)
+    assert rig.metrics.value("outboxkit_relay_wakeups_missed") == 1
+    assert rig.missed.missed_for() is not None
+    await asyncio.wait_for(rig.gate.rest(), 5)  # the next sweep: declared, nothing to report
+    assert rig.metrics.value("outboxkit_relay_declarations_lost_total") == len(TPS)
+    rig.gate.wake(tp(2))  # a writer's wake-up: the episode is over
+    assert rig.missed.missed_for() is None
+    assert rig.metrics.value("outboxkit_relay_wakeups_missed") == 0
+
+
+async def test_a_reconnect_declares_the_block_again_before_it_waits() -> None:
+    """After the listener reconnects (the database may have restarted or failed over), the
+    block reads everything and declares itself again before its next wait, not a sweep
+    later."""
+    rig = Rig(sweep_interval=60.0)
+    await rig.idle()
+    rig.take()
+    rig.storage.declared.clear()  # failed over: the new primary never had the declaration
+    rig.gate.reconnected()
+    assert rig.take() == set(TPS)
+    await asyncio.wait_for(rig.gate.rest(), 5)  # no sweep to wait for: at once
+    assert rig.storage.declared == set(TPS)
+    assert rig.metrics.value("outboxkit_relay_declarations_lost_total") == len(TPS)
+    assert rig.take() == set(TPS)  # and once more after the writers that missed it
+
+
+async def test_a_declaration_that_cannot_be_made_again_is_tried_at_the_next_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig = Rig(sweep_interval=60.0)
+    await rig.idle()
+    rig.take()
+    rig.storage.declared.clear()
+    declare = rig.storage.set_waiting
+
+    async def unavailable(tps: object, waiting: bool) -> int:
+        raise StorageUnavailableError("down (fake)")
+
+    monkeypatch.setattr(rig.storage, "set_waiting", unavailable)
+    rig.gate.reconnected()
+    rig.take()
+    await asyncio.wait_for(rig.gate.rest(), 5)
+    assert rig.storage.declared == set()
+    monkeypatch.setattr(rig.storage, "set_waiting", declare)
+    rig.take()
+    await asyncio.wait_for(rig.gate.rest(), 5)
+    assert rig.storage.declared == set(TPS)
+
+
+async def test_sweeps_that_keep_finding_unannounced_records_begin_an_episode() -> None:
+    """Writers that do not wake the relay for any other reason (the listener cannot connect, a
+    wake-up path broken): sweeps keep finding records. One such sweep is counted (a record
+    committed as the sweep began has its wake-up on the way); UNANNOUNCED_EPISODE in a row
+    begin an episode; a wake-up that names a partition ends it."""
+    rig = Rig(sweep_interval=0.02)
+    await rig.idle()
+    rig.take()
+    for sweep in range(1, UNANNOUNCED_EPISODE + 1):
+        assert rig.missed.missed_for() is None
+        await asyncio.wait_for(rig.gate.rest(), 5)
+        rig.take()
+        await rig.gate.after_cycle(True)
+        assert rig.metrics.value(
+            "outboxkit_relay_unannounced_sweeps_total", topic=TPS[0].topic
+        ) == (sweep)
+    assert rig.missed.missed_for() is not None
+    rig.gate.wake(tp(0))
+    assert rig.missed.missed_for() is None
+    rig.take()
+    await rig.gate.after_cycle(True)  # a cycle a wake-up started: announced
+    assert rig.metrics.value("outboxkit_relay_unannounced_sweeps_total", topic=TPS[0].topic) == (
+        UNANNOUNCED_EPISODE
+    )

@@ -176,6 +176,9 @@ class Worker:
     def wake(self, tp: TopicPartition | None) -> None:
         self.woken.append(tp)
 
+    def reconnected(self) -> None:
+        self.woken.append(None)
+
 
 class Blocks:
     def __init__(self, *workers: Worker) -> None:
@@ -190,7 +193,8 @@ class Blocks:
 
 
 async def test_a_wakeup_reaches_the_worker_of_its_partition_and_a_reconnect_every_worker() -> None:
-    """G5: would catch a commit's wake-up lost, or a reconnect that leaves a worker asleep."""
+    """G5: would catch a commit's wake-up lost, or a reconnect that leaves a worker asleep
+    (each worker is told it reconnected: it reads everything and declares itself again)."""
     storage = SpyStorage()
     await storage.register_topics({TOPIC: 4})
     low, high = Worker(Block(TOPIC, 0, 1), [tp(0), tp(1)]), Worker(Block(TOPIC, 2, 0), [tp(2)])
