@@ -35,6 +35,10 @@ _QUERIES = load_queries("outboxkit.relay.postgres", "queries.sql")
 #: migration cannot change, so tests/unit/test_notify_channel.py holds the two together).
 CHANNEL = "outboxkit_outbox"
 
+#: The longest pause between two attempts of the listener to connect: a refused attempt costs
+#: nothing, and until the listener is back the relay is woken only by its sweep.
+_LISTEN_RETRY_MAX = 1.0
+
 #: settle_and_claim reads a window of a partition's first pending rows, twice as many as it may
 #: return and at least _SCAN_EXTRA more: with repeated keys near the head, a wider window still
 #: fills the batch with distinct keys. Reading rows costs most of the statement's time (heap
@@ -225,7 +229,7 @@ class PostgresOutboxStorage(NamedStatements):
             except psycopg.OperationalError as exc:
                 logger.warning("listener cannot connect, retrying in %.1f s: %s", delay, exc)
                 await sleep_unless_cancelled(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, _LISTEN_RETRY_MAX)
                 continue
             delay = 0.1
             try:
