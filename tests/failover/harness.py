@@ -24,6 +24,7 @@ sequence each start from a steady state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -48,8 +49,16 @@ from outboxkit.relay.ownership import describe_group
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.storage import OutboxStorage
 from tests.failover.arrivals import ArrivalRecorder
+from tests.failover.baseline import (
+    QUIET_RATE,
+    WINDOW,
+    Timeline,
+    closest,
+    first_back,
+    measure,
+)
 from tests.failover.publishers import check_one_publisher, producer_sessions
-from tests.failover.report import Fault, Report, gaps
+from tests.failover.report import Fault, Load, Report, gaps
 from tests.helpers import http_client, wait_for
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -68,6 +77,11 @@ from tests.integration.relay_harness import (
     register_topic,
     relay_env,
 )
+
+#: Seconds after a fault's heal within which a window must be as fast as before the fault,
+#: unless the fault states its own bound: two session timeouts (a member that must rejoin), a
+#: sweep, a window and the noise of a loaded 2-core machine.
+BACK_WITHIN = 15.0
 
 
 @dataclass
@@ -127,6 +141,8 @@ class FailoverRun:
         self.topology = KafkaTopology(self.bootstrap)
         self._exit = contextlib.AsyncExitStack()
         self._writing = False
+        #: When the writers took their current pace (a baseline window must be all at one).
+        self._paced_since = 0.0
         self._effects: InboxTables | None = None
         self._outbox: OutboxStorage | None = None
 
@@ -226,15 +242,51 @@ class FailoverRun:
     # -- faults -------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def fault(self, name: str) -> AsyncIterator[Fault]:
-        """Marks a fault: inject it (and bring the server back) inside the block. Leaving it,
-        waits until everything committed so far has reached Kafka and taken effect."""
-        fault = Fault(name, time.time())
+    async def fault(
+        self, name: str, *, load: Load = "busy", back_within: float = BACK_WITHIN
+    ) -> AsyncIterator[Fault]:
+        """Marks a fault: inject it (and bring the server back) inside the block, and set
+        ``fault.healed`` when it is back (else the block's end counts). Leaving it, waits until
+        everything committed so far has reached Kafka and taken effect, then until the delays
+        are back to the window before the fault (:mod:`tests.failover.baseline`), or
+        ``back_within`` seconds after the heal have passed (:meth:`finish` reports it). With
+        ``load="quiet"`` the writers slow to :data:`QUIET_RATE` for the fault, from one window
+        before it, and back to the run's rate after."""
+        rate = QUIET_RATE if load == "quiet" else self.rate
+        if self.writers.rate != rate:
+            self.writers.rate, self._paced_since = rate, time.time()
+        # A baseline window all at this fault's load, the last commits of another settled.
+        await asyncio.sleep(max(0.0, self._paced_since + WINDOW + 1.0 - time.time()))
+        fault = Fault(name, time.time(), load=load, back_within=back_within)
         self.faults.append(fault)
-        yield fault
-        fault.ended = time.time()
-        await self._caught_up_to(fault.ended, within=self.recovery_timeout)
-        fault.recovered = time.time()
+        try:
+            yield fault
+            fault.ended = time.time()
+            fault.healed = fault.healed or fault.ended
+            await self._caught_up_to(fault.ended, within=self.recovery_timeout)
+            fault.recovered = time.time()
+            fault.baseline = measure(self._timeline(), fault.started - WINDOW, time.time())
+            await self._back_to_baseline(fault)
+        finally:
+            if self.writers.rate != self.rate:
+                self.writers.rate, self._paced_since = self.rate, time.time()
+
+    async def _back_to_baseline(self, fault: Fault) -> None:
+        """Until a window after the heal is as fast as the baseline (commit→Kafka; the inbox's
+        delays are judged by :meth:`finish`, which reads every effect once), or the bound
+        passed: the next fault must not begin inside the window that shows it."""
+        baseline = fault.baseline
+        assert baseline is not None
+        until = fault.healed + fault.back_within
+
+        def back() -> bool:
+            now = time.time()
+            found = first_back(
+                self._timeline(), baseline, healed=fault.healed, until=until, now=now
+            )
+            return found is not None or now >= until + 1.0
+
+        await wait_for(back, within=fault.back_within + 30, interval=0.2, what="back to baseline")
 
     def busiest(self) -> int:
         """The partition that received the most records so far."""
@@ -323,10 +375,29 @@ class FailoverRun:
         report.guarantees["G6"] = _outcome(lambda: check_effects_once(effects, distinct))
         effect_at = {e: min(times) for e, times in effects.items()}
         arrivals = self.arrivals.arrivals
+        for fault, later in zip(self.faults, [*self.faults[1:], None], strict=True):
+            if fault.baseline is None:
+                continue
+            # The inbox's delays too, and only from windows before the next fault began.
+            until = fault.healed + fault.back_within
+            if later is not None:
+                until = min(until, later.started - (WINDOW + 1.0 if later.load == "quiet" else 0))
+            timeline = self._timeline(effect_at)
+            fault.baseline = measure(timeline, fault.started - WINDOW, time.time())
+            fault.back = first_back(
+                timeline, fault.baseline, healed=fault.healed, until=until, now=time.time()
+            )
+            if fault.back is None:
+                fault.closest = closest(
+                    timeline, fault.baseline, healed=fault.healed, until=until, now=time.time()
+                )
         report.faults = [
             gaps(f, self.writers.committed_at, arrivals, effect_at) for f in self.faults
         ]
         return report
+
+    def _timeline(self, effect_at: dict[UUID, float] | None = None) -> Timeline:
+        return Timeline(self.writers.committed_at, self.arrivals.arrivals, effect_at)
 
     # -- the database -------------------------------------------------------------------------
 

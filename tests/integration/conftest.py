@@ -53,7 +53,7 @@ from outboxkit.embedded.kafka import KafkaCluster
 from outboxkit.embedded.kafka_jars import fetch_kafka_jars
 from outboxkit.embedded.kafka_security import SecuredKafkaCluster
 from outboxkit.embedded.mongodb import EmbeddedMongo, EmbeddedMongoReplicaSet
-from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres
+from outboxkit.embedded.postgres import FAST_TEST_SETTINGS, EmbeddedPostgres, ReplicatedPostgres
 from outboxkit.embedded.spark_cluster import SparkCluster
 from outboxkit.migrations.mongodb import migrate as migrate_mongodb
 from outboxkit.migrations.postgres import migrate
@@ -163,6 +163,32 @@ def pg_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
     yield start
     for server in servers:
         server.close()
+
+
+#: A standby retries a primary it lost every ``wal_retrieve_retry_interval`` (5 s by default):
+#: with synchronous replication a restarted primary's commits wait until it is back.
+REPLICATED_TEST_SETTINGS = {**FAST_TEST_SETTINGS, "wal_retrieve_retry_interval": "1s"}
+
+
+@pytest.fixture
+def replicated_postgres_factory(tmp_path: Path) -> Iterator[Callable[..., ReplicatedPostgres]]:
+    """Starts a PostgreSQL primary with a synchronous streaming standby
+    (:class:`~outboxkit.embedded.postgres.ReplicatedPostgres`: ``pg_basebackup``, a replication
+    slot, ``synchronous_standby_names = '*'``), whose members this test may kill, restart and
+    promote; ``url(dbname)`` names both, ``target_session_attrs=read-write``. Keyword
+    arguments go to it (``synchronous=False``)."""
+    pairs: list[ReplicatedPostgres] = []
+
+    def start(**options: Any) -> ReplicatedPostgres:
+        pair = ReplicatedPostgres(
+            tmp_path / f"pg-pair{len(pairs)}", settings=REPLICATED_TEST_SETTINGS, **options
+        )
+        pairs.append(pair)
+        return pair.start()
+
+    yield start
+    for pair in pairs:
+        pair.close()
 
 
 # --- Kafka ----------------------------------------------------------------------------------

@@ -173,7 +173,14 @@ class InboxTables:
 
     async def _sql(self, query: str) -> list[Any]:
         assert self._conn is not None, "use as: async with InboxTables(url) as tables"
-        cur = await self._conn.execute(query)
+        try:
+            cur = await self._conn.execute(query)
+        except psycopg.OperationalError:
+            # The server restarted or failed over since the last read (a database fault of
+            # the test's): once more on a new connection (with a multi-host URL, the primary).
+            await self._conn.close()
+            self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+            cur = await self._conn.execute(query)
         return await cur.fetchall()
 
     async def effects(self) -> list[Effect]:

@@ -149,8 +149,12 @@ class Writers:
     committed: dict[str, list[UUID]] = field(default_factory=lambda: defaultdict(list))
     seq_of: dict[UUID, tuple[str, int]] = field(default_factory=dict)
     committed_at: dict[UUID, float] = field(default_factory=dict)
+    #: Events per second over all writers (None: as fast as ``pause`` allows). May be changed
+    #: while they write: each writer's next write starts at the new pace.
+    rate: float | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _writers: int = 0
 
     @property
     def total(self) -> int:
@@ -162,23 +166,26 @@ class Writers:
         a database whose transactions take longer still gets about ``rate``, given writers
         enough)."""
         names = [f"entity-{i}" for i in range(self.entities)]
+        self.rate, self._writers = rate, writers
         for w in range(writers):
             mine = names[w::writers]
-            self._tasks.append(
-                asyncio.create_task(self._write(mine, pause, writers / rate if rate else None))
-            )
+            self._tasks.append(asyncio.create_task(self._write(mine, pause)))
 
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
-    async def _write(self, entities: list[str], pause: float, interval: float | None) -> None:
+    async def _write(self, entities: list[str], pause: float) -> None:
         writer = step_writer(self.url)
         seqs = dict.fromkeys(entities, 0)
         turn = 0
         next_start = time.monotonic()
+        pace = self.rate
         try:
             while not self._stop.is_set():
+                if self.rate != pace:  # a new pace from now on, not a catch-up of the old one
+                    next_start, pace = time.monotonic(), self.rate
+                interval = self._writers / pace if pace else None
                 next_start += interval or 0.0
                 entity = entities[turn % len(entities)]
                 turn += 1

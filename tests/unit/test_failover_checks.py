@@ -5,10 +5,12 @@ producer sessions of committed records, G6 from effects, the gaps per fault, and
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 
 from tests.failover.arrivals import Arrival
+from tests.failover.baseline import FLOOR, STEP, WINDOW, Timeline, first_back, measure
 from tests.failover.harness import _offsets_partition, check_effects_once
 from tests.failover.publishers import check_one_publisher
 from tests.failover.report import Fault, gaps
@@ -57,3 +59,55 @@ def test_offsets_partition_is_javas_string_hash() -> None:
     # "polygenelubricants".hashCode() == Integer.MIN_VALUE: Kafka's Utils.abs makes it 0.
     assert _offsets_partition("polygenelubricants", 1 << 31) == 0
     assert _offsets_partition("abc", 1 << 31) == 96354
+
+
+def _timeline(delay_at: Callable[[float], float], until: float, rate: float = 20.0) -> Timeline:
+    """Events committed ``rate`` a second from 0 to ``until``, each on Kafka after
+    ``delay_at(its commit time)`` seconds, and in effect 10 ms later."""
+    committed, arrivals, effects = {}, {}, {}
+    for n in range(int(until * rate)):
+        event, at = uuid.uuid4(), n / rate
+        committed[event] = at
+        arrivals[event] = Arrival(at + delay_at(at), at, 0, n)
+        effects[event] = at + delay_at(at) + 0.01
+    return Timeline(committed, arrivals, effects)
+
+
+def test_the_first_window_back_is_the_first_as_fast_as_before_the_fault() -> None:
+    """Fast (10 ms) before a fault at 10 s; healed at 12 s; events committed until 15 s wait
+    2 s; from 15 s on they are fast again: the first window back starts at 15 s."""
+
+    def delay(at: float) -> float:
+        return 0.01 if at < 10 or at >= 15 else 2.0
+
+    timeline = _timeline(delay, 30.0)
+    baseline = measure(timeline, 10 - WINDOW, now=40.0)
+    assert baseline.delivery_p99 == pytest.approx(0.01)
+    assert baseline.events == int(WINDOW * 20)
+    back = first_back(timeline, baseline, healed=12.0, until=27.0, now=40.0)
+    assert back is not None
+    assert back.start == 15.0
+    assert back.delivery_p50 == pytest.approx(0.01)
+    assert first_back(timeline, baseline, healed=12.0, until=15.0 + WINDOW - STEP, now=40.0) is None
+
+
+def test_a_relay_that_publishes_on_its_sweep_is_never_back() -> None:
+    """After the fault every event waits for a 1 s sweep: under load p99 ~1 s, over the floor
+    and twice the baseline: not back, however long the bound."""
+
+    def delay(at: float) -> float:
+        return 0.01 if at < 10 else 1.0 - (at % 1.0)
+
+    timeline = _timeline(delay, 60.0)
+    baseline = measure(timeline, 10 - WINDOW, now=70.0)
+    assert first_back(timeline, baseline, healed=10.0, until=60.0, now=70.0) is None
+    assert FLOOR < 1.0
+
+
+def test_an_event_not_on_kafka_yet_counts_as_late_by_its_age() -> None:
+    timeline = _timeline(lambda at: 0.01, 10.0)
+    missing = next(iter(timeline.committed_at))
+    arrivals = {e: a for e, a in timeline.arrivals.items() if e != missing}
+    window = measure(Timeline(timeline.committed_at, arrivals), 0.0, now=100.0)
+    assert window.delivery_p99 == 100.0
+    assert not window.within(measure(timeline, 0.0, now=100.0))
