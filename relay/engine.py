@@ -5,9 +5,11 @@
 keeps one :class:`~outboxkit.relay.worker.BlockWorker` (one transactional producer) per block of
 the partitions it owns as they come and go; side tasks (:mod:`outboxkit.relay.side_tasks`,
 :mod:`outboxkit.relay.departed`) route wake-ups, measure the backlog, watch for slow stages and
-failures, purge, evict departed relays and take the relay out of its group while it cannot read
-its database, supervised by :class:`~outboxkit.core.supervisor.Supervisor`: if one dies, the
-relay stops loudly instead of running half-blind. Its health is :mod:`outboxkit.relay.health`.
+failures, purge, evict departed relays, take the relay out of its group while it cannot read
+its database and step it aside from partitions it holds but cannot publish
+(:mod:`outboxkit.relay.stuck`), supervised by :class:`~outboxkit.core.supervisor.Supervisor`:
+if one dies, the relay stops loudly instead of running half-blind. Its health is
+:mod:`outboxkit.relay.health`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from outboxkit.relay.side_tasks import (
     dispatch_wakeups,
 )
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
+from outboxkit.relay.stuck import StuckBlocks
 from outboxkit.relay.worker import BlockWorker, WorkerContext
 
 logger = structlog.get_logger("outboxkit.relay")
@@ -87,6 +90,13 @@ class Ownership(Protocol):
     async def step_aside(self) -> None:
         """Leave the group and publish nothing until :meth:`step_in` (this relay cannot read
         its database)."""
+
+    async def step_aside_from(self, partitions: frozenset[TopicPartition]) -> None:
+        """Rejoin the group asking not to be given ``partitions`` (this relay could not
+        publish them), until :meth:`avoid_nothing`."""
+
+    def avoid_nothing(self) -> None:
+        """Ask for no partition to be kept from this relay any more (from its next join)."""
 
     def step_in(self) -> None:
         """Join the group again after :meth:`step_aside`."""
@@ -146,6 +156,7 @@ class Relay:
         self._ownership: Ownership | None = None
         self._departed: DepartedCheck | None = None
         self._step_aside: StepAside | None = None
+        self._stuck: StuckBlocks | None = None
         self._ctx: WorkerContext | None = None
 
     async def run(self) -> None:
@@ -192,6 +203,14 @@ class Relay:
             if self.settings.retention is not None:
                 tasks.start("cleanup", clean_up(self.storage, self.settings))
             if self.settings.step_aside_after > 0:
+                self._stuck = StuckBlocks(
+                    self._partitions,
+                    lambda: self._backlog.backlog,
+                    ownership,
+                    self.settings,
+                    self.metrics,
+                )
+                tasks.start("stuck", self._stuck.run())
                 self._step_aside = StepAside(
                     self._backlog,
                     ownership,
@@ -265,6 +284,7 @@ class Relay:
                 None if self._step_aside is None else _rounded(self._step_aside.aside_for())
             ),
             wakeups_missed_for=_rounded(self._missed_wakeups.missed_for()),
+            stuck=[] if self._stuck is None else sorted(str(tp) for tp in self._stuck.stuck),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

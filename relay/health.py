@@ -43,7 +43,7 @@ class RelayHealth:
     worker crashed, the group coordinator has not answered for two session timeouts
     (``membership_lapsed_for``), or the backlog could not be read for ``stall_after``
     (``database_unreadable_for``), or it has left its group because it cannot read its database
-    (``stepped_aside_for``)."""
+    (``stepped_aside_for``), or it holds partitions it cannot publish (``stuck``)."""
 
     running: bool
     owned: list[str]
@@ -71,6 +71,10 @@ class RelayHealth:
     #: its sweeps keep finding records no wake-up announced): it publishes everything, but on
     #: its sweep, up to ``sweep_interval`` late, instead of on commit. Degraded, not unhealthy.
     wakeups_missed_for: float | None = None
+    #: Owned partitions whose records have waited, and whose block has made no progress while
+    #: trying, for ``step_aside_after``: the relay steps aside from them
+    #: (:mod:`outboxkit.relay.stuck`).
+    stuck: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -81,6 +85,7 @@ class RelayHealth:
             and self.membership_lapsed_for is None
             and self.database_unreadable_for is None
             and self.stepped_aside_for is None
+            and not self.stuck
         )
 
 

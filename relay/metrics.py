@@ -77,6 +77,12 @@ class RelayMetrics:
             "(OUTBOXKIT_STEP_ASIDE_AFTER): the other relays publish its partitions",
             registry=reg,
         )
+        self.stuck_partitions = Gauge(
+            "outboxkit_relay_stuck_partitions",
+            "Partitions this relay holds whose records have waited, and whose block has made no "
+            "progress while trying, for OUTBOXKIT_STEP_ASIDE_AFTER: it steps aside from them",
+            registry=reg,
+        )
         self.rebalances = Counter(
             "outboxkit_relay_rebalances", "Partition assignments received", registry=reg
         )

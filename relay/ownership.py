@@ -101,6 +101,8 @@ class KafkaOwnership:
         #: The client id Kafka lists for this member, unique to the process (a restarted
         #: container may have the same host name and pid): the relay's presence key.
         self.process_key = f"{settings.group_id}-{who}-{secrets.token_hex(4)}"
+        #: This member's assignor: what it asks not to be given (:meth:`step_aside_from`).
+        self._assignor = BlockAssignor()
         self._consumer = kafka_clients.consumer(
             settings,
             group_id=settings.group_id,
@@ -112,7 +114,7 @@ class KafkaOwnership:
             # The revocation callback drains in-flight records: give it time before the group
             # gives up on this member.
             rebalance_timeout_ms=int((settings.revoke_timeout + settings.session_timeout) * 1000),
-            partition_assignment_strategy=(BlockAssignor,),
+            partition_assignment_strategy=(self._assignor,),
             client_id=self.process_key,
         )
         #: What aiokafka's consumer knows of its membership (its group coordinator's state).
@@ -260,6 +262,24 @@ class KafkaOwnership:
         if lost:
             logger.info("partitions given up", partitions=sorted(map(str, lost)))
             await self._on_revoked(lost)
+
+    async def step_aside_from(self, partitions: frozenset[TopicPartition]) -> None:
+        """Rejoin the group asking not to be given ``partitions`` (its assignor places every
+        range where nobody asked to avoid it, if it can), from now until
+        :meth:`avoid_nothing`. Nothing happens while this relay is aside."""
+        if self._aside:
+            return
+        by_topic: dict[str, set[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        self._assignor.avoid = {t: frozenset(ps) for t, ps in by_topic.items()}
+        await self.step_aside()
+        self.step_in()
+
+    def avoid_nothing(self) -> None:
+        """Ask for no partition to be kept from this relay any more: from its next join (the
+        next rebalance, whatever starts it)."""
+        self._assignor.avoid = {}
 
     def step_in(self) -> None:
         """Join the group again after :meth:`step_aside`; the assignment comes as after any

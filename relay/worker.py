@@ -86,6 +86,9 @@ class BlockWorker:
     last_success: float | None = None
     failing_since: float | None = None
     last_error: str | None = None
+    #: When this worker was made (monotonic): what "no progress since" counts from before its
+    #: first publish.
+    started_at: float = field(default_factory=time.monotonic)
     #: The last claim found more than one batch can carry: the next cycle starts at once.
     _backlog: bool = False
     #: The next publish sends one record per record batch (after a refused record batch).

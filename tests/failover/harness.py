@@ -50,6 +50,8 @@ from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.storage import OutboxStorage
 from tests.failover.arrivals import ArrivalRecorder
 from tests.failover.baseline import (
+    FLOOR,
+    QUIET_FLOOR,
     QUIET_RATE,
     WINDOW,
     Timeline,
@@ -77,6 +79,9 @@ from tests.integration.relay_harness import (
     register_topic,
     relay_env,
 )
+
+#: Seconds a fault waits, at most, for a steady load before it begins (its baseline).
+STEADY_WITHIN = 20.0
 
 #: Seconds after a fault's heal within which a window must be as fast as before the fault,
 #: unless the fault states its own bound: two session timeouts (a member that must rejoin), a
@@ -131,6 +136,9 @@ class FailoverRun:
     #: Environment of one worker over the others', by name (``relay-0``, ``inbox-1``): e.g. its
     #: Kafka bootstrap or database URL through a proxy (tests/network).
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Partition → its replicas' node ids, the first its leader: where the topic's leaders
+    #: are (None: where Kafka puts them).
+    replica_assignment: dict[int, list[int]] | None = None
 
     def __post_init__(self) -> None:
         self.relay_env = relay_env(self.url, self.bootstrap, self.topic)
@@ -143,6 +151,8 @@ class FailoverRun:
         self._writing = False
         #: When the writers took their current pace (a baseline window must be all at one).
         self._paced_since = 0.0
+        #: The last fault, until its delays are back or its bound passed.
+        self._unchecked: Fault | None = None
         self._effects: InboxTables | None = None
         self._outbox: OutboxStorage | None = None
 
@@ -188,9 +198,12 @@ class FailoverRun:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
+            placed = self.replica_assignment
             await admin.create_topics(
                 [
-                    NewTopic(self.topic, self.partitions, replicas),
+                    NewTopic(self.topic, self.partitions, replicas)
+                    if placed is None
+                    else NewTopic(self.topic, -1, -1, replica_assignments=placed),
                     NewTopic(f"{self.topic}.dlq", 1, replicas),  # the inbox wants its DLQ
                 ]
             )
@@ -243,21 +256,24 @@ class FailoverRun:
 
     @contextlib.asynccontextmanager
     async def fault(
-        self, name: str, *, load: Load = "busy", back_within: float = BACK_WITHIN
+        self, name: str, *, load: Load = "busy", back_within: float | None = BACK_WITHIN
     ) -> AsyncIterator[Fault]:
         """Marks a fault: inject it (and bring the server back) inside the block, and set
         ``fault.healed`` when it is back (else the block's end counts). Leaving it, waits until
-        everything committed so far has reached Kafka and taken effect, then until the delays
-        are back to the window before the fault (:mod:`tests.failover.baseline`), or
-        ``back_within`` seconds after the heal have passed (:meth:`finish` reports it). With
-        ``load="quiet"`` the writers slow to :data:`QUIET_RATE` for the fault, from one window
-        before it, and back to the run's rate after."""
+        everything committed so far has reached Kafka and taken effect. Then the delays must be
+        back to the window before the fault (:mod:`tests.failover.baseline`) within
+        ``back_within`` seconds of the heal (None: not measured); the wait for that comes at
+        the next fault or at :meth:`finish`, whichever is first, so that what the test does
+        meanwhile overlaps it. With ``load="quiet"`` the writers slow to :data:`QUIET_RATE`
+        for the fault, from one window before it, until its delays are back."""
+        await self._check_back()
         rate = QUIET_RATE if load == "quiet" else self.rate
         if self.writers.rate != rate:
             self.writers.rate, self._paced_since = rate, time.time()
         # A baseline window all at this fault's load, the last commits of another settled.
         await asyncio.sleep(max(0.0, self._paced_since + WINDOW + 1.0 - time.time()))
-        fault = Fault(name, time.time(), load=load, back_within=back_within)
+        await self._steady(load)
+        fault = Fault(name, time.time(), load=load, back_within=back_within or 0.0)
         self.faults.append(fault)
         try:
             yield fault
@@ -265,11 +281,32 @@ class FailoverRun:
             fault.healed = fault.healed or fault.ended
             await self._caught_up_to(fault.ended, within=self.recovery_timeout)
             fault.recovered = time.time()
-            fault.baseline = measure(self._timeline(), fault.started - WINDOW, time.time())
-            await self._back_to_baseline(fault)
+            if back_within is not None:
+                fault.baseline = measure(self._timeline(), fault.started - WINDOW, fault.started)
+                self._unchecked = fault
+                if load == "quiet":
+                    await self._check_back()  # the quiet window is its own
         finally:
             if self.writers.rate != self.rate:
                 self.writers.rate, self._paced_since = self.rate, time.time()
+
+    async def _check_back(self) -> None:
+        """The wait for the last fault's delays to be back (:meth:`_back_to_baseline`)."""
+        fault, self._unchecked = self._unchecked, None
+        if fault is not None:
+            await self._back_to_baseline(fault)
+
+    async def _steady(self, load: Load) -> None:
+        """Until the last window's p99 is under the load's floor (a group still forming, a
+        backlog still draining make a baseline of nothing), at most :data:`STEADY_WITHIN`."""
+
+        def steady() -> bool:
+            now = time.time()
+            window = measure(self._timeline(), now - WINDOW, now)
+            return window.events > 0 and window.delivery_p99 <= _floor(load)
+
+        with contextlib.suppress(AssertionError):  # a machine this slow: the baseline says so
+            await wait_for(steady, within=STEADY_WITHIN, interval=0.2, what="a steady load")
 
     async def _back_to_baseline(self, fault: Fault) -> None:
         """Until a window after the heal is as fast as the baseline (commit→Kafka; the inbox's
@@ -282,7 +319,12 @@ class FailoverRun:
         def back() -> bool:
             now = time.time()
             found = first_back(
-                self._timeline(), baseline, healed=fault.healed, until=until, now=now
+                self._timeline(),
+                baseline,
+                healed=fault.healed,
+                until=until,
+                now=now,
+                load=fault.load,
             )
             return found is not None or now >= until + 1.0
 
@@ -344,6 +386,7 @@ class FailoverRun:
     async def finish(self) -> Report:
         """Stop writing, let everything drain, and check G1, G2, G4, G6, the processes' health
         and each fault's gaps."""
+        await self._check_back()  # the writers still at it: the windows after the last heal
         self._writing = False
         await self.writers.stop()
         commits = sorted(self.writers.committed_at.values())
@@ -383,13 +426,14 @@ class FailoverRun:
             if later is not None:
                 until = min(until, later.started - (WINDOW + 1.0 if later.load == "quiet" else 0))
             timeline = self._timeline(effect_at)
-            fault.baseline = measure(timeline, fault.started - WINDOW, time.time())
+            fault.baseline = measure(timeline, fault.started - WINDOW, fault.started)
+            now = time.time()
             fault.back = first_back(
-                timeline, fault.baseline, healed=fault.healed, until=until, now=time.time()
+                timeline, fault.baseline, healed=fault.healed, until=until, now=now, load=fault.load
             )
             if fault.back is None:
                 fault.closest = closest(
-                    timeline, fault.baseline, healed=fault.healed, until=until, now=time.time()
+                    timeline, fault.baseline, healed=fault.healed, until=until, now=now
                 )
         report.faults = [
             gaps(f, self.writers.committed_at, arrivals, effect_at) for f in self.faults
@@ -432,6 +476,10 @@ class FailoverRun:
             if "Traceback" in w.process.log()
         ]
         return problems
+
+
+def _floor(load: Load) -> float:
+    return QUIET_FLOOR if load == "quiet" else FLOOR
 
 
 def _offsets_partition(group: str, partitions: int = 10) -> int:

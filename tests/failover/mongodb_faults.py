@@ -53,8 +53,10 @@ async def _members_back(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) 
 
 
 async def step_down(run: FailoverRun, replica_set: EmbeddedMongoReplicaSet) -> None:
-    """``replSetStepDown`` of the primary while writers commit and relays read and publish."""
-    async with run.fault("primary step-down") as fault:
+    """``replSetStepDown`` of the primary while writers commit and relays read and publish, at
+    a quiet load: the change streams must reopen on the new primary and wake the relays on
+    commit again (a relay woken only by its sweep would show in the quiet window after)."""
+    async with run.fault("primary step-down", load="quiet") as fault:
         old, new = await asyncio.to_thread(replica_set.step_down, 5, catch_up_seconds=2)
         await run.settled()
         without = time.time() - fault.started

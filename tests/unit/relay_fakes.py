@@ -311,6 +311,12 @@ class ManualOwnership:
     def step_in(self) -> None:
         self.steps.append("in")
 
+    async def step_aside_from(self, partitions: frozenset[TopicPartition]) -> None:
+        self.steps.append(f"aside from {sorted(map(str, partitions))}")
+
+    def avoid_nothing(self) -> None:
+        self.steps.append("avoid nothing")
+
     async def run(self) -> None:
         await self._ended.wait()
         if self._error is not None:
