@@ -1,4 +1,4 @@
-"""A relay cut off from one broker of a three-node Kafka cluster (issue #41): the broker that
+"""A relay cut off from one broker of a three-node Kafka cluster: the broker that
 coordinates its group. It still reaches the others — partition leaders, transaction
 coordinators — but its heartbeats go unanswered: the group coordinator drops it after the
 session timeout and gives its partitions to the other relay, whose first transactions fence
