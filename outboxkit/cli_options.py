@@ -74,6 +74,7 @@ PER_INVOCATION = frozenset(
         "limit",
         "replay_all",
         "replayed",
+        "prune",
         "again",
         "to",
         "partitions",
