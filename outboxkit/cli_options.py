@@ -69,6 +69,7 @@ PER_INVOCATION = frozenset(
         "version",
         "debug",
         "json_output",
+        "prune",  # schemas export --prune: deleting what no record needs is said each time
         "sql",
         "check_only",
         "limit",

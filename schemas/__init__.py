@@ -7,13 +7,13 @@
 - :func:`partition_for_key`: where Kafka's default partitioner puts a key.
 - :func:`check_compatibility`, :class:`CompatibilityMode`, :class:`Snapshot`: which changes of
   an event stay readable by whom, against the JSON Schemas exported earlier (docs/schemas.md).
+  They live in :mod:`outboxkit.schemas.compat`, a developer's tool, imported on first use of
+  these names: a service, an inbox or a Spark executor never loads it.
 """
 
-from outboxkit.schemas.compatibility import (
-    CompatibilityMode,
-    CompatibilityReport,
-    check_compatibility,
-)
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from outboxkit.schemas.encoding import check_source, encode
 from outboxkit.schemas.event import Event
 from outboxkit.schemas.exceptions import (
@@ -25,8 +25,26 @@ from outboxkit.schemas.exceptions import (
 )
 from outboxkit.schemas.partitioner import murmur2, partition_for_key, to_positive
 from outboxkit.schemas.registry import EventRegistry
-from outboxkit.schemas.snapshot import Snapshot
 from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader
+
+if _TYPE_CHECKING:
+    from outboxkit.schemas.compat import (
+        CompatibilityMode,
+        CompatibilityReport,
+        Snapshot,
+        check_compatibility,
+    )
+
+_COMPAT = frozenset({"CompatibilityMode", "CompatibilityReport", "Snapshot", "check_compatibility"})
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _COMPAT:
+        from outboxkit.schemas import compat  # noqa: PLC0415 (the developer's tool, on demand)
+
+        return getattr(compat, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CompatibilityMode",

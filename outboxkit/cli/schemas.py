@@ -2,15 +2,16 @@
 
 ``export`` writes the JSON Schema of each ``(type, version)`` of an :class:`EventRegistry` to a
 directory, to commit; ``check`` compares the registry with that directory and fails (exit code
-1) on a change that breaks the compatibility mode (:mod:`outboxkit.schemas.compatibility` has
+1) on a change that breaks the compatibility mode (:mod:`outboxkit.schemas.compat.compatibility` has
 the rules, docs/schemas.md the table).
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,8 +19,22 @@ from outboxkit.cli.common import EXIT_FAILED, fail_config, import_user_module, u
 from outboxkit.cli_options import JsonOutput
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.schemas import Event, EventRegistry
-from outboxkit.schemas.compatibility import DEFAULT_MODE, CompatibilityMode, check_compatibility
-from outboxkit.schemas.snapshot import Snapshot, snapshot_slot
+
+if TYPE_CHECKING:
+    from outboxkit.schemas.compat import Snapshot
+
+
+class Mode(StrEnum):
+    """:class:`outboxkit.schemas.compat.CompatibilityMode`'s values (a test holds them to it),
+    written out so that the command loads the checker only when it runs."""
+
+    BACKWARD = "backward"
+    FORWARD = "forward"
+    FULL = "full"
+    BACKWARD_TRANSITIVE = "backward_transitive"
+    FORWARD_TRANSITIVE = "forward_transitive"
+    FULL_TRANSITIVE = "full_transitive"
+
 
 schemas_app = typer.Typer(
     help="Export the JSON Schemas of your events, and check a change against them in CI.",
@@ -63,6 +78,8 @@ def export_command(
     registry changes no file). The schemas of versions no longer registered stay (`check`
     judges a removed upcaster against them) unless --prune. Commit the directory: `outboxkit
     schemas check` compares later changes with it."""
+    from outboxkit.schemas.compat import Snapshot  # noqa: PLC0415 (on use)
+
     registry = _registry_of(target)
     snapshot = Snapshot.of_registry(registry)
     try:
@@ -100,7 +117,7 @@ def check_command(
     *,
     against: SchemasDir,
     mode: Annotated[
-        CompatibilityMode,
+        Mode,
         typer.Option(
             envvar="OUTBOXKIT_SCHEMAS_MODE",
             case_sensitive=False,
@@ -111,16 +128,18 @@ def check_command(
             "forward_transitive, full_transitive: the same against every version the "
             "directory keeps, not only each type's latest.",
         ),
-    ] = DEFAULT_MODE,
+    ] = Mode.FULL,
     json_output: JsonOutput = False,
 ) -> None:
     """Compare the registry with the schemas exported to DIR. Exit code 1, with each change
     that breaks MODE, what it breaks and what to do instead; 0 otherwise. The default, full:
     producers and consumers are released in either order, and a rolling deploy runs old and
     new instances side by side, so old records meet new readers and new records old ones."""
+    from outboxkit.schemas.compat import check_compatibility  # noqa: PLC0415 (on use)
+
     snapshot = _snapshot_of(target)
     baseline = _read(against)
-    report = check_compatibility(snapshot, baseline, mode)
+    report = check_compatibility(snapshot, baseline, mode.value)
     if json_output:
         typer.echo(json.dumps({**report.as_dict(), "against": str(against)}, indent=2))
     else:
@@ -131,6 +150,8 @@ def check_command(
 
 
 def _snapshot_of(target: str) -> Snapshot:
+    from outboxkit.schemas.compat import Snapshot  # noqa: PLC0415 (on use)
+
     return Snapshot.of_registry(_registry_of(target))
 
 
@@ -181,6 +202,8 @@ def import_registry(target: str) -> EventRegistry:
 
 def _read(directory: Path) -> Snapshot:
     """The snapshot exported to ``directory``; a missing or empty one is a usage error."""
+    from outboxkit.schemas.compat import Snapshot  # noqa: PLC0415 (on use)
+
     try:
         files = {path.name: path.read_text() for path in sorted(directory.glob("*.json"))}
         snapshot = Snapshot.from_files(files)
@@ -212,6 +235,8 @@ def _write(snapshot: Snapshot, directory: Path) -> list[str]:
 def _unregistered(snapshot: Snapshot, directory: Path) -> dict[str, tuple[str, int]]:
     """The exported schemas in ``directory`` of versions ``snapshot`` does not have: file name
     → (type, version). Other files are not looked at."""
+    from outboxkit.schemas.compat.snapshot import snapshot_slot  # noqa: PLC0415 (on use)
+
     current = set(snapshot.files())
     found = {}
     for path in sorted(directory.glob("*.json")):

@@ -15,19 +15,23 @@ plugin, which imports pytest).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from outboxkit.schemas import EventRegistry
-from outboxkit.schemas.compatibility import DEFAULT_MODE, CompatibilityMode, check_compatibility
-from outboxkit.schemas.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from outboxkit.schemas.compat import CompatibilityMode
 
 
 def assert_compatible(
     registry: EventRegistry,
     against: str | Path,
-    mode: CompatibilityMode | str = DEFAULT_MODE,
+    mode: CompatibilityMode | str = "full",
 ) -> None:
     """Fail (``AssertionError``, each breaking change listed with what to do instead) when
     ``registry`` is not compatible in ``mode`` with the schemas exported to ``against``."""
+    from outboxkit.schemas.compat import Snapshot, check_compatibility  # noqa: PLC0415 (on use)
+
     directory = Path(against)
     files = {path.name: path.read_text() for path in sorted(directory.glob("*.json"))}
     baseline = Snapshot.from_files(files)

@@ -30,8 +30,8 @@ from pymongo import AsyncMongoClient
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.inbox import Inbox, InboxSettings
 from outboxkit.schemas import Event, EventRegistry
-from outboxkit.schemas.compatibility import Rule, check_compatibility
-from outboxkit.schemas.snapshot import Snapshot
+from outboxkit.schemas.compat.compatibility import Rule, check_compatibility
+from outboxkit.schemas.compat.snapshot import Snapshot
 from outboxkit.service import Outboxkit
 from tests.integration.conftest import MakeTopic
 from tests.integration.inbox_harness import group_of, produce, read_all, wait_caught_up

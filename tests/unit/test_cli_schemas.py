@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
+import sys
 import textwrap
 import uuid
 from collections.abc import Callable
@@ -15,8 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from outboxkit.cli import app
+from outboxkit.cli.schemas import Mode
 from outboxkit.schemas import EventRegistry
-from outboxkit.schemas.compatibility import Rule
+from outboxkit.schemas.compat import CompatibilityMode, Rule
 from outboxkit.testing import assert_compatible as exported_helper
 from outboxkit.testing.schemas import assert_compatible
 
@@ -310,3 +313,21 @@ def test_a_module_with_events_and_no_registry_is_told_how_to_make_one(
     assert "has no EventRegistry (it has the events OrderPlaced)" in result.output
     assert "registry.register(OrderPlaced)" in result.output
     assert f"{module}:registry" in result.output
+
+
+def test_the_commands_modes_are_the_checkers() -> None:
+    assert [mode.value for mode in Mode] == [mode.value for mode in CompatibilityMode]
+
+
+def test_no_service_path_loads_the_compatibility_checker() -> None:
+    """schemas/ does one job at run time: the checker is a developer's tool, loaded by the
+    command and the test helper when they run, and by its names on first use."""
+    code = (
+        "import sys, outboxkit.schemas, outboxkit.relay, outboxkit.inbox, outboxkit.cli, "
+        "outboxkit.testing.schemas\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('outboxkit.schemas.compat'))\n"
+        "assert not loaded, loaded\n"
+        "from outboxkit.schemas import check_compatibility, Snapshot\n"
+        "assert 'outboxkit.schemas.compat' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from outboxkit.schemas import Event, EventRegistry
-from outboxkit.schemas.compatibility import (
+from outboxkit.schemas.compat.compatibility import (
     ADVICE,
     CompatibilityMode,
     Finding,
@@ -22,7 +22,7 @@ from outboxkit.schemas.compatibility import (
     compare_event_schemas,
     compare_snapshots,
 )
-from outboxkit.schemas.snapshot import (
+from outboxkit.schemas.compat.snapshot import (
     Snapshot,
     payload_schema,
 )

@@ -11,8 +11,8 @@ import pytest
 from pydantic import Field
 
 from outboxkit.core.exceptions import ConfigurationError
-from outboxkit.schemas.compatibility import compare_snapshots
-from outboxkit.schemas.snapshot import Snapshot, payload_schema, render, schema_filename
+from outboxkit.schemas.compat.compatibility import compare_snapshots
+from outboxkit.schemas.compat.snapshot import Snapshot, payload_schema, render, schema_filename
 from tests.unit.schema_pairs import event
 
 Money = Annotated[Decimal, Field(max_digits=10, decimal_places=2)]

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field
 
 from outboxkit.schemas import Event, encode
-from outboxkit.schemas.snapshot import payload_schema
+from outboxkit.schemas.compat.snapshot import payload_schema
 
 
 class Line(BaseModel):

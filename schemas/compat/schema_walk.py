@@ -1,4 +1,4 @@
-"""How :mod:`outboxkit.schemas.compatibility` compares two JSON Schemas of one event.
+"""How :mod:`outboxkit.schemas.compat.compatibility` compares two JSON Schemas of one event.
 
 A :class:`Walk` asks whether everything a *writer's* schema allows, a *reader's* schema accepts,
 and names each place where it does not as a :class:`Gap`: a path (``items[].sku``), a family of
@@ -11,7 +11,7 @@ It knows the JSON Schema pydantic writes: local ``$ref``/``$defs`` (recursive mo
 ``anyOf``/``oneOf``/single ``allOf``, lists of types, ``enum``/``const``, ``format``,
 ``items``/``prefixItems``, ``properties``/``required``/``additionalProperties``,
 ``propertyNames``, the length, bound, ``multipleOf`` and ``pattern`` constraints, and the
-``Decimal`` annotations of :mod:`outboxkit.schemas.snapshot`. Where it cannot prove that a
+``Decimal`` annotations of :mod:`outboxkit.schemas.compat.snapshot`. Where it cannot prove that a
 reader accepts a value (two different patterns) it says it may not: a false alarm is a line to
 read, a missed break is a consumer down.
 """
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from outboxkit.schemas.snapshot import (
+from outboxkit.schemas.compat.snapshot import (
     DECIMAL_PLACES_KEY,
     MAX_DIGITS_KEY,
     STRICT_READER_KEY,
@@ -558,7 +559,7 @@ def describe(node: Any, root: SchemaDocument, depth: int = 0) -> str:
         return ref.rsplit("/", 1)[-1]
     branches = _branches(node, root)
     names = [_describe_branch(branch, root, depth) for branch in branches]
-    return " | ".join(_unique(names)) or "nothing"
+    return " | ".join(unique(names)) or "nothing"
 
 
 def _describe_branch(node: dict[str, Any], root: SchemaDocument, depth: int) -> str:
@@ -584,5 +585,6 @@ def _describe_branch(node: dict[str, Any], root: SchemaDocument, depth: int) -> 
     return kind
 
 
-def _unique(texts: list[str]) -> list[str]:
+def unique(texts: Iterable[str]) -> list[str]:
+    """``texts`` without repeats, in order."""
     return list(dict.fromkeys(texts))

@@ -17,7 +17,7 @@ model is judged by who can still read what (docs/schemas.md has the table):
     The same against every version kept in the snapshot, not only each type's latest (see
     below).
 
-What is compared. A *snapshot* (:mod:`outboxkit.schemas.snapshot`) is the JSON Schema of each
+What is compared. A *snapshot* (:mod:`outboxkit.schemas.compat.snapshot`) is the JSON Schema of each
 ``(type, version)`` exported earlier; the *current* side is the registry. Records carry their
 ``(type, version)`` and a reader decodes each with the model of that version (or an upcaster
 chain to a newer one), so:
@@ -48,15 +48,14 @@ widening. A renamed field is a field removed and a field added.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from outboxkit.core.words import counted
-from outboxkit.schemas.registry import EventRegistry
-from outboxkit.schemas.schema_walk import Direction, Gap, Walk
-from outboxkit.schemas.snapshot import (
+from outboxkit.schemas.compat.schema_walk import Direction, Gap, Walk, unique
+from outboxkit.schemas.compat.snapshot import (
     KEY_FIELD_KEY,
     STRICT_READER_KEY,
     TOPIC_KEY,
@@ -65,6 +64,7 @@ from outboxkit.schemas.snapshot import (
     SchemaDocument,
     Snapshot,
 )
+from outboxkit.schemas.registry import EventRegistry
 
 
 class CompatibilityMode(StrEnum):
@@ -467,11 +467,7 @@ def _merge(gaps: Sequence[Gap], event_type: str, version: int) -> Iterator[Findi
             version,
             path,
             rule,
-            "; ".join(_unique(gap.change for gap in group)),
-            "; ".join(_unique(gap.why for gap in group)),
+            "; ".join(unique(gap.change for gap in group)),
+            "; ".join(unique(gap.why for gap in group)),
             frozenset(breaks),
         )
-
-
-def _unique(texts: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(texts))
