@@ -69,7 +69,6 @@ PER_INVOCATION = frozenset(
         "version",
         "debug",
         "json_output",
-        "prune",  # schemas export --prune: deleting what no record needs is said each time
         "sql",
         "check_only",
         "limit",
