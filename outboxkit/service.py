@@ -349,6 +349,10 @@ class Outboxkit(Generic[TX]):
         return relay, inbox, settings
 
     # -- supervision -------------------------------------------------------------------------
+    # Not core.supervisor.Supervisor, which raises in the worker that owns its tasks: here the
+    # owner is the application's web process, which must go on serving its own requests, so a
+    # task that died is reported (health, /livez, the log) and ends the process only with
+    # exit_on_failure, as an orchestrator's probe would.
 
     def _start(self, name: str, work: Any) -> None:
         task: asyncio.Task[None] = asyncio.create_task(work, name=f"outboxkit.{name}")

@@ -22,8 +22,8 @@ from typing import Protocol
 import structlog
 
 from outboxkit.core.kafka import leave_group
-from outboxkit.core.supervisor import Supervisor, unless_stopped
-from outboxkit.core.waiting import sleep_unless_cancelled
+from outboxkit.core.supervisor import Supervisor
+from outboxkit.core.waiting import sleep_unless_cancelled, unless_stopped
 from outboxkit.relay.batches import InFlightLimit
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.degraded import MissedWakeups

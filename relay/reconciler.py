@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import structlog
 
-from outboxkit.core.supervisor import await_cancelled
+from outboxkit.core.waiting import await_cancelled
 from outboxkit.relay.blocks import Block, plan
 from outboxkit.relay.metrics import RelayMetrics
 from outboxkit.relay.records import TopicPartition

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from outboxkit.core.settings import ConnectionSettings, KafkaSettings, WorkerSettings
-from outboxkit.core.supervisor import _CANCEL_GRACE
+from outboxkit.core.waiting import _CANCEL_GRACE
 from outboxkit.embedded._process import free_port
 from outboxkit.inbox import InboxSettings
 from outboxkit.probes import serve_probes

@@ -21,7 +21,8 @@ import structlog
 from aiokafka.errors import NodeNotReadyError
 from prometheus_client import CollectorRegistry
 
-from outboxkit.core.supervisor import Supervisor, unless_stopped
+from outboxkit.core.supervisor import Supervisor
+from outboxkit.core.waiting import unless_stopped
 from outboxkit.relay.blocks import Block
 from outboxkit.relay.departed import DepartedCheck
 from outboxkit.relay.exceptions import StorageUnavailableError
