@@ -13,10 +13,11 @@ partition: the worker stops fetching it, says so in its health and logs, and goe
 other partitions. A side task purges expired dedupe records.
 
 A worker whose database does not answer waits on the same records (G8), and its partitions with
-it; once its transactions have failed for ``step_aside_after`` it **steps aside**: it stops
-where it is at its next retry, commits the offsets of what its database committed, leaves the
-group (the other workers read its partitions from there: what it may have committed unheard
-is absorbed by the dedupe records) and rejoins once the database answers a ping.
+it; once its transactions have failed for ``step_aside_after`` it **steps aside**
+(:mod:`outboxkit.core.step_aside`, as a relay does): it stops where it is at its next retry,
+commits the offsets of what its database committed, leaves the group (the other workers read
+its partitions from there: what it may have committed unheard is absorbed by the dedupe
+records) and rejoins once the database answers a ping.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from aiokafka.structs import TopicPartition
 
 from outboxkit.core import kafka_clients, kafka_internals
 from outboxkit.core.kafka import leave_group
+from outboxkit.core.step_aside import StepAside
 from outboxkit.core.supervisor import Supervisor
 from outboxkit.core.waiting import sleep_unless_cancelled, wait_set
 from outboxkit.inbox.deadletter import DeadLetterWriter
@@ -108,8 +110,8 @@ class InboxWorker(Generic[TX]):
         self._offsets: OffsetCommitter | None = None
         self._log = logger.bind(inbox=inbox.name)
         self._running = False
-        #: Monotonic time this worker left its group, while it is out (:meth:`_step_aside`).
-        self._aside_since: float | None = None
+        #: Out of its group while the database does not answer (made by :meth:`run`).
+        self._aside: StepAside | None = None
 
     def health(self) -> InboxHealth:
         now = time.time()
@@ -127,9 +129,7 @@ class InboxWorker(Generic[TX]):
             last_error=state.last_error,
             database_available=state.database_available and self.store.unanswered_for() is None,
             partitions=troubled(partitions, pending, self.settings.stall_after, now),
-            stepped_aside_for=(
-                None if self._aside_since is None else time.monotonic() - self._aside_since
-            ),
+            stepped_aside_for=None if self._aside is None else self._aside.aside_for(),
         )
 
     def stop(self) -> None:
@@ -151,7 +151,16 @@ class InboxWorker(Generic[TX]):
         )
         offsets = OffsetCommitter(consumer, s, inbox=self.inbox.name, metrics=self.metrics)
         self._offsets = offsets
-        consumer.subscribe(s.topics, listener=CommitOnRevoke(offsets, self._idle))
+        membership = _Membership(consumer, offsets, s, self._idle, self._log)
+        membership.step_in()
+        aside = self._aside = StepAside(
+            self._transaction_health.unavailable_for,
+            membership,
+            s.step_aside_after,
+            others="the other workers handle this worker's partitions",
+            gauge=self.metrics.stepped_aside.labels(self.inbox.name).set,
+            log=self._log,
+        )
         producer = kafka_clients.producer(
             s,
             acks="all",
@@ -175,7 +184,7 @@ class InboxWorker(Generic[TX]):
             stopping=self._stopping,
             metrics=self.metrics,
             health=self._transaction_health,
-            leaving=self._leaving,
+            leaving=aside.due,
         )
         await producer.start()
         try:
@@ -189,8 +198,10 @@ class InboxWorker(Generic[TX]):
                     batches = await consumer.poll(timeout_ms=500, max_records=s.max_records)
                     if batches:
                         await self._deliver_poll(consumer, offsets, delivery, batches)
-                    if self._leaving():
-                        await self._step_aside(consumer, offsets)
+                    await aside.check()
+                    if aside.aside_since is not None:
+                        await self._until_answered()
+                        await aside.check()
                         continue
                     await offsets.skip_invisible()
                     side_tasks.check()  # a dead side task stops the worker loudly
@@ -227,50 +238,18 @@ class InboxWorker(Generic[TX]):
         finally:
             self._idle.set()
 
-    def _leaving(self) -> bool:
-        """Whether this worker's transactions have failed, its database not answering, for
-        ``step_aside_after``: it should leave its group to the workers that reach theirs."""
-        bound = self.settings.step_aside_after
-        failing = self._transaction_health.unavailable_for()
-        return bound > 0 and failing is not None and failing >= bound
-
-    async def _step_aside(self, consumer: InboxConsumer, offsets: OffsetCommitter) -> None:
-        """Leave the group while the database does not answer; rejoin once it does. The
-        offsets of what the database committed are committed first (bounded: Kafka may be away
-        too; what is left is read again and absorbed by the dedupe records)."""
-        failing = self._transaction_health.unavailable_for() or 0.0
-        self._log.warning(
-            "the database does not answer: leaving the group so that the other workers handle "
-            "this worker's partitions",
-            unavailable_for=round(failing, 1),
-        )
-        self._aside_since = time.monotonic()
-        self.metrics.stepped_aside.labels(self.inbox.name).set(1)
-        mine = set(offsets.partitions)
-        try:
-            async with asyncio.timeout(self.settings.session_timeout):
-                await offsets.commit(only=mine)
-        except Exception as exc:
-            self._log.info("could not commit before leaving the group", error=repr(exc))
-        offsets.forget(mine)
-        consumer.unsubscribe()
+    async def _until_answered(self) -> None:
+        """Out of the group: ping the database every second until it answers (the outage is
+        then over) or the worker stops."""
         while not self._stopping.is_set():
             try:
                 await self.store.ping()
-                break
             except InboxStorageUnavailableError:
                 self.metrics.storage_errors.labels(self.inbox.name).inc()
                 await wait_set(self._stopping, _PING_EVERY)
-        if self._stopping.is_set():
-            return
-        self._transaction_health.available()
-        consumer.subscribe(self.settings.topics, listener=CommitOnRevoke(offsets, self._idle))
-        self._log.info(
-            "the database answers again: rejoining the group",
-            after=round(time.monotonic() - self._aside_since, 1),
-        )
-        self._aside_since = None
-        self.metrics.stepped_aside.labels(self.inbox.name).set(0)
+            else:
+                self._transaction_health.available()
+                return
 
     async def _commit_and_stop(self, consumer: InboxConsumer, offsets: OffsetCommitter) -> None:
         """Commit the offsets of what the database committed, then leave the group. The caller
@@ -292,3 +271,32 @@ class InboxWorker(Generic[TX]):
                     await self.store.count(self.inbox.name)
                 )
             await sleep_unless_cancelled(self.settings.cleanup_interval)
+
+
+@dataclass
+class _Membership:
+    """The inbox worker's side of stepping aside (:class:`~outboxkit.core.step_aside.StepAside`):
+    leaving commits the offsets of what its database committed first (bounded: Kafka may be
+    away too; what is left is read again and absorbed by the dedupe records), then forgets its
+    partitions and unsubscribes; joining subscribes again."""
+
+    consumer: InboxConsumer
+    offsets: OffsetCommitter
+    settings: InboxSettings
+    idle: asyncio.Event
+    log: structlog.typing.FilteringBoundLogger
+
+    async def step_aside(self) -> None:
+        mine = set(self.offsets.partitions)
+        try:
+            async with asyncio.timeout(self.settings.session_timeout):
+                await self.offsets.commit(only=mine)
+        except Exception as exc:
+            self.log.info("could not commit before leaving the group", error=repr(exc))
+        self.offsets.forget(mine)
+        self.consumer.unsubscribe()
+
+    def step_in(self) -> None:
+        self.consumer.subscribe(
+            self.settings.topics, listener=CommitOnRevoke(self.offsets, self.idle)
+        )

@@ -22,6 +22,7 @@ from typing import Protocol
 import structlog
 
 from outboxkit.core.kafka import leave_group
+from outboxkit.core.step_aside import StepAside
 from outboxkit.core.supervisor import Supervisor
 from outboxkit.core.waiting import sleep_unless_cancelled, unless_stopped
 from outboxkit.relay.batches import InFlightLimit
@@ -37,13 +38,7 @@ from outboxkit.relay.publisher import KafkaPublisher, PublisherFactory
 from outboxkit.relay.reconciler import CrashBackoff, PartitionReconciler
 from outboxkit.relay.records import TopicPartition
 from outboxkit.relay.settings import RelaySettings
-from outboxkit.relay.side_tasks import (
-    BacklogMonitor,
-    StageWatch,
-    StepAside,
-    clean_up,
-    dispatch_wakeups,
-)
+from outboxkit.relay.side_tasks import BacklogMonitor, StageWatch, clean_up, dispatch_wakeups
 from outboxkit.relay.storage import OutboxStorage, WakeupSource
 from outboxkit.relay.stuck import StuckBlocks
 from outboxkit.relay.worker import BlockWorker, WorkerContext
@@ -212,10 +207,12 @@ class Relay:
                 )
                 tasks.start("stuck", self._stuck.run())
                 self._step_aside = StepAside(
-                    self._backlog,
+                    self._backlog.unanswered_for,
                     ownership,
-                    self.settings,
-                    self.metrics,
+                    self.settings.step_aside_after,
+                    others="the other relays publish this relay's partitions",
+                    gauge=self.metrics.stepped_aside.set,
+                    log=logger,
                     since_progress=lambda: self._progress.seconds_since_progress,
                 )
                 tasks.start("step-aside", self._step_aside.run())

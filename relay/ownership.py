@@ -29,7 +29,7 @@ unhealthy until a new assignment arrives. Kafka fences whatever it still had in 
 
 A relay that cannot read its database keeps heartbeating, so the group keeps its partitions
 with it, waiting. :meth:`KafkaOwnership.step_aside` leaves the group for as long as that lasts
-(the decision is :class:`~outboxkit.relay.side_tasks.StepAside`'s), so that the other relays
+(the decision is :class:`~outboxkit.core.step_aside.StepAside`'s), so that the other relays
 publish them; :meth:`KafkaOwnership.step_in` joins again.
 
 A dead member is waited for until its session times out; a relay that learns of the death

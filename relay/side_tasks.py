@@ -1,5 +1,6 @@
-"""The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge,
-stepping aside.
+"""The relay's side tasks beside its block workers: wake-ups, the backlog, the watch, the purge.
+Stepping aside while the database does not answer is :mod:`outboxkit.core.step_aside`'s, on
+the backlog monitor's clock.
 
 Each runs until cancelled, under :class:`~outboxkit.core.supervisor.Supervisor`; the check for
 departed relays is :mod:`outboxkit.relay.departed`. None of them publishes: they route hints to
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,15 +36,13 @@ _SLOW_LOG_EVERY = 30.0
 
 #: Once measures have failed for ``step_aside_after`` (the relay has left its group), the next
 #: comes this soon (or at ``metrics_interval``, if sooner): a measure that answers is what
-#: brings the relay back, within a second.
+#: brings the relay back, within a second (:mod:`outboxkit.core.step_aside`).
 _RETRY_MEASURE_AFTER = 1.0
 
 __all__ = [
     "BacklogMonitor",
-    "Membership",
     "RunningBlocks",
     "StageWatch",
-    "StepAside",
     "clean_up",
     "dispatch_wakeups",
 ]
@@ -212,74 +210,6 @@ class StageWatch:
                 seconds_since_success=round(max(since), 1) if since else None,
                 failing_for=round(now - min(w.failing_since or now for w in failing), 1),
             )
-
-
-class Membership(Protocol):
-    """The part of the group membership :class:`StepAside` needs
-    (:class:`~outboxkit.relay.engine.Ownership`)."""
-
-    async def step_aside(self) -> None: ...
-
-    def step_in(self) -> None: ...
-
-
-@dataclass
-class StepAside:
-    """Takes this relay out of its consumer group while it cannot read its database, so that
-    the relays that can publish its partitions; joins again once it can.
-
-    Nothing else moves them: a relay whose database link is cut or half-open still heartbeats,
-    so Kafka keeps its partitions with it, and on a half-open link its database sessions stay
-    open on the server, so the other relays do not see it depart
-    (:mod:`outboxkit.relay.departed`). Once the database has answered no backlog measure, and
-    nothing has been published, for ``step_aside_after``, it leaves; the first measure that
-    answers again (they come every second meanwhile) makes it rejoin. Leaving is safe at any
-    moment: a relay out of the group publishes nothing, and the new owners fence what it had in
-    flight. A database that none of the relays can read takes them all out, and the first
-    answer brings each back."""
-
-    backlog: BacklogMonitor
-    group: Membership
-    settings: RelaySettings
-    metrics: RelayMetrics
-    #: Seconds since this relay last published (None: never).
-    since_progress: Callable[[], float | None]
-    #: Monotonic time this relay left the group, while it is out.
-    aside_since: float | None = field(default=None, init=False)
-
-    def aside_for(self) -> float | None:
-        """Seconds this relay has been out of its group, or None."""
-        return None if self.aside_since is None else time.monotonic() - self.aside_since
-
-    async def run(self) -> None:
-        while True:
-            await sleep_unless_cancelled(_RETRY_MEASURE_AFTER)
-            await self.check()
-
-    async def check(self) -> None:
-        unanswered = self.backlog.unanswered_for()
-        if self.aside_since is not None:
-            if unanswered is None:
-                logger.info(
-                    "the database answers again: rejoining the group",
-                    after=round(time.monotonic() - self.aside_since, 1),
-                )
-                self.aside_since = None
-                self.metrics.stepped_aside.set(0)
-                self.group.step_in()
-            return
-        bound = self.settings.step_aside_after
-        idle = self.since_progress()
-        if unanswered is None or unanswered < bound or (idle is not None and idle < bound):
-            return
-        logger.warning(
-            "the database does not answer: leaving the group so that the other relays publish "
-            "this relay's partitions",
-            unanswered_for=round(unanswered, 1),
-        )
-        self.aside_since = time.monotonic()
-        self.metrics.stepped_aside.set(1)
-        await self.group.step_aside()
 
 
 async def clean_up(storage: OutboxStorage, settings: RelaySettings) -> None:

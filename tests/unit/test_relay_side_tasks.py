@@ -21,6 +21,7 @@ import structlog
 from aiokafka.errors import NodeNotReadyError
 from prometheus_client import CollectorRegistry
 
+from outboxkit.core.step_aside import StepAside
 from outboxkit.core.supervisor import Supervisor
 from outboxkit.core.waiting import unless_stopped
 from outboxkit.relay.blocks import Block
@@ -32,7 +33,6 @@ from outboxkit.relay.settings import RelaySettings
 from outboxkit.relay.side_tasks import (
     BacklogMonitor,
     StageWatch,
-    StepAside,
     clean_up,
     dispatch_wakeups,
 )
@@ -337,7 +337,8 @@ async def test_a_database_unreadable_for_stall_after_makes_the_relay_unhealthy()
 
 
 class _Group:
-    """The membership :class:`StepAside` drives: what it was told, in order."""
+    """The membership :class:`~outboxkit.core.step_aside.StepAside` drives: what it was told,
+    in order."""
 
     def __init__(self) -> None:
         self.steps: list[str] = []
@@ -369,7 +370,13 @@ async def test_a_relay_that_cannot_read_its_database_steps_aside_and_rejoins_onc
     group = _Group()
     published_ago: list[float | None] = [None]
     aside = StepAside(
-        monitor, group, monitor.settings, relay_metrics, since_progress=lambda: published_ago[0]
+        monitor.unanswered_for,
+        group,
+        monitor.settings.step_aside_after,
+        others="the other relays publish this relay's partitions",
+        gauge=relay_metrics.stepped_aside.set,
+        log=structlog.get_logger("outboxkit.relay"),
+        since_progress=lambda: published_ago[0],
     )
 
     def stepped_aside() -> float | None:
