@@ -58,8 +58,8 @@ BatchHandler = Callable[[Sequence[Any], TX], Awaitable[None]]
 
 
 class Inbox(Generic[TX]):
-    """Handlers of one consumer, named ``name`` (group ``outboxkit.inbox.<name>``; the dedupe
-    key is (name, event id)), each run in a transaction of type ``TX``."""
+    """Handlers of one inbox, named ``name`` (group ``outboxkit.inbox.<name>``; the dedupe key
+    is (name, event id)), each run in a transaction of type ``TX``."""
 
     def __init__(self, name: str, *, registry: EventRegistry | None = None) -> None:
         if not name or not all(c.isalnum() or c in "._-" for c in name):
@@ -141,9 +141,9 @@ class Inbox(Generic[TX]):
         return sorted({cls.event_topic for cls in self._handlers if cls.event_topic is not None})
 
 
-def _traced(handler: Handler[TX], consumer: str, event: Event) -> Handler[TX]:
+def _traced(handler: Handler[TX], inbox: str, event: Event) -> Handler[TX]:
     async def traced(event: Any, tx: TX) -> None:
-        attributes = {**_attributes(consumer, event), "messaging.message.id": str(event.id)}
+        attributes = {**_attributes(inbox, event), "messaging.message.id": str(event.id)}
         with tracing.consumer_span(f"{event.topic} process", event.headers, attributes):
             await handler(event, tx)
 
@@ -157,9 +157,9 @@ def _one_at_a_time(batch: BatchHandler[TX]) -> Handler[TX]:
     return one
 
 
-def _traced_batch(batch: BatchHandler[TX], consumer: str, event: Event) -> BatchHandler[TX]:
+def _traced_batch(batch: BatchHandler[TX], inbox: str, event: Event) -> BatchHandler[TX]:
     async def traced(events: Sequence[Any], tx: TX) -> None:
-        attributes = {**_attributes(consumer, event), "messaging.batch.message_count": len(events)}
+        attributes = {**_attributes(inbox, event), "messaging.batch.message_count": len(events)}
         with tracing.consumer_batch_span(
             f"{event.topic} process", [e.headers for e in events], attributes
         ):
@@ -168,12 +168,12 @@ def _traced_batch(batch: BatchHandler[TX], consumer: str, event: Event) -> Batch
     return traced
 
 
-def _attributes(consumer: str, event: Event) -> dict[str, str | int]:
+def _attributes(inbox: str, event: Event) -> dict[str, str | int]:
     """The consumer span's attributes that every event of ``event``'s type shares."""
     return {
         "messaging.system": "kafka",
         "messaging.operation.type": "process",
         "messaging.destination.name": event.topic,
-        "messaging.consumer.group.name": f"outboxkit.inbox.{consumer}",
+        "messaging.consumer.group.name": f"outboxkit.inbox.{inbox}",
         "outboxkit.event_type": event.event_type,
     }

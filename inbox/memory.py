@@ -1,7 +1,7 @@
 """An in-memory :class:`~outboxkit.inbox.store.InboxStore`, for fast tests of the inbox engine
 and of handlers, without a database.
 
-It keeps the contract of the real stores: one dedupe record per (consumer, event id), the
+It keeps the contract of the real stores: one dedupe record per (inbox, event id), the
 handler's effects commit together with it or not at all, a raising handler rolls back only its
 own delivery and the batch stops there, records expire after the retention. Handlers receive a
 :class:`~outboxkit.core.memory.MemoryTransaction` and record their effects on it (events they
@@ -33,7 +33,7 @@ class InMemoryInboxStore:
 
     def __init__(self, *, retention: timedelta = timedelta(days=7)) -> None:
         self.retention = retention
-        #: (consumer, event id) → when it was recorded.
+        #: (inbox, event id) → when it was recorded.
         self.records: dict[tuple[str, UUID], datetime] = {}
         #: What handlers recorded, in commit order.
         self.effects: list[object] = []
@@ -41,7 +41,7 @@ class InMemoryInboxStore:
         self.unavailable = False
 
     async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[MemoryTransaction]]
+        self, inbox: str, deliveries: Sequence[Delivery[MemoryTransaction]]
     ) -> BatchOutcome:
         self._check_available()
         now = datetime.now(UTC)
@@ -49,7 +49,7 @@ class InMemoryInboxStore:
         new: list[Indexed[MemoryTransaction]] = []
         seen: set[UUID] = set()
         for index, delivery in enumerate(deliveries):
-            recorded = self.records.get((consumer, delivery.event.id))
+            recorded = self.records.get((inbox, delivery.event.id))
             first = delivery.event.id not in seen and (
                 recorded is None or recorded + self.retention <= now
             )
@@ -58,17 +58,17 @@ class InMemoryInboxStore:
             if first:
                 new.append((index, delivery))
         for call in handler_calls(new):
-            failed = await self._commit(consumer, call, now)
+            failed = await self._commit(inbox, call, now)
             if failed is not None and len(call) > 1:  # which one: one transaction each
                 for item in call:
-                    if (failed := await self._commit(consumer, [item], now)) is not None:
+                    if (failed := await self._commit(inbox, [item], now)) is not None:
                         break
             if failed is not None:
                 return BatchOutcome(ran=ran[: failed[0]], failed=failed)
         return BatchOutcome(ran=ran)
 
     async def _commit(
-        self, consumer: str, call: Sequence[Indexed[MemoryTransaction]], now: datetime
+        self, inbox: str, call: Sequence[Indexed[MemoryTransaction]], now: datetime
     ) -> tuple[int, Exception] | None:
         """Run ``call`` in a transaction of its own and commit it with its dedupe records; a
         raising handler commits nothing and is returned with its first delivery's index."""
@@ -78,7 +78,7 @@ class InMemoryInboxStore:
         except Exception as exc:
             return call[0][0], exc
         for _, delivery in call:
-            self.records[consumer, delivery.event.id] = now
+            self.records[inbox, delivery.event.id] = now
         self.effects.extend(tx.commit())
         return None
 
@@ -90,9 +90,9 @@ class InMemoryInboxStore:
             del self.records[key]
         return len(expired)
 
-    async def count(self, consumer: str) -> int:
+    async def count(self, inbox: str) -> int:
         self._check_available()
-        return sum(1 for name, _ in self.records if name == consumer)
+        return sum(1 for name, _ in self.records if name == inbox)
 
     async def ping(self) -> None:
         self._check_available()

@@ -1,4 +1,4 @@
-"""The seam between the inbox consumer and a database."""
+"""The seam between the inbox worker and a database."""
 
 from __future__ import annotations
 
@@ -88,10 +88,8 @@ class InboxStore(Protocol[TX]):
     """Where an inbox records the events it took effect for, in transactions of type ``TX``
     (PostgreSQL, MongoDB, or in memory for unit tests)."""
 
-    async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[TX]]
-    ) -> BatchOutcome:
-        """For each delivery in order: record (consumer, event id) unless recorded before (and
+    async def process_batch(self, inbox: str, deliveries: Sequence[Delivery[TX]]) -> BatchOutcome:
+        """For each delivery in order: record (inbox, event id) unless recorded before (and
         not yet expired); if that was new, run its handler in the same transaction — or, for a
         run of new deliveries of a type with a batch handler (:attr:`Delivery.batch`), that
         handler once with their events (:func:`handler_calls`; calling each delivery's
@@ -105,8 +103,8 @@ class InboxStore(Protocol[TX]):
     async def purge(self, older_than: timedelta, limit: int) -> int:
         """Delete at most ``limit`` dedupe records older than ``older_than``."""
 
-    async def count(self, consumer: str) -> int:
-        """Dedupe records of ``consumer`` (a metric)."""
+    async def count(self, inbox: str) -> int:
+        """Dedupe records of ``inbox`` (a metric)."""
 
     async def ping(self) -> None:
         """Return once the database answers; raise the store's unavailable error if it does

@@ -85,13 +85,13 @@ class MongoInboxStore(MongoConnection):
         self._server_offset = timedelta(0)
 
     async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
+        self, inbox: str, deliveries: Sequence[Delivery[AsyncClientSession]]
     ) -> BatchOutcome:
         """As the protocol says; the batch stops growing once its handlers used their share of
         ``transactionLifetimeLimitSeconds`` (:mod:`outboxkit.inbox.budget`), and one mongod
         aborted for outliving it raises :class:`InboxTransactionTooLongError`."""
         try:
-            return BatchOutcome(ran=await self._transact(consumer, deliveries))
+            return BatchOutcome(ran=await self._transact(inbox, deliveries))
         except _HandlerFailedError as failed:
             if len(deliveries) == 1:
                 return BatchOutcome(failed=(0, failed.error))
@@ -99,7 +99,7 @@ class MongoInboxStore(MongoConnection):
         outcome = BatchOutcome()
         for index, delivery in enumerate(deliveries):
             try:
-                [ran] = await self._transact(consumer, [delivery])
+                [ran] = await self._transact(inbox, [delivery])
             except _HandlerFailedError as failed:
                 outcome.failed = (index, failed.error)
                 break
@@ -141,14 +141,14 @@ class MongoInboxStore(MongoConnection):
         return datetime.now(UTC) + self._server_offset
 
     async def _transact(
-        self, consumer: str, deliveries: Sequence[Delivery[AsyncClientSession]]
+        self, inbox: str, deliveries: Sequence[Delivery[AsyncClientSession]]
     ) -> list[bool]:
         limit = await self._limit.get()  # and the server's clock
 
         async def work(session: AsyncClientSession) -> list[bool]:
             deadline = limit.deadline(time.monotonic())
             now = self._server_now()
-            ids = [{"consumer": consumer, "event_id": d.event.id} for d in deliveries]
+            ids = [{"consumer": inbox, "event_id": d.event.id} for d in deliveries]
             # An expired record no longer counts, whether or not mongod's TTL monitor (which
             # runs every 60 s) has removed it yet: what is a duplicate never depends on it.
             recorded = {
@@ -177,7 +177,7 @@ class MongoInboxStore(MongoConnection):
                 if is_transient(exc) or is_unavailable(exc):
                     raise  # not the handler's fault: retried, or the database is away
                 raise _HandlerFailedError(exc) from exc
-            records = [self._record(consumer, d, now) for index, d in new if index < done]
+            records = [self._record(inbox, d, now) for index, d in new if index < done]
             if records:
                 await self._records.insert_many(records, session=session)
             return ran[:done]
@@ -191,11 +191,11 @@ class MongoInboxStore(MongoConnection):
         )
 
     def _record(
-        self, consumer: str, delivery: Delivery[AsyncClientSession], now: datetime
+        self, inbox: str, delivery: Delivery[AsyncClientSession], now: datetime
     ) -> Document:
         """The dedupe record of ``delivery``'s event."""
         return {
-            "_id": {"consumer": consumer, "event_id": delivery.event.id},
+            "_id": {"consumer": inbox, "event_id": delivery.event.id},
             "event_type": delivery.event.event_type,
             "topic": delivery.topic,
             "partition": delivery.partition,
@@ -230,11 +230,11 @@ class MongoInboxStore(MongoConnection):
         """None: pymongo finds a primary by itself; an outage shows in failed transactions."""
         return None
 
-    async def count(self, consumer: str) -> int:
+    async def count(self, inbox: str) -> int:
         # Embedded documents compare field by field, so this range is one consumer's slice of
         # the _id index.
-        low = {"consumer": consumer, "event_id": MinKey()}
-        high = {"consumer": consumer + "\0"}
+        low = {"consumer": inbox, "event_id": MinKey()}
+        high = {"consumer": inbox + "\0"}
         return await guarded(
             self._records.count_documents({"_id": {"$gte": low, "$lt": high}}),
             InboxStorageUnavailableError,

@@ -89,7 +89,7 @@ class PostgresInboxStore(PooledStore):
         )
         self._limit = CachedLimit(self._read_limit)
 
-    async def process_batch(self, consumer: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
+    async def process_batch(self, inbox: str, deliveries: Sequence[Delivery]) -> BatchOutcome:
         """Optimistically: one statement inserts the whole batch's dedupe records, then the new
         events' handlers run without savepoints, their statements pipelined (no round trip
         each), and one commit. If a handler raises, that transaction rolls back and the batch is
@@ -100,12 +100,12 @@ class PostgresInboxStore(PooledStore):
         try:
             if len(deliveries) > 1:
                 try:
-                    return await self._process_optimistically(consumer, deliveries, limit, began)
+                    return await self._process_optimistically(inbox, deliveries, limit, began)
                 except Exception as exc:
                     if not _handlers_fault(exc):
                         raise  # the connection or the transaction is gone: nothing committed
                     began.clear()  # a handler raised: find out which, below
-            return await self._process_with_savepoints(consumer, deliveries, limit, began)
+            return await self._process_with_savepoints(inbox, deliveries, limit, began)
         except (*_NOT_THE_HANDLERS, InboxStorageUnavailableError) as exc:
             elapsed = time.monotonic() - began[-1] if began else 0.0
             if _ended_for_time(exc) or (limit.outlived(elapsed) and _session_lost(exc)):
@@ -114,7 +114,7 @@ class PostgresInboxStore(PooledStore):
 
     async def _process_optimistically(
         self,
-        consumer: str,
+        inbox: str,
         deliveries: Sequence[Delivery],
         limit: TransactionLimit,
         began: list[float],
@@ -126,7 +126,7 @@ class PostgresInboxStore(PooledStore):
         async with self._connection() as conn, conn.pipeline(), conn.transaction():
             began.append(time.monotonic())
             deadline = limit.deadline(began[-1])
-            cur = await conn.execute(*_dedupe_batch(consumer, deliveries, ids))
+            cur = await conn.execute(*_dedupe_batch(inbox, deliveries, ids))
             new_ids = {row[0] for row in await cur.fetchall()}
             ran = []
             new: list[Indexed[psycopg.AsyncConnection[Any]]] = []
@@ -141,13 +141,13 @@ class PostgresInboxStore(PooledStore):
             )
             unrun = [ids[index] for index, _ in new if index >= done]
             if unrun:  # recorded, not run: take their dedupe records back
-                params = {"consumer": consumer, "event_ids": "{" + ",".join(unrun) + "}"}
+                params = {"consumer": inbox, "event_ids": "{" + ",".join(unrun) + "}"}
                 await conn.execute(_QUERIES["delete_dedupe_records"], params)
         return BatchOutcome(ran=ran[:done])
 
     async def _process_with_savepoints(
         self,
-        consumer: str,
+        inbox: str,
         deliveries: Sequence[Delivery],
         limit: TransactionLimit,
         began: list[float],
@@ -160,7 +160,7 @@ class PostgresInboxStore(PooledStore):
                 try:
                     async with conn.transaction():  # a savepoint per delivery
                         cur = await conn.execute(
-                            _QUERIES["insert_dedupe_record"], _dedupe_params(consumer, d)
+                            _QUERIES["insert_dedupe_record"], _dedupe_params(inbox, d)
                         )
                         if cur.rowcount:
                             await d.handler(d.event, conn)
@@ -193,9 +193,9 @@ class PostgresInboxStore(PooledStore):
             cur = await conn.execute(_QUERIES["purge"], {"older_than": older_than, "limit": limit})
             return cur.rowcount
 
-    async def count(self, consumer: str) -> int:
+    async def count(self, inbox: str) -> int:
         async with self._connection() as conn:
-            cur = await conn.execute(_QUERIES["count"], {"consumer": consumer})
+            cur = await conn.execute(_QUERIES["count"], {"consumer": inbox})
             row = await cur.fetchone()
             return int(row[0]) if row else 0
 
@@ -204,9 +204,9 @@ class PostgresInboxStore(PooledStore):
             await conn.execute(_QUERIES["ping"])
 
 
-def _dedupe_params(consumer: str, d: Delivery) -> dict[str, object]:
+def _dedupe_params(inbox: str, d: Delivery) -> dict[str, object]:
     return {
-        "consumer": consumer,
+        "consumer": inbox,
         "event_id": d.event.id,
         "event_type": d.event.event_type,
         "topic": d.topic,
@@ -216,7 +216,7 @@ def _dedupe_params(consumer: str, d: Delivery) -> dict[str, object]:
 
 
 def _dedupe_batch(
-    consumer: str, deliveries: Sequence[Delivery], ids: Sequence[str]
+    inbox: str, deliveries: Sequence[Delivery], ids: Sequence[str]
 ) -> tuple[str, dict[str, object]]:
     """The statement inserting the dedupe records of ``deliveries`` (whose event ids are
     ``ids``, as text) and its parameters. The columns go as array literals (one text parameter
@@ -224,7 +224,7 @@ def _dedupe_batch(
     element)."""
     first = deliveries[0]
     params: dict[str, object] = {
-        "consumer": consumer,
+        "consumer": inbox,
         "event_ids": "{" + ",".join(ids) + "}",
         "event_types": _text_array([d.event.event_type for d in deliveries]),
         "offsets": "{" + ",".join([str(d.offset) for d in deliveries]) + "}",

@@ -130,14 +130,12 @@ class CrashAfterCommit:
         self._open = 0
         self._armed = False
 
-    async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[Any]]
-    ) -> BatchOutcome:
+    async def process_batch(self, inbox: str, deliveries: Sequence[Delivery[Any]]) -> BatchOutcome:
         if self._armed:
             await asyncio.Event().wait()  # never starts: the process is about to die
         self._open += 1
         try:
-            outcome = await self._store.process_batch(consumer, deliveries)
+            outcome = await self._store.process_batch(inbox, deliveries)
             drawn = any(outcome.ran) and random.random() < self._probability
             self._armed = self._armed or drawn
             return outcome
@@ -149,8 +147,8 @@ class CrashAfterCommit:
     async def purge(self, older_than: timedelta, limit: int) -> int:
         return await self._store.purge(older_than, limit)
 
-    async def count(self, consumer: str) -> int:
-        return await self._store.count(consumer)
+    async def count(self, inbox: str) -> int:
+        return await self._store.count(inbox)
 
     async def ping(self) -> None:
         await self._store.ping()

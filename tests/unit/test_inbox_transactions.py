@@ -29,19 +29,19 @@ class TimeLimitedStore:
         self.sizes: list[int] = []
 
     async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[MemoryTransaction]]
+        self, inbox: str, deliveries: Sequence[Delivery[MemoryTransaction]]
     ) -> BatchOutcome:
         self.sizes.append(len(deliveries))
         slow = any(getattr(d.event, "order", None) == "slow" for d in deliveries)
         if len(deliveries) > self.fits or slow:
             raise InboxTransactionTooLongError("aborted: it outlived the time limit")
-        return await self.store.process_batch(consumer, deliveries)
+        return await self.store.process_batch(inbox, deliveries)
 
     async def purge(self, older_than: timedelta, limit: int) -> int:
         return await self.store.purge(older_than, limit)
 
-    async def count(self, consumer: str) -> int:
-        return await self.store.count(consumer)
+    async def count(self, inbox: str) -> int:
+        return await self.store.count(inbox)
 
 
 def _deliveries(events: list[Charged], first_offset: int = 0) -> list[Delivery[MemoryTransaction]]:
@@ -135,12 +135,12 @@ class _Outage(InMemoryInboxStore):
         self.failing = failing
 
     async def process_batch(
-        self, consumer: str, deliveries: Sequence[Delivery[MemoryTransaction]]
+        self, inbox: str, deliveries: Sequence[Delivery[MemoryTransaction]]
     ) -> BatchOutcome:
         if self.failing:
             self.failing -= 1
             raise InboxStorageUnavailableError("the database does not answer (fake)")
-        return await super().process_batch(consumer, deliveries)
+        return await super().process_batch(inbox, deliveries)
 
 
 async def test_the_first_retry_after_an_outage_comes_at_once_and_the_pauses_grow_from_there() -> (
