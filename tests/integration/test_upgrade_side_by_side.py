@@ -44,9 +44,10 @@ MAX_GAP = 30.0
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(300)]
 
 #: The writers of N-1: its own harness's Writers (on entities of their own, so that each
-#: entity's events stay in series), until a stop file appears; then what they committed.
+#: entity's events stay in series), until a stop file appears; then what they committed. Its
+#: ``_write`` took the pace as an interval until v0.1.0, which reads it from ``rate``.
 OLD_WRITERS = """
-import asyncio, json, pathlib, sys
+import asyncio, inspect, json, pathlib, sys
 from tests.integration.inbox_app import Payment
 from tests.helpers import wait_for
 from tests.integration.relay_harness import Writers
@@ -54,7 +55,12 @@ from tests.integration.relay_harness import Writers
 async def main(url, topic, rate, stop, out):
     writers = Writers(url, topic, kind=Payment)
     names = [f"n-1-entity-{i}" for i in range(6)]
-    tasks = [asyncio.create_task(writers._write(names[w::2], 0.0, 2 / rate)) for w in range(2)]
+    if "interval" in inspect.signature(writers._write).parameters:
+        paced = [(names[w::2], 0.0, 2 / rate) for w in range(2)]
+    else:
+        writers.rate, writers._writers = rate, 2
+        paced = [(names[w::2], 0.0) for w in range(2)]
+    tasks = [asyncio.create_task(writers._write(*args)) for args in paced]
     stopped = pathlib.Path(stop).exists
     await wait_for(stopped, within=600, interval=0.1, what="the stop file")  # or end by itself
     await writers.stop()
