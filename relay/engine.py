@@ -281,7 +281,7 @@ class Relay:
                 None if self._step_aside is None else _rounded(self._step_aside.aside_for())
             ),
             wakeups_missed_for=_rounded(self._missed_wakeups.missed_for()),
-            stuck=[] if self._stuck is None else sorted(str(tp) for tp in self._stuck.stuck),
+            stuck=[] if self._stuck is None else sorted(str(tp) for tp in self._stuck.showing()),
         )
 
     def _new_worker(self, block: Block, tps: list[TopicPartition]) -> BlockWorker:

@@ -15,7 +15,11 @@ episode), shows the partitions on ``/healthz`` (``stuck``, unhealthy) and in
 (:meth:`~outboxkit.relay.ownership.KafkaOwnership.step_aside_from`): another relay publishes
 them, fencing what this one still had in flight. The request lasts :data:`AVOID_BOUNDS` times the
 bound, then is dropped (from the relay's next join): this relay may be given them again, and
-if the cause has not gone, steps aside from them again.
+if the cause has not gone, steps aside from them again. A relay given back partitions it asked
+not to be given — the group's contiguous ranges leave every member one, so one cut from the
+broker its blocks' transactions need can publish none — leaves the group until the request
+lapses (``outboxkit_relay_stuck_partitions`` then counts what it asked to avoid), and the other
+relays publish everything.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class Avoiding(Protocol):
     async def step_aside_from(self, partitions: frozenset[TopicPartition]) -> None: ...
 
     def avoid_nothing(self) -> None: ...
+
+    async def step_aside(self) -> None: ...
+
+    def step_in(self) -> None: ...
 
 
 def is_stuck(
@@ -90,7 +98,14 @@ class StuckBlocks:
     #: The partitions this relay asks not to be given, until ``_avoiding_until`` (monotonic).
     avoided: frozenset[TopicPartition] = field(default=frozenset(), init=False)
     _avoiding_until: float = field(default=0.0, init=False)
+    #: Out of the group: given back, after asking, only partitions it could not publish.
+    out: bool = field(default=False, init=False)
     _episode: float | None = field(default=None, init=False)
+
+    def showing(self) -> frozenset[TopicPartition]:
+        """What the relay's health lists as stuck: the partitions of its stuck blocks, or,
+        while it is out of its group for them, those it asked not to be given."""
+        return self.avoided if self.out else self.stuck
 
     async def run(self) -> None:
         while True:
@@ -104,6 +119,13 @@ class StuckBlocks:
         if self.avoided and now >= self._avoiding_until:
             self.avoided = frozenset()
             self.group.avoid_nothing()
+            if self.out:
+                self.out = False
+                logger.info("rejoining the group to publish again")
+                self.group.step_in()
+        if self.out:
+            self.metrics.stuck_partitions.set(len(self.avoided))
+            return
         backlog = self.backlog()
         stuck = [w for w in self.blocks.workers if is_stuck(w, backlog, bound, now=now, wall=wall)]
         self.stuck = frozenset(tp for w in stuck for tp in w.tps)
@@ -128,7 +150,19 @@ class StuckBlocks:
                 error=worker.last_error,
             )
         if self.stuck <= self.avoided:
-            return  # asked already, and given them back: no other relay can take them
+            # Asked already, and given them back: the group's ranges could not leave them out
+            # (every member gets one), so this relay publishes nothing it is given. Out of the
+            # group until the request lapses, the others take every partition.
+            self.out = True
+            self.stuck = frozenset()
+            logger.warning(
+                "given back partitions it cannot publish: leaving the group so that the other "
+                "relays publish them all",
+                partitions=sorted(str(tp) for tp in self.avoided),
+                rejoins_in=round(self._avoiding_until - now, 1),
+            )
+            await self.group.step_aside()
+            return
         self.avoided |= self.stuck
         self._avoiding_until = now + AVOID_BOUNDS * bound
         await self.group.step_aside_from(self.avoided)

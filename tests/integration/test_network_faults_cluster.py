@@ -132,9 +132,12 @@ async def test_a_relay_cut_from_the_leader_of_its_partitions_steps_aside_from_th
     and nothing said so until OUTBOXKIT_STALL_AFTER. Now the block is stuck once its send has
     run OUTBOXKIT_STEP_ASIDE_AFTER with records pending: relay-0 says so (/healthz ``stuck``,
     503) and steps aside from those partitions, rejoining with a request not to be given them;
-    relay-1 publishes them while the link is still cut, and relay-0 the others. Would catch a
-    relay that holds them, one that takes them back at once (the request ignored), a record
-    lost or reordered, or two publishers interleaved (G4).
+    relay-1 publishes them while the link is still cut, and relay-0 the others — or, when the
+    cut broker also coordinates the other block's transactions, relay-0 can publish nothing it
+    is given and leaves the group until its request lapses. Would catch a relay that holds
+    them, one that takes them back at once (the request ignored), relays that hand a range they
+    cannot publish back and forth, a record lost or reordered, or two publishers interleaved
+    (G4).
 
     The leaders are placed: partitions 0-1 on one broker, 2-3 on another, the relays' group
     coordinator on neither, so that relay-0's range (0-1 or 2-3) has one leader to cut and the

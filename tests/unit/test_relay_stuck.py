@@ -108,11 +108,16 @@ class Group:
     def avoid_nothing(self) -> None:
         self.steps.append("avoid nothing")
 
+    async def step_aside(self) -> None:
+        self.steps.append("out")
+
+    def step_in(self) -> None:
+        self.steps.append("in")
+
 
 async def test_a_relay_says_once_that_partitions_are_stuck_and_steps_aside_from_them() -> None:
-    """Would catch a relay that keeps stuck partitions, logs a line per check, steps aside
-    again from partitions the group gave back (nobody else could take them: a rebalance every
-    check), or keeps its request for good."""
+    """Would catch a relay that keeps stuck partitions, logs a line per check, rejoins again
+    and again for partitions the group gave back, or keeps its request for good."""
     stuck = Worker(Block(TOPIC, 2, 1), [tp(2), tp(3)], stage="send", stage_since=NOW - BOUND)
     fine = Worker(Block(TOPIC, 0, 1), [tp(0), tp(1)], last_success=NOW - 0.1)
     blocks = Blocks([fine, stuck])
@@ -127,7 +132,6 @@ async def test_a_relay_says_once_that_partitions_are_stuck_and_steps_aside_from_
     )
     with structlog.testing.capture_logs() as logs:
         await check.check(NOW, WALL)
-        await check.check(NOW + 1, WALL + 1)  # given back: asked already, nothing more
     assert check.stuck == {tp(2), tp(3)}
     assert metrics.value("outboxkit_relay_stuck_partitions") == 2
     assert group.steps == ["aside from ['" + TOPIC + "/2', '" + TOPIC + "/3']"]
@@ -142,6 +146,44 @@ async def test_a_relay_says_once_that_partitions_are_stuck_and_steps_aside_from_
     assert [e["event"] for e in logs] == ["no partition of this relay is stuck any more"]
     await check.check(NOW + AVOID_BOUNDS * BOUND, WALL)
     assert group.steps[-1] == "avoid nothing"
+
+
+async def test_given_back_what_it_cannot_publish_a_relay_leaves_until_its_request_lapses() -> None:
+    """relay-0 cut from the broker its blocks' transactions need publishes nothing it is
+    given, and the group's ranges leave it one: given back the partitions it asked to avoid, it
+    leaves the group (the others publish everything), says so and shows them, and rejoins when
+    its request lapses. Before, it stepped aside from one range, was given the other, and so on:
+    a rebalance per bound, and a range always waiting."""
+    low = Worker(Block(TOPIC, 0, 1), [tp(0), tp(1)], stage="send", stage_since=NOW - BOUND)
+    blocks = Blocks([low])
+    backlog = _backlog(5, BOUND, tp(0), tp(1), tp(2), tp(3))
+    metrics, group = Metrics(), Group()
+    check = StuckBlocks(
+        blocks,  # type: ignore[arg-type]
+        lambda: backlog,
+        group,
+        settings(step_aside_after=BOUND),
+        metrics.relay,
+    )
+    await check.check(NOW, WALL)
+    high = Worker(Block(TOPIC, 2, 1), [tp(2), tp(3)], stage="send", stage_since=NOW - BOUND)
+    blocks.workers = [high]  # given the other range: stuck too
+    await check.check(NOW + BOUND + 1, WALL)
+    blocks.workers = [low]  # and back the first, which it asked to avoid
+    with structlog.testing.capture_logs() as logs:
+        await check.check(NOW + 2 * BOUND + 2, WALL)
+    assert group.steps[-1] == "out"
+    assert [e["event"] for e in logs] == [
+        "given back partitions it cannot publish: leaving the group so that the other relays "
+        "publish them all"
+    ]
+    blocks.workers = []
+    await check.check(NOW + 2 * BOUND + 3, WALL)
+    assert check.showing() == {tp(0), tp(1), tp(2), tp(3)}
+    assert metrics.value("outboxkit_relay_stuck_partitions") == 4
+    await check.check(NOW + BOUND + 1 + AVOID_BOUNDS * BOUND, WALL)
+    assert group.steps[-2:] == ["avoid nothing", "in"]
+    assert not check.out
 
 
 def test_the_assignor_gives_no_member_a_range_it_asked_to_avoid_when_another_can_take_it() -> None:
