@@ -21,6 +21,7 @@ import copy
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -139,6 +140,9 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
     ):
         log_config = uvicorn_log_config(Path(workdir))
         asyncio.run(create_topics(bootstrap, dict.fromkeys(TOPICS, 3)))
+        # The consoles' login: one token for this run (or yours), printed with the banner, so
+        # that no page of a running app is open to whoever reaches its port.
+        token = os.environ.get("OUTBOXKIT_CONSOLE_TOKEN") or secrets.token_urlsafe(12)
         apps: dict[int, subprocess.Popen[bytes]] = {}
         for name, port in (("orders", args.orders_port), ("payments", args.payments_port)):
             env = {
@@ -146,6 +150,7 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
                 **broker_env,
                 "OUTBOXKIT_DATABASE_URL": database_urls[name],
                 "OUTBOXKIT_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                "OUTBOXKIT_CONSOLE_TOKEN": token,
                 "PYTHONPATH": str(REPO),
             }
             command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(port)]
@@ -162,6 +167,8 @@ def serve(package: str, database_urls: Mapping[str, str], args: argparse.Namespa
             wait_until_ready(apps)
             # Flushed at once: a script that reads this line may send its first order then.
             print(
+                f"consoles at http://localhost:{args.orders_port}/outboxkit/ and "
+                f"http://localhost:{args.payments_port}/outboxkit/ (token {token})\n"
                 f"orders on :{args.orders_port}, payments on :{args.payments_port} — ready; "
                 "Ctrl-C stops",
                 flush=True,

@@ -4,12 +4,14 @@ broker, each app under uvicorn. Once the runner prints its banner, the very firs
 (201, not a refused connection nor a 500 for an unregistered topic) and paid, and the services
 log nothing at debug level by default, nor the runner's readiness polls. Then Ctrl-C in its
 terminal (SIGINT to its whole process group) stops it all within seconds, the apps before their
-database and broker, without an error or a warning, and it exits 0."""
+database and broker, without an error or a warning, and it exits 0. The consoles the banner
+names need the token it prints."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +109,12 @@ async def test_the_first_order_after_the_banner_is_taken_and_paid(package: str) 
                 return bool(order["status"] == "paid")
 
             await wait_for(paid, within=60, interval=0.2, what="the first order paid")
+            # The console the banner names answers its token, and nobody without it.
+            token = re.search(r"\(token (\S+)\)", log.read_text())
+            assert token is not None, log.read_text()[-3000:]
+            bearer = {"authorization": f"Bearer {token[1]}"}
+            assert (await client.get("/outboxkit/", headers=bearer)).status_code == 200
+            assert (await client.get("/outboxkit/")).status_code in (303, 401)
         code, took = ctrl_c(process)
         output = log.read_text()
     assert code == 0, output[-3000:]
