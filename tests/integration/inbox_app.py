@@ -15,10 +15,12 @@ import os
 import random
 import signal
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from bson import ObjectId
 from pydantic import Field
+from pymongo import UpdateOne
 
 from outboxkit.backends import backend_for
 from outboxkit.core.logs import configure_logging
@@ -66,8 +68,20 @@ async def take_effects(events: Sequence[Payment], tx: Any) -> None:
             await asyncio.Event().wait()
     if ON_MONGODB:
         effects = tx.client.get_database(database_name(DATABASE_URL)).effects
-        rows = [{"event_id": e.id, "entity": e.entity, "seq": e.seq, "at": _now()} for e in events]
-        await effects.insert_many(rows, session=tx)
+        # ``at`` from the server's clock ($$NOW), as PostgreSQL's clock_timestamp(): a worker on
+        # a skewed clock (tests/integration/test_clock_skew.py) must not skew the inbox's delays.
+        rows = [
+            UpdateOne(
+                {"_id": ObjectId()},
+                [
+                    {"$set": {"event_id": e.id, "entity": {"$literal": e.entity}, "seq": e.seq}},
+                    {"$set": {"at": "$$NOW"}},
+                ],
+                upsert=True,
+            )
+            for e in events
+        ]
+        await effects.bulk_write(rows, session=tx)
         return
     async with tx.cursor() as cursor:
         await cursor.executemany(
@@ -81,10 +95,6 @@ if os.environ.get("TEST_BATCH_HANDLER") == "1":
     inbox.batch_handler(Payment)(take_effects)
 else:
     inbox.handler(Payment)(take_effect)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class Refund(Event, type="test.refund", key_field="entity"):
