@@ -4,7 +4,6 @@ module of the foundation and of the engines is on it, so the map cannot drift fr
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -109,17 +108,11 @@ _DATED = re.compile(
     re.IGNORECASE,
 )
 
-#: Pages whose dates are being rewritten by another change, allowed until it lands: the upgrade
-#: guide's dates become release versions; the failover and network-fault sections of the
-#: operations page are being rewritten. Remove each as soon as its page is clean.
-_DATES_BEING_REWRITTEN = {"docs/upgrading.md", "docs/operations.md"}
 
-
-def _lines_matching(pattern: re.Pattern[str], skip: Collection[str] = ()) -> list[str]:
+def _lines_matching(pattern: re.Pattern[str]) -> list[str]:
     return [
         f"{path.relative_to(REPO)}:{number}: {match.group(0)!r} in {line.strip()[:80]}"
         for path in USER_DOCS
-        if str(path.relative_to(REPO)) not in skip
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if (match := pattern.search(line))
     ]
@@ -144,4 +137,4 @@ def test_the_user_docs_name_no_internal_issue() -> None:
 def test_the_user_docs_hold_no_dated_measurement_rounds() -> None:
     """A page gives today's figures and the command that reproduces them; the rounds that led
     there, dated, live in bench/results/."""
-    assert _lines_matching(_DATED, _DATES_BEING_REWRITTEN) == []
+    assert _lines_matching(_DATED) == []
