@@ -63,6 +63,7 @@ from outboxkit.schemas.compat.snapshot import (
     VERSION_KEY,
     SchemaDocument,
     Snapshot,
+    annotated_form,
 )
 from outboxkit.schemas.registry import EventRegistry
 
@@ -339,9 +340,9 @@ def compare_snapshots(old: Snapshot, new: Snapshot) -> list[Finding]:
         old_versions, new_versions = old.versions(event_type), new.versions(event_type)
         readable = new.readable_versions(event_type)
         for version in old_versions:
-            old_doc = old.documents[event_type, version]
+            old_doc = old.annotated[event_type, version]
             if version in new_versions:
-                findings += compare_event_schemas(old_doc, new.documents[event_type, version])
+                findings += compare_event_schemas(old_doc, new.annotated[event_type, version])
             elif version in readable:
                 findings.append(_version_finding(event_type, version, Rule.VERSION_UPCAST))
             else:
@@ -352,13 +353,15 @@ def compare_snapshots(old: Snapshot, new: Snapshot) -> list[Finding]:
                 continue
             findings.append(_version_finding(event_type, version, Rule.VERSION_ADDED))
             if old_versions:  # a new version of a known type: the same key and topic
-                previous = old.documents[event_type, old_versions[-1]]
-                findings += _routing(previous, new.documents[event_type, version])
+                previous = old.annotated[event_type, old_versions[-1]]
+                findings += _routing(previous, new.annotated[event_type, version])
     return findings
 
 
 def compare_event_schemas(old: SchemaDocument, new: SchemaDocument) -> list[Finding]:
-    """Every finding between two schemas of one ``(type, version)``, whatever the mode."""
+    """Every finding between two schemas of one ``(type, version)``, whatever the mode (each
+    as its file holds it, or annotated)."""
+    old, new = annotated_form(old), annotated_form(new)
     gaps = [
         *Walk(reader=new, writer=old, direction="backward").gaps(),
         *Walk(reader=old, writer=new, direction="forward").gaps(),

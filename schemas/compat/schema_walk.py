@@ -30,7 +30,7 @@ from outboxkit.schemas.compat.snapshot import (
     MAX_DIGITS_KEY,
     STRICT_READER_KEY,
     SchemaDocument,
-    decimal_pattern,
+    decimal_patterns,
 )
 
 Direction = Literal["backward", "forward"]
@@ -425,7 +425,7 @@ def _accepts(reader: dict[str, Any], value: object) -> bool:
 def _decimal_text(node: dict[str, Any]) -> bool:
     """Whether ``node``'s pattern is the one a ``Decimal``'s text gets from its precision
     (judged by the ``decimal`` rules, not as a pattern: exports before it had none)."""
-    return node.get("pattern") == decimal_pattern(
+    return node.get("pattern") in decimal_patterns(
         node.get(MAX_DIGITS_KEY), node.get(DECIMAL_PLACES_KEY)
     )
 

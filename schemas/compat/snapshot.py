@@ -3,19 +3,27 @@
 A :class:`Snapshot` holds the JSON Schema of each event's payload — what the record value holds
 (the wire format, :mod:`outboxkit.schemas.wire`), the envelope fields left out — as pydantic
 describes it for validation (what a reader accepts), plus what is not in pydantic's schema and
-decides whether a change is compatible, as annotations at the top of each document:
+decides whether a change is compatible. A file keeps that in a place every validator accepts
+(Ajv's strict mode refuses keywords it does not know): the ``const`` of the ``$defs`` member
+``x-outboxkit``, a schema no ``$ref`` names, which accepts that one value and nothing else::
 
-==================================  ===============================================================
-``x-outboxkit-ce-type``             the event type (``ce_type``)
-``x-outboxkit-ce-schemaversion``    its version (``ce_schemaversion``)
-``x-outboxkit-key-field``           the payload field the Kafka key comes from (or ``null``)
-``x-outboxkit-topic``               the default topic (or ``null``)
-``x-outboxkit-strict-reader``       whether a reader rejects the fields it does not declare
-==================================  ===============================================================
+    "$defs": {"x-outboxkit": {"description": "...", "const": {
+        "ce-type": "shop.order_placed",     the event type (ce_type)
+        "ce-schemaversion": 1,              its version (ce_schemaversion)
+        "key-field": "order_id",            the payload field the Kafka key comes from (or null)
+        "topic": "shop.orders",             the default topic (or null)
+        "strict-reader": false,             whether a reader rejects the fields it does not declare
+        "decimals": {"/properties/amount": {"max-digits": 10, "decimal-places": 2}}
+    }}}
 
-and, on each ``Decimal``, ``x-outboxkit-max-digits`` and ``x-outboxkit-decimal-places`` (pydantic
-keeps those two constraints out of its JSON Schema). The text of a document is stable (sorted
-keys, two-space indents, a final newline): exporting an unchanged registry changes no file.
+``decimals`` gives, by JSON Pointer, the precision of each ``Decimal`` (pydantic keeps those two
+constraints out of its JSON Schema; the string form's ``pattern`` bounds them). In memory, and in
+files exported before that form (which are still read), the same facts are keywords:
+``x-outboxkit-ce-type``, ``x-outboxkit-ce-schemaversion``, ``x-outboxkit-key-field``,
+``x-outboxkit-topic`` and ``x-outboxkit-strict-reader`` at the top, ``x-outboxkit-max-digits``
+and ``x-outboxkit-decimal-places`` on each ``Decimal``: :func:`annotated_form` and
+:func:`exported_form` turn one into the other. The text of a document is stable (sorted keys,
+two-space indents, a final newline): exporting an unchanged registry changes no file.
 
 Pure, like the rest of the package: :meth:`Snapshot.files` gives the files' names and texts, and
 :meth:`Snapshot.from_files` takes them back; the command (``outboxkit schemas``) and the pytest
@@ -24,13 +32,15 @@ helper (:mod:`outboxkit.testing.schemas`) read and write the directory.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
 from pydantic_core import core_schema
 
 from outboxkit.core.exceptions import ConfigurationError
@@ -50,12 +60,46 @@ STRICT_READER_KEY = "x-outboxkit-strict-reader"
 MAX_DIGITS_KEY = "x-outboxkit-max-digits"
 DECIMAL_PLACES_KEY = "x-outboxkit-decimal-places"
 
+#: The ``$defs`` member of an exported file whose ``const`` holds outboxkit's facts.
+METADATA_DEF = "x-outboxkit"
+_METADATA_DESCRIPTION = (
+    "outboxkit's description of the event (what `outboxkit schemas check` compares), not a "
+    "schema of the payload: no $ref names it"
+)
+#: The document's keys in memory → their names in the file's metadata.
+_DOCUMENT_FACTS = {
+    TYPE_KEY: "ce-type",
+    VERSION_KEY: "ce-schemaversion",
+    KEY_FIELD_KEY: "key-field",
+    TOPIC_KEY: "topic",
+    STRICT_READER_KEY: "strict-reader",
+}
+_DECIMAL_FACTS = {MAX_DIGITS_KEY: "max-digits", DECIMAL_PLACES_KEY: "decimal-places"}
+
 SlotKey = tuple[str, int]
 """``(event type, version)``."""
 
 
 class _PayloadSchemaGenerator(GenerateJsonSchema):
-    """pydantic's JSON Schema, with the ``Decimal`` constraints a reader enforces written down."""
+    """pydantic's JSON Schema, with the ``Decimal`` constraints a reader enforces written down,
+    and the defaults kept as they are: pydantic rewrites ``$ref`` and ``$defs`` keys wherever
+    they are in the document when it renames its definitions, a default's data too (a default
+    ``{"$defs": 1}`` of a field failed the export, one with ``"$ref"`` would change), so each
+    default stands as a token until then."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._defaults: dict[str, Any] = {}
+
+    def encode_default(self, dft: Any) -> Any:
+        token = f"\x00outboxkit-default-{len(self._defaults)}"
+        self._defaults[token] = super().encode_default(dft)
+        return token
+
+    def generate(
+        self, schema: core_schema.CoreSchema, mode: JsonSchemaMode = "validation"
+    ) -> JsonSchemaValue:
+        return cast(JsonSchemaValue, _put_back(super().generate(schema, mode), self._defaults))
 
     def decimal_schema(self, schema: core_schema.DecimalSchema) -> JsonSchemaValue:
         json_schema = super().decimal_schema(schema)
@@ -69,14 +113,52 @@ class _PayloadSchemaGenerator(GenerateJsonSchema):
                 branch["pattern"] = decimal_pattern(digits, places)
         return json_schema
 
+    def datetime_schema(self, schema: core_schema.DatetimeSchema) -> JsonSchemaValue:
+        """A ``datetime`` that may be naive: the writer writes a naive one without an offset,
+        which ``format: date-time`` (RFC 3339) refuses, so a pattern says it instead."""
+        json_schema = super().datetime_schema(schema)
+        constraint = schema.get("tz_constraint")
+        if constraint == "aware" or isinstance(constraint, int):
+            return json_schema  # RFC 3339's date-time, with its offset
+        json_schema.pop("format", None)
+        json_schema["pattern"] = NAIVE_DATETIME if constraint == "naive" else ANY_DATETIME
+        return json_schema
 
-def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
+
+_DATE_TIME = (
+    r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])[Tt ](?:[01][0-9]|2[0-3]):[0-5][0-9]"
+    r"(?::[0-5][0-9](?:\.[0-9]+)?)?"
+)
+#: A ``datetime`` with or without an offset: the form a writer sends (``2024-05-01T12:00:00``,
+#: ``2024-05-01T12:00:00.5+02:00``), RFC 3339's, and the reader's other separators.
+ANY_DATETIME = f"^{_DATE_TIME}(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):?[0-5][0-9])?$"
+#: A ``NaiveDatetime``: no offset.
+NAIVE_DATETIME = f"^{_DATE_TIME}$"
+
+
+def _put_back(value: Any, defaults: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        return defaults.get(value, value)
+    if isinstance(value, dict):
+        return {key: _put_back(item, defaults) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_put_back(item, defaults) for item in value]
+    return value
+
+
+def decimal_pattern(
+    max_digits: int | None, decimal_places: int | None, *, zero_before_point: bool = True
+) -> str:
     """A regular expression (ECMA-262 and Python alike) for the text a writer sends of a
     ``Decimal(max_digits, decimal_places)`` (``str(value)``): at most ``decimal_places`` places
     and ``max_digits`` digits, counted as pydantic counts them (leading zeros and the
     fraction's trailing zeros do not count). The exponent form (``1E+2``, ``1E-7``, what
     ``str`` writes of such values) is checked for its form only, and the reader's lax forms
-    (``.5``, ``+1``, ``1_000``, surrounding spaces) are not matched: docs/schemas.md."""
+    (``.5``, ``+1``, ``1_000``, surrounding spaces) are not matched: docs/schemas.md.
+
+    ``zero_before_point=False`` gives the pattern outboxkit 0.1.0 exported, which refused
+    ``0.00`` where ``max_digits == decimal_places`` (the reader takes it): the compatibility
+    walk knows both (:func:`decimal_patterns`)."""
 
     def whole(at_most: int | None) -> str:
         if at_most is None:
@@ -89,6 +171,8 @@ def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
         plain = whole(whole_digits) + fraction
         if whole_digits == 0:  # pydantic counts a zero before the point then: 0.05, never 0
             plain = rf"0\.[0-9]{{0,{decimal_places - 1}}}[1-9]0*"
+            if zero_before_point:  # and zero itself with places: 0.0, 0.00
+                plain = rf"0\.(?:[0-9]{{0,{decimal_places - 1}}}[1-9]0*|0+)"
     elif max_digits is not None:  # digits before and after the point share the bound
         plain = (
             "(?:"
@@ -104,8 +188,23 @@ def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
     return f"^-?(?:{plain}|{exponent})$"
 
 
+def decimal_patterns(max_digits: int | None, decimal_places: int | None) -> set[str]:
+    """The patterns outboxkit exported for a ``Decimal(max_digits, decimal_places)``, this
+    release's and earlier ones' (a snapshot keeps what was exported then)."""
+    return {
+        decimal_pattern(max_digits, decimal_places, zero_before_point=fixed)
+        for fixed in (True, False)
+    }
+
+
 def payload_schema(event_cls: type[Event]) -> SchemaDocument:
-    """The annotated JSON Schema of ``event_cls``' payload (see the module)."""
+    """The JSON Schema of ``event_cls``' payload as its file holds it (see the module)."""
+    return exported_form(annotated_schema(event_cls))
+
+
+def annotated_schema(event_cls: type[Event]) -> SchemaDocument:
+    """The JSON Schema of ``event_cls``' payload with outboxkit's facts as keywords, the form
+    the compatibility walk reads (see the module)."""
     try:
         document = event_cls.model_json_schema(
             mode="validation", schema_generator=_PayloadSchemaGenerator
@@ -158,18 +257,103 @@ def _open_objects(schema: Any) -> None:
     it does not declare, at every level, so the schema that ``ce_dataschema`` names accepts a
     record with a field a newer producer added, as the reader does. A strict reader's document
     stays closed."""
+    for _, node in subschemas(schema):
+        if node.get("additionalProperties") is False:
+            del node["additionalProperties"]
+
+
+def subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema object in ``schema`` (itself first), walked by JSON Schema's grammar, with
+    its JSON Pointer (RFC 6901) from ``schema``: a field named like a keyword is data, never
+    walked as one."""
     if not isinstance(schema, dict):
         return
-    if schema.get("additionalProperties") is False:
-        del schema["additionalProperties"]
+    yield pointer, schema
     for key in _ONE_SCHEMA:
-        _open_objects(schema.get(key))
+        yield from subschemas(schema.get(key), f"{pointer}/{key}")
     for key in _SCHEMA_LISTS:
-        for sub in schema.get(key) or ():
-            _open_objects(sub)
+        items = schema.get(key)
+        for index, sub in enumerate(items if isinstance(items, list) else ()):
+            yield from subschemas(sub, f"{pointer}/{key}/{index}")
     for key in _SCHEMA_MAPS:
-        for sub in (schema.get(key) or {}).values():
-            _open_objects(sub)
+        members = schema.get(key)
+        for name, sub in (members if isinstance(members, dict) else {}).items():
+            yield from subschemas(sub, f"{pointer}/{key}/{_escape(name)}")
+
+
+def _datetime_pattern(node: dict[str, Any]) -> bool:
+    return node.get("pattern") in (ANY_DATETIME, NAIVE_DATETIME) and "format" not in node
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _resolve(document: Any, pointer: str) -> Any:
+    node = document
+    for part in pointer.split("/")[1:]:
+        name = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and name.isdigit() and int(name) < len(node):
+            node = node[int(name)]
+        elif isinstance(node, dict) and name in node:
+            node = node[name]
+        else:
+            return None
+    return node
+
+
+def exported_form(document: SchemaDocument) -> SchemaDocument:
+    """``document`` (outboxkit's facts as keywords) as its file holds it: the facts in the
+    ``const`` of ``$defs/x-outboxkit``, so that every validator, Ajv's strict mode too, takes
+    the file as it is (see the module)."""
+    exported = copy.deepcopy(document)
+    definitions = exported.setdefault("$defs", {})
+    metadata = definitions.get(METADATA_DEF)
+    known = metadata.get("const") if isinstance(metadata, dict) else None
+    facts: dict[str, Any] = dict(known) if isinstance(known, dict) else {}
+    for key, name in _DOCUMENT_FACTS.items():
+        if key in exported:
+            facts[name] = exported.pop(key)
+    decimals: dict[str, dict[str, Any]] = {}
+    for pointer, node in subschemas(exported):
+        found = {name: node.pop(key) for key, name in _DECIMAL_FACTS.items() if key in node}
+        if found:
+            decimals[pointer] = found
+    if decimals:
+        facts["decimals"] = {**facts.get("decimals", {}), **decimals}
+    definitions[METADATA_DEF] = {"description": _METADATA_DESCRIPTION, "const": facts}
+    return exported
+
+
+def annotated_form(document: SchemaDocument) -> SchemaDocument:
+    """``document`` as read from a file, with outboxkit's facts as keywords again (the form
+    :func:`annotated_schema` gives and the compatibility walk reads). A document exported
+    before the facts moved into ``$defs`` (or one already annotated) comes back unchanged."""
+    definitions = document.get("$defs")
+    metadata = definitions.get(METADATA_DEF) if isinstance(definitions, dict) else None
+    facts = metadata.get("const") if isinstance(metadata, dict) else None
+    datetimes = [node for _, node in subschemas(document) if _datetime_pattern(node)]
+    if not isinstance(facts, dict) and not datetimes:
+        return document
+    annotated = copy.deepcopy(document)
+    for _, node in subschemas(annotated):
+        if _datetime_pattern(node):  # the walk compares them as exports before them wrote
+            del node["pattern"]
+            node["format"] = "date-time"
+    if not isinstance(facts, dict):
+        return annotated
+    del annotated["$defs"][METADATA_DEF]
+    if not annotated["$defs"]:
+        del annotated["$defs"]
+    for key, name in _DOCUMENT_FACTS.items():
+        if name in facts:
+            annotated[key] = facts[name]
+    decimals = facts.get("decimals")
+    for pointer, found in (decimals if isinstance(decimals, dict) else {}).items():
+        node = _resolve(annotated, pointer)
+        if isinstance(node, dict) and isinstance(found, dict):
+            node.update({key: found[name] for key, name in _DECIMAL_FACTS.items() if name in found})
+    return annotated
 
 
 def schema_filename(event_type: str, version: int) -> str:
@@ -188,8 +372,16 @@ class Snapshot:
     the versions a reader of it decodes (a registry's upcasters add versions it has no model
     of; a snapshot read from files decodes the versions it has)."""
 
+    #: As the files hold them (or as they were given: an annotated document, a file exported
+    #: before the facts moved into ``$defs``).
     documents: Mapping[SlotKey, SchemaDocument]
     readable: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def annotated(self) -> Mapping[SlotKey, SchemaDocument]:
+        """The documents with outboxkit's facts as keywords, the form the compatibility walk
+        reads (:func:`annotated_form`), whichever form they were given in."""
+        return {slot: annotated_form(document) for slot, document in self.documents.items()}
 
     @classmethod
     def of_registry(cls, registry: EventRegistry) -> Snapshot:
@@ -201,7 +393,8 @@ class Snapshot:
 
     @classmethod
     def from_documents(cls, documents: Iterable[SchemaDocument]) -> Snapshot:
-        """The snapshot of these documents (each as :func:`payload_schema` gives it)."""
+        """The snapshot of these documents (each as :func:`payload_schema` or
+        :func:`annotated_schema` gives it)."""
         return cls.from_files({f"document {i}": render(doc) for i, doc in enumerate(documents)})
 
     @classmethod
@@ -217,11 +410,14 @@ class Snapshot:
                 document = json.loads(files[name])
             except ValueError as exc:
                 raise ConfigurationError(f"{name}: not JSON ({exc})") from None
+            if isinstance(document, dict):
+                document = annotated_form(document)
             slot = _slot_of(document)
             if slot is None:
                 raise ConfigurationError(
                     f"{name}: not an event schema that `outboxkit schemas export` wrote "
-                    f"(no {TYPE_KEY} and {VERSION_KEY}); move it out of the directory"
+                    f"(no ce-type and ce-schemaversion in $defs/{METADATA_DEF}); move it out of "
+                    "the directory"
                 )
             if slot in found:
                 raise ConfigurationError(
@@ -233,7 +429,7 @@ class Snapshot:
     def files(self) -> dict[str, str]:
         """Each document's file name and text."""
         return {
-            schema_filename(*slot): render(document)
+            schema_filename(*slot): render(exported_form(document))
             for slot, document in sorted(self.documents.items())
         }
 
@@ -265,6 +461,7 @@ def snapshot_slot(text: str) -> SlotKey | None:
     """The ``(type, version)`` of a schema ``outboxkit schemas export`` wrote, or ``None`` for
     any other text (export leaves such files alone)."""
     try:
-        return _slot_of(json.loads(text))
+        document = json.loads(text)
     except ValueError:
         return None
+    return _slot_of(annotated_form(document) if isinstance(document, dict) else document)

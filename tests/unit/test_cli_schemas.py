@@ -91,8 +91,8 @@ def test_export_writes_one_stable_file_per_type_and_version(
     assert names == ["shop.order_placed.v1.json", "shop.order_placed.v2.json"]
     text = (schemas / "shop.order_placed.v1.json").read_text()
     document = json.loads(text)
-    assert document["x-outboxkit-ce-type"] == "shop.order_placed"
-    assert document["x-outboxkit-key-field"] == "order_id"
+    facts = document["$defs"]["x-outboxkit"]["const"]
+    assert (facts["ce-type"], facts["key-field"]) == ("shop.order_placed", "order_id")
     assert text == json.dumps(document, indent=2, sort_keys=True) + "\n"
     again = _export(f"{module}:registry", schemas)
     assert again.splitlines() == [f"exported 2 schema(s) to {schemas}: 0 changed"]
