@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -309,23 +309,40 @@ class FailoverRun:
             await wait_for(steady, within=STEADY_WITHIN, interval=0.2, what="a steady load")
 
     async def _back_to_baseline(self, fault: Fault) -> None:
-        """Until a window after the heal is as fast as the baseline (commit→Kafka; the inbox's
-        delays are judged by :meth:`finish`, which reads every effect once), or the bound
-        passed: the next fault must not begin inside the window that shows it."""
+        """Until a window after the heal is as fast as the baseline, or the bound passed: the
+        next fault must not begin before the window that shows it is whole. A window counts
+        only once every event in it is on Kafka and has taken effect, and is judged with its
+        effects (the inbox's delays): a window judged with events still in flight, which the
+        next fault then delayed, was back here and not back in :meth:`finish`."""
         baseline = fault.baseline
         assert baseline is not None
         until = fault.healed + fault.back_within
 
-        def back() -> bool:
+        async def back() -> bool:
             now = time.time()
-            found = first_back(
-                self._timeline(),
-                baseline,
-                healed=fault.healed,
-                until=until,
-                now=now,
-                load=fault.load,
+            timeline = self._timeline()
+            whole_until = min(
+                until, _first_commit_missing(timeline.committed_at, timeline.arrivals, now)
             )
+            found = first_back(
+                timeline, baseline, healed=fault.healed, until=whole_until, now=now, load=fault.load
+            )
+            if found is not None:
+                # Now with its effects, every one of them in.
+                await self._caught_up_to(found.start + WINDOW, within=self.recovery_timeout)
+                effect_at = {e: min(times) for e, times in (await self.effect_times()).items()}
+                timeline, now = self._timeline(effect_at), time.time()
+                whole_until = min(
+                    whole_until, _first_commit_missing(timeline.committed_at, effect_at, now)
+                )
+                found = first_back(
+                    timeline,
+                    baseline,
+                    healed=fault.healed,
+                    until=whole_until,
+                    now=now,
+                    load=fault.load,
+                )
             return found is not None or now >= until + 1.0
 
         await wait_for(back, within=fault.back_within + 30, interval=0.2, what="back to baseline")
@@ -518,3 +535,11 @@ def _outcome(check: Any) -> tuple[bool, str]:
         return True, str(check())
     except AssertionError as exc:
         return False, str(exc)
+
+
+def _first_commit_missing(
+    committed_at: Mapping[UUID, float], done: Mapping[UUID, object], now: float
+) -> float:
+    """When the earliest event not in ``done`` (on Kafka, or in effect) was committed; ``now``
+    if every one is: the windows before it are whole."""
+    return min((at for e, at in list(committed_at.items()) if e not in done), default=now)
