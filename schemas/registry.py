@@ -14,7 +14,7 @@ from outboxkit.schemas.wire import (
     KafkaRecord,
     build_event,
     preview,
-    read_envelope,
+    read_record,
     record_size,
 )
 
@@ -44,9 +44,20 @@ class EventRegistry:
     class says ``strict_reader=True``), named once per type and version in the log and to
     the caller that asks (``unknown_fields=``). Records of an older version are read as a
     newer model through :meth:`upcaster` functions (docs/schemas.md).
+
+    It reads the CloudEvents other producers write too (a service in another language with
+    its CloudEvents SDK: structured content mode, an id that is not a UUID, no
+    ``schemaversion``: :mod:`outboxkit.schemas.foreign`), unless ``strict_envelope=True``:
+    then only records in the form :func:`~outboxkit.schemas.encode` writes are read, the
+    others refused (``missing_header``, ``invalid_header``). The inbox and the Spark pipeline
+    decode with the registry they are given, so both read the same records the same way.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, strict_envelope: bool = False) -> None:
+        #: Whether only records in outboxkit's own form are read.
+        self.strict_envelope = strict_envelope
+        #: Event type → the version of its records that carry none (1 when not set).
+        self._assumed_versions: dict[str, int] = {}
         self._models: dict[tuple[str, int], type[Event]] = {}
         self._validators: dict[type[Event], SchemaValidator] = {}
         #: ``(type, from_version)`` → (the version it produces, the function).
@@ -108,6 +119,14 @@ class EventRegistry:
 
         return register
 
+    def assume_version(self, event_type: str, version: int) -> None:
+        """Read a record of ``event_type`` that says no version (no ``ce_schemaversion``, no
+        version at the end of its ``dataschema``: another producer's) as ``version`` (by
+        default 1). Ignored with ``strict_envelope=True``, which refuses such records."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise RegistryError(f"a version is an int >= 1, got {version!r}")
+        self._assumed_versions[event_type] = version
+
     def __getstate__(self) -> dict[str, object]:
         # The validators are built again where the registry is unpickled (a Spark executor).
         return {**self.__dict__, "_validators": {}}
@@ -159,7 +178,8 @@ class EventRegistry:
         max_bytes: int | None = None,
         unknown_fields: list[str] | None = None,
     ) -> Event:
-        """Decode a Kafka record written by :func:`outboxkit.schemas.encode`.
+        """Decode a Kafka record written by :func:`outboxkit.schemas.encode` (or, unless
+        ``strict_envelope``, another producer's CloudEvent: the class's docstring).
 
         Raises :class:`EventDecodeError` — and nothing else — whatever the input; its
         ``reason`` tells why. ``ce_source`` is checked but not part of the returned event.
@@ -178,7 +198,12 @@ class EventRegistry:
                     DecodeErrorReason.TOO_LARGE,
                     f"the record has {size} bytes, over the decoder's limit of {max_bytes}",
                 )
-        envelope = read_envelope(headers)
+        envelope, value = read_record(
+            headers,
+            value,
+            strict=self.strict_envelope,
+            default_versions=self._assumed_versions,
+        )
         event_cls, steps = self._resolve(envelope.event_type, envelope.version)
         with collecting_unknown_fields() as unknown:
             event = build_event(

@@ -25,9 +25,10 @@ reads each record back with :func:`build_event` below before it is written. Deco
 :func:`build_event`; both raise only :class:`EventDecodeError`.
 """
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
@@ -40,6 +41,14 @@ from pydantic_core import SchemaValidator
 from outboxkit.schemas.bounded import MORE_UNKNOWN_KEYS
 from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError
+from outboxkit.schemas.foreign import (
+    STRUCTURED_CONTENT_TYPE,
+    check_foreign_id,
+    foreign_event_id,
+    is_structured,
+    read_structured,
+    version_of,
+)
 
 #: The CloudEvents ``dataschema`` attribute's header: sent, never required.
 DATA_SCHEMA_HEADER = "ce_dataschema"
@@ -171,6 +180,10 @@ _REQUIRED = (
     WireHeader.CONTENT_TYPE,
 )
 _REQUIRED_NAMES = frozenset(name.value for name in _REQUIRED)
+#: What an event of another producer must have (:mod:`outboxkit.schemas.foreign`).
+_REQUIRED_OF_ANY_PRODUCER = tuple(
+    name for name in _REQUIRED if name not in (WireHeader.SCHEMA_VERSION, WireHeader.CONTENT_TYPE)
+)
 _SCHEMA_VERSION = re.compile(r"[1-9][0-9]{0,9}", re.ASCII)
 # What format_time gives (and encode sends): validated by the model, not parsed here first.
 _CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
@@ -192,7 +205,8 @@ def _header_text(name: str, value: object) -> str:
 
 
 def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str], dict[str, str]]:
-    """Protocol headers and user headers, both decoded; unknown ``ce_*`` headers are ignored."""
+    """Protocol headers and user headers, both decoded; unknown ``ce_*`` headers are ignored,
+    but for the first valid ``ce_dataschema`` (a foreign event's version may be in it)."""
     protocol: dict[str, str] = {}
     user: dict[str, str] = {}
     try:
@@ -213,6 +227,10 @@ def _split_headers(headers: Iterable[tuple[str, bytes]]) -> tuple[dict[str, str]
         if name in _REQUIRED_NAMES:
             target = protocol
         elif is_reserved_header(name):
+            if name == DATA_SCHEMA_HEADER and name not in protocol and type(raw) is bytes:
+                # Not valid UTF-8: ignored, as before (only a foreign event's version needs it).
+                with contextlib.suppress(UnicodeDecodeError):
+                    protocol[name] = raw.decode()
             continue  # an extension attribute of another producer
         else:
             target = user
@@ -240,9 +258,46 @@ def _check_time(text: str) -> datetime:
 
 
 def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
-    """The CloudEvents attributes and user headers of a record. Raises ``EventDecodeError``."""
+    """The CloudEvents attributes and user headers of a record in outboxkit's own form (binary
+    content mode, every attribute it writes). Raises ``EventDecodeError``."""
     protocol, user = _split_headers(headers)
-    missing = [name for name in _REQUIRED if name not in protocol]
+    return _envelope(protocol, user, None)
+
+
+def read_record(
+    headers: Iterable[tuple[str, bytes]],
+    value: bytes | None,
+    *,
+    strict: bool,
+    default_versions: Mapping[str, int],
+) -> tuple[Envelope, bytes | None]:
+    """The envelope and the payload's bytes of a record: outboxkit's own form, or, unless
+    ``strict``, another producer's CloudEvent (:mod:`outboxkit.schemas.foreign`: structured
+    content mode, an id that is not a UUID, no ``schemaversion``, no ``content-type``).
+    Raises ``EventDecodeError``."""
+    protocol, user = _split_headers(headers)
+    structured = is_structured(protocol.get(WireHeader.CONTENT_TYPE))
+    if strict:
+        if structured:
+            raise EventDecodeError(
+                DecodeErrorReason.INVALID_HEADER,
+                f"content-type is {STRUCTURED_CONTENT_TYPE!r} (structured content mode): a "
+                "registry with strict_envelope=True reads binary content mode only",
+            )
+        return _envelope(protocol, user, None), value
+    if structured:
+        attributes, value = read_structured(value)
+        protocol = {**attributes, WireHeader.CONTENT_TYPE.value: CONTENT_TYPE}
+    return _envelope(protocol, user, default_versions), value
+
+
+def _envelope(
+    protocol: dict[str, str], user: dict[str, str], foreign: Mapping[str, int] | None
+) -> Envelope:
+    """``foreign``: ``None`` reads outboxkit's form only; else the default versions by type of
+    the events without ``schemaversion``, and another producer's forms are read too."""
+    required = _REQUIRED if foreign is None else _REQUIRED_OF_ANY_PRODUCER
+    missing = [name for name in required if name not in protocol]
     if missing:
         raise EventDecodeError(
             DecodeErrorReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}"
@@ -254,28 +309,33 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
         raise EventDecodeError(
             invalid, f"ce_specversion is {preview(specversion)}, expected {SPEC_VERSION!r}"
         )
-    content_type = protocol[WireHeader.CONTENT_TYPE]
+    content_type = protocol.get(WireHeader.CONTENT_TYPE, CONTENT_TYPE)
     if content_type.split(";", 1)[0].strip().lower() != CONTENT_TYPE:
         raise EventDecodeError(
             invalid, f"content-type is {preview(content_type)}, expected {CONTENT_TYPE!r}"
         )
+    event_type = protocol[WireHeader.TYPE]
+    source = protocol[WireHeader.SOURCE]
     id_text = protocol[WireHeader.ID]
     if _CANONICAL_UUID.fullmatch(id_text) is None:
         try:
             id_text = str(UUID(id_text))
         except ValueError:
-            raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
+            if foreign is None:
+                raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
+            check_foreign_id(id_text)
+            id_text = foreign_event_id(source, id_text)
     time_text = protocol[WireHeader.TIME]
     canonical_time = _CANONICAL_TIME.fullmatch(time_text) is not None
     if not canonical_time:
         _check_time(time_text)
-    version_text = protocol[WireHeader.SCHEMA_VERSION]
-    if not _SCHEMA_VERSION.fullmatch(version_text):
+    version_text = protocol.get(WireHeader.SCHEMA_VERSION)
+    if version_text is None and foreign is not None:
+        version_text = str(version_of(event_type, protocol.get(DATA_SCHEMA_HEADER), foreign))
+    if version_text is None or not _SCHEMA_VERSION.fullmatch(version_text):
         raise EventDecodeError(
-            invalid, f"ce_schemaversion {preview(version_text)} is not an integer >= 1"
+            invalid, f"ce_schemaversion {preview(version_text or '')} is not an integer >= 1"
         )
-    event_type = protocol[WireHeader.TYPE]
-    source = protocol[WireHeader.SOURCE]
     if not event_type:
         raise EventDecodeError(invalid, "ce_type is empty")
     if not source:

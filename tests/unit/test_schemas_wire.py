@@ -74,6 +74,11 @@ REGISTRY = EventRegistry()
 for _model in (Everything, Bare, OrderPlaced):
     REGISTRY.register(_model)
 
+#: Reads outboxkit's own form only (other producers' forms: tests/unit/test_schemas_foreign.py).
+STRICT = EventRegistry(strict_envelope=True)
+for _model in (Everything, Bare, OrderPlaced):
+    STRICT.register(_model)
+
 FIXED_ID = UUID("0b5a3d4e-8f1c-4e9a-9d2b-6c7f1a2b3c4d")
 FIXED_TIME = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -236,9 +241,9 @@ def replace_header(record: EncodedEvent, name: str, value: bytes | None) -> Enco
     return EncodedEvent(record.topic, record.key, record.value, tuple(headers))
 
 
-def decode_error(record: EncodedEvent) -> EventDecodeError:
+def decode_error(record: EncodedEvent, registry: EventRegistry = STRICT) -> EventDecodeError:
     with pytest.raises(EventDecodeError) as caught:
-        decode(record)
+        decode(record, registry)
     return caught.value
 
 

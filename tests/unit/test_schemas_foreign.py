@@ -1,0 +1,201 @@
+"""Other producers' CloudEvents, written by the official CloudEvents SDK for Python (what a Go,
+Java or TypeScript service's SDK writes alike): binary and structured content mode, an id that
+is not a UUID, no ``schemaversion``. The registry reads them as the same event in both modes,
+refuses them all with ``strict_envelope=True``, and refuses bad ones with a reason (never
+another exception); the SDK reads outboxkit's own records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from cloudevents.core.bindings import kafka
+from cloudevents.core.v1.event import CloudEvent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outboxkit.schemas import DecodeErrorReason, Event, EventDecodeError, EventRegistry, encode
+from outboxkit.schemas.foreign import MAX_ID_LENGTH, foreign_event_id
+
+
+class Paid(Event, type="shop.paid", topic="shop.paid", key_field="order_id"):
+    order_id: str
+    amount: Decimal
+
+
+class PaidV2(Event, type="shop.paid", version=2, topic="shop.paid", key_field="order_id"):
+    order_id: str
+    amount: Decimal
+    currency: str
+
+
+def _registry(*, strict: bool = False) -> EventRegistry:
+    registry = EventRegistry(strict_envelope=strict)
+    registry.register(Paid)
+    registry.register(PaidV2)
+    return registry
+
+
+def _sdk_event(**attributes: Any) -> CloudEvent:
+    data = attributes.pop("data", {"order_id": "o-1", "amount": "9.90"})
+    return CloudEvent(
+        attributes={
+            "type": "shop.paid",
+            "source": "urn:java:billing",
+            "id": "pay-42",
+            "partitionkey": "o-1",
+            **attributes,
+        },
+        data=data,
+    )
+
+
+MODES = {"binary": kafka.to_binary_event, "structured": kafka.to_structured_event}
+
+
+def _decode(registry: EventRegistry, message: kafka.KafkaMessage) -> Event:
+    key = message.key.encode() if isinstance(message.key, str) else message.key
+    return registry.decode(
+        topic="shop.paid", key=key, value=message.value, headers=list(message.headers.items())
+    )
+
+
+def _refusal(registry: EventRegistry, message: kafka.KafkaMessage) -> EventDecodeError:
+    with pytest.raises(EventDecodeError) as caught:
+        _decode(registry, message)
+    return caught.value
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_an_sdk_event_is_read_in_both_modes_as_the_same_event(mode: str) -> None:
+    event = _sdk_event()
+    read = _decode(_registry(), MODES[mode](event))
+    assert isinstance(read, Paid)
+    assert (read.order_id, read.amount, read.key) == ("o-1", Decimal("9.90"), "o-1")
+    # Not a UUID: the idempotency key is derived from source and id, in every reader alike.
+    assert str(read.id) == foreign_event_id("urn:java:billing", "pay-42")
+    assert read.occurred_at == event.get_time()
+    strict = _refusal(_registry(strict=True), MODES[mode](event))
+    assert strict.reason in {DecodeErrorReason.MISSING_HEADER, DecodeErrorReason.INVALID_HEADER}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "assumed", "version"),
+    [
+        ({}, None, 1),  # no version anywhere: 1
+        ({}, 2, 2),  # no version anywhere: the type's default
+        ({"dataschema": "https://schemas.example.com/shop.paid/v2.json"}, None, 2),
+        ({"dataschema": "urn:outboxkit:schema:PaidV2:2"}, 1, 2),  # dataschema before default
+        ({"schemaversion": "2", "dataschema": "https://x/v1"}, None, 2),  # the extension first
+    ],
+)
+def test_a_missing_schemaversion_comes_from_dataschema_or_the_types_default(
+    attributes: dict[str, str], assumed: int | None, version: int
+) -> None:
+    registry = _registry()
+    if assumed is not None:
+        registry.assume_version("shop.paid", assumed)
+    data = {"order_id": "o-1", "amount": "9.90", "currency": "EUR"}
+    for mode in MODES.values():
+        read = _decode(registry, mode(_sdk_event(data=data, **attributes)))
+        assert read.event_version == version
+
+
+def test_a_uuid_id_stays_the_event_id() -> None:
+    event_id = "0b5a3d4e-8f1c-4e9a-9d2b-6c7f1a2b3c4d"
+    read = _decode(_registry(), kafka.to_structured_event(_sdk_event(id=event_id)))
+    assert str(read.id) == event_id
+
+
+def _structured(value: bytes) -> kafka.KafkaMessage:
+    return kafka.KafkaMessage(
+        headers={"content-type": b"application/cloudevents+json"}, key=b"o-1", value=value
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "reason", "says"),
+    [
+        (
+            kafka.to_binary_event(_sdk_event(id="x" * (MAX_ID_LENGTH + 1))),
+            DecodeErrorReason.INVALID_HEADER,
+            f"over the {MAX_ID_LENGTH}",
+        ),
+        (_structured(b"not json"), DecodeErrorReason.INVALID_VALUE, "is not JSON"),
+        (_structured(b"[1]"), DecodeErrorReason.INVALID_VALUE, "a JSON list, not an object"),
+        (
+            _structured(b'{"specversion":"1.0","data_base64":"e30="}'),
+            DecodeErrorReason.INVALID_VALUE,
+            "data_base64",
+        ),
+        (
+            kafka.to_structured_event(_sdk_event(data="text")),
+            DecodeErrorReason.INVALID_VALUE,
+            "data is a JSON str",
+        ),
+        (
+            kafka.to_structured_event(_sdk_event(datacontenttype="application/xml")),
+            DecodeErrorReason.INVALID_HEADER,
+            "datacontenttype",
+        ),
+        (
+            _structured(b'{"specversion":"1.0","id":7,"data":{}}'),
+            DecodeErrorReason.INVALID_HEADER,
+            "id is a JSON int",
+        ),
+        (
+            _structured(b'{"specversion":"1.0","id":"1","type":"shop.paid","data":{}}'),
+            DecodeErrorReason.MISSING_HEADER,
+            "ce_source, ce_time",
+        ),
+        (
+            kafka.to_binary_event(_sdk_event(data={"order_id": "o-1", "amount": "nine"})),
+            DecodeErrorReason.INVALID_PAYLOAD,
+            "amount",
+        ),
+    ],
+)
+def test_bad_foreign_events_are_refused_with_a_reason(
+    message: kafka.KafkaMessage, reason: DecodeErrorReason, says: str
+) -> None:
+    error = _refusal(_registry(), message)
+    assert error.reason is reason
+    assert says in str(error)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(["specversion", "id", "source", "type", "time", "data", "x"]),
+                inner,
+                max_size=6,
+            )
+        ),
+        max_leaves=12,
+    )
+)
+def test_any_structured_value_is_read_or_refused_with_a_reason(document: Any) -> None:
+    with contextlib.suppress(EventDecodeError):  # any other exception fails the test
+        _decode(_registry(), _structured(json.dumps(document).encode()))
+
+
+def test_the_sdk_reads_outboxkits_records() -> None:
+    paid = Paid(order_id="o-1", amount=Decimal("9.90"))
+    record = encode(paid, source="urn:service:shop")
+    message = kafka.KafkaMessage(headers=dict(record.headers), key=record.key, value=record.value)
+    read = kafka.from_binary_event(message)
+    assert (read.get_id(), read.get_type(), read.get_source()) == (
+        str(paid.id),
+        "shop.paid",
+        "urn:service:shop",
+    )
+    assert read.get_extension("schemaversion") == "1"
+    assert read.get_data() == {"order_id": "o-1", "amount": "9.90"}
+    assert read.get_time() == paid.occurred_at
