@@ -8,11 +8,14 @@ canonical record of a supported model must be decided on the JVM (no Python per 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from cloudevents.core.bindings import kafka
+from cloudevents.core.v1.event import CloudEvent
 from pydantic import BaseModel, Field, field_validator
 
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
@@ -319,8 +322,56 @@ def corpus() -> list[tuple[str, Record]]:
             "quantity beyond a long",
             replace(good, b'"quantity":2', b'"quantity":' + str(2**70).encode()),
         ),
+        *foreign(),
     ]
     return cases
+
+
+def foreign() -> list[tuple[str, Record]]:
+    """Other producers' CloudEvents (the official SDK's binary and structured content modes,
+    an id that is not a UUID, no schemaversion), and bad ones: decided by the registry."""
+    payload = json.loads(wire(order())[1] or b"")
+    sdk = CloudEvent(
+        attributes={
+            "type": "shop.order_placed",
+            "source": "urn:go:checkout",
+            "id": "checkout-17",
+            "partitionkey": "o-1",
+            "time": WHEN,
+        },
+        data=payload,
+    )
+    binary, structured = kafka.to_binary_event(sdk), kafka.to_structured_event(sdk)
+
+    def record(message: kafka.KafkaMessage) -> Record:
+        return b"o-1", message.value, list(message.headers.items())
+
+    def version_9() -> Record:  # dataschema names a version the registry does not know
+        return record(kafka.to_binary_event(_with(sdk, dataschema="https://x/v9")))
+
+    structured_headers: Headers = list(structured.headers.items())
+    return [
+        ("foreign, SDK binary mode", record(binary)),
+        ("foreign, SDK structured mode", record(structured)),
+        (
+            "foreign, version from dataschema",
+            record(kafka.to_binary_event(_with(sdk, dataschema="https://x/order_placed/v1.json"))),
+        ),
+        ("foreign, structured not JSON", (b"o-1", b"{", structured_headers)),
+        (
+            "foreign, structured data_base64",
+            (b"o-1", b'{"data_base64":"e30="}', structured_headers),
+        ),
+        ("foreign, id too long", record(kafka.to_binary_event(_with(sdk, id="i" * 257)))),
+        (
+            "foreign, unsupported version",
+            record(kafka.to_binary_event(_with(sdk, dataschema="v9"))),
+        ),
+    ]
+
+
+def _with(event: CloudEvent, **attributes: Any) -> CloudEvent:
+    return CloudEvent(attributes={**event.get_attributes(), **attributes}, data=event.get_data())
 
 
 def python_outcomes(reg: EventRegistry, records: list[Record]) -> list[dict[str, Any]]:
@@ -407,6 +458,25 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
     outcomes = [row["error_reason"] for row in expected]
     assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
     assert "unrepresentable" in outcomes
+
+
+def test_a_strict_registry_refuses_foreign_events_in_both_passes(spark: Any) -> None:
+    """``strict_envelope=True``: the pipeline quarantines every foreign record, with the reason
+    the inbox's decoder gives (the same registry decides both)."""
+    strict = EventRegistry(strict_envelope=True)
+    for model in shop:
+        strict.register(model)
+    labelled = [(label, record) for label, record in foreign() if "SDK" in label]
+    rows = [
+        (key, value, "t", 0, offset, WHEN, 0, headers)
+        for offset, (_, (key, value, headers)) in enumerate(labelled)
+    ]
+    decoded = decode(spark.createDataFrame(rows, SOURCE_SCHEMA), strict).orderBy("offset")
+    got = [row["error_reason"] for row in decoded.toArrow().to_pylist()]
+    assert got == [reason_of(strict, record) for _, record in labelled]
+    assert got == ["missing_header", "invalid_header"]
+    lenient = [reason_of(registry(), record) for _, record in labelled]
+    assert lenient == [None, None]
 
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
