@@ -10,10 +10,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from cloudevents.core.bindings import kafka
+from cloudevents.core.v1.event import CloudEvent
 
 from outboxkit.backends import backend_for
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.schemas import encode
+from outboxkit.schemas.foreign import foreign_event_id
 from tests.helpers import wait_for
 from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.inbox_app import Payment, Refund
@@ -283,3 +287,70 @@ async def test_handler_chains_an_outbox_event_once(
     assert Counter(r.key for r in chained if r.topic == "refunds-issued") == {
         f"r{i}".encode(): 1 for i in range(20)
     }
+
+
+async def test_other_producers_cloudevents_take_effect_once(
+    db_url: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """What a Go, Java or TypeScript service writes with its CloudEvents SDK (here the official
+    SDK for Python): ids that are not UUIDs, no schemaversion, binary and structured content
+    mode. Each event is sent in both modes (a producer that changed its mode, a re-send): the
+    same source and id is the same event, and takes effect once; a bad one is dead-lettered."""
+    topic = await make_topic("payments", partitions=2)
+    dlq = await make_topic(name=f"{topic}.dlq")
+    await create_effects_table(db_url)
+    source = "urn:go:payments"
+    sdk = [
+        CloudEvent(
+            attributes={
+                "type": "test.payment",
+                "source": source,
+                "id": f"pay-{i}",
+                "partitionkey": f"e{i % 3}",
+            },
+            data={"entity": f"e{i % 3}", "seq": i},
+        )
+        for i in range(12)
+    ]
+    first = [
+        kafka.to_binary_event(e) if i % 2 else kafka.to_structured_event(e)
+        for i, e in enumerate(sdk)
+    ]
+    again = [
+        kafka.to_structured_event(e) if i % 2 else kafka.to_binary_event(e)
+        for i, e in enumerate(sdk)
+    ]
+    too_long = CloudEvent(
+        attributes={
+            "type": "test.payment",
+            "source": source,
+            "id": "x" * 300,
+            "partitionkey": "e0",
+        },
+        data={"entity": "e0", "seq": 99},
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for message in [*first, kafka.to_structured_event(too_long), *again]:
+            headers = list(message.headers.items())
+            key = message.key.encode() if isinstance(message.key, str) else message.key
+            await producer.send(topic, message.value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
+    try:
+        await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=60, what="all")
+        assert worker.alive(), worker.log()
+    finally:
+        worker.kill()
+    counts = Counter(event_id for event_id, _, _ in await effects(db_url))
+    assert {str(event_id) for event_id in counts} == {
+        foreign_event_id(source, f"pay-{i}") for i in range(12)
+    }
+    assert max(counts.values()) == 1, f"an event took effect twice: {counts.most_common(3)}"
+    letters = await read_all(kafka_bootstrap, dlq)
+    assert [dict(r.headers)["outboxkit-error-reason"].decode() for r in letters] == [
+        "invalid_header"
+    ]
