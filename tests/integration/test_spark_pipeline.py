@@ -1,8 +1,9 @@
 """The Spark pipeline against a real Kafka broker and PostgreSQL, in local[2].
 
 The demo's job (``outboxkit.demo.pipeline:order_totals``) writes order totals to PostgreSQL and
-to a Delta table: both must equal a plain recount (in Python) of the distinct valid events; bad
-records are in the quarantine table with their error; a driver killed with SIGKILL and
+to a Delta table: both must equal a plain recount (in Python) of the distinct valid events,
+some of them written by another producer's CloudEvents SDK (binary and structured content
+mode, one in both); bad records are in the quarantine table with their error; a driver killed with SIGKILL and
 restarted from its checkpoint counts nothing twice, in either sink. A job written for version 2
 of the order reads a stream mixing versions 1 and 2 through the registry's upcaster.
 """
@@ -10,6 +11,7 @@ of the order reads a stream mixing versions 1 and 2 through the registry's upcas
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import shlex
@@ -26,6 +28,8 @@ from typing import Any
 import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
+from cloudevents.core.bindings import kafka
+from cloudevents.core.v1.event import CloudEvent
 
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.demo.events import Currency, OrderLine, OrderPlaced, PaymentCaptured
@@ -167,6 +171,25 @@ def newer_producer(record: Record) -> Record:
     return key, value.replace(b'"quantity":', b'"warehouse":"w1","quantity":'), headers
 
 
+def foreign(event: OrderPlaced, *, binary: bool) -> Record:
+    """The event as another producer writes it with its CloudEvents SDK (here the official SDK
+    for Python): an id that is not a UUID, no schemaversion, binary or structured content
+    mode. Its id is the same in both modes, so its order counts once in the recount."""
+    payload = json.loads(wire(event)[1] or b"")
+    sdk = CloudEvent(
+        attributes={
+            "type": event.event_type,
+            "source": "urn:go:checkout",
+            "id": f"checkout-{event.order_id}",
+            "time": event.occurred_at,
+            "partitionkey": event.key,
+        },
+        data=payload,
+    )
+    message = kafka.to_binary_event(sdk) if binary else kafka.to_structured_event(sdk)
+    return event.key.encode(), message.value, list(message.headers.items())
+
+
 def garbage(template: Record) -> tuple[list[Record], list[str]]:
     """Records that must not decode, and the reason each gets."""
     key, value, headers = template
@@ -206,7 +229,16 @@ async def test_sinks_equal_a_recount_of_distinct_valid_events(
     # Five hours of orders, sent out of order (up to 40 min back: within the 1 h watermark).
     events = [order(n, T0 + timedelta(minutes=3 * n), topic=topic) for n in range(100)]
     sent = sorted(events, key=lambda e: e.occurred_at + timedelta(minutes=rng.randrange(40)))
-    records = [newer_producer(wire(e)) if i % 7 == 0 else wire(e) for i, e in enumerate(sent)]
+    records = [
+        foreign(e, binary=i % 2 == 0)
+        if i % 9 == 8
+        else newer_producer(wire(e))
+        if i % 7 == 0
+        else wire(e)
+        for i, e in enumerate(sent)
+    ]
+    # A foreign event again in the other content mode: the same source and id, counted once.
+    records.insert(40, foreign(sent[8], binary=False))  # sent[8] went in binary mode
     first_dup, late_dup = records[0], records[60]
     records.insert(1, first_dup)  # a relay re-send, right after
     records.insert(80, late_dup)  # the same id again, 20 records later
