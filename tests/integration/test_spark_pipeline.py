@@ -3,9 +3,10 @@
 The demo's job (``outboxkit.demo.pipeline:order_totals``) writes order totals to PostgreSQL and
 to a Delta table: both must equal a plain recount (in Python) of the distinct valid events,
 some of them written by another producer's CloudEvents SDK (binary and structured content
-mode, one in both); bad records are in the quarantine table with their error; a driver killed with SIGKILL and
-restarted from its checkpoint counts nothing twice, in either sink. A job written for version 2
-of the order reads a stream mixing versions 1 and 2 through the registry's upcaster.
+mode, one in both); bad records are in the quarantine table with their error; a driver killed
+with SIGKILL and restarted from its checkpoint counts nothing twice, in either sink. A job
+written for version 2 of the order reads a stream mixing versions 1 and 2 through the
+registry's upcaster.
 """
 
 from __future__ import annotations
