@@ -93,7 +93,7 @@ def read_structured(value: bytes | None) -> tuple[dict[str, str], bytes]:
     if type(value) is not bytes:
         raise EventDecodeError(invalid, "a structured CloudEvent with no value (a tombstone?)")
     try:
-        document = json.loads(value)
+        document = json.loads(value, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise EventDecodeError(invalid, f"the structured CloudEvent is not JSON: {exc}") from None
     if not isinstance(document, dict):
@@ -133,7 +133,18 @@ def read_structured(value: bytes | None) -> tuple[dict[str, str], bytes]:
                 "not a string",
             )
         attributes[f"ce_{name}"] = found
-    return attributes, json.dumps(data).encode()
+    try:
+        payload = json.dumps(data, allow_nan=False).encode()
+    except ValueError:  # a number beyond a float's range (1e400) was read as infinite
+        raise EventDecodeError(
+            invalid, "the structured CloudEvent's data holds a number beyond a float's range"
+        ) from None
+    return attributes, payload
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity``: not JSON (Python's parser takes them unless told not to)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _is_json(content_type: str) -> bool:

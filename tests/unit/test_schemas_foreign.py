@@ -126,6 +126,8 @@ def _structured(value: bytes) -> kafka.KafkaMessage:
         ),
         (_structured(b"not json"), DecodeErrorReason.INVALID_VALUE, "is not JSON"),
         (_structured(b"[1]"), DecodeErrorReason.INVALID_VALUE, "a JSON list, not an object"),
+        (_structured(b'{"data":{"n":NaN}}'), DecodeErrorReason.INVALID_VALUE, "NaN is not"),
+        (_structured(b'{"data":{"n":1e400}}'), DecodeErrorReason.INVALID_VALUE, "float's range"),
         (
             _structured(b'{"specversion":"1.0","data_base64":"e30="}'),
             DecodeErrorReason.INVALID_VALUE,
