@@ -9,9 +9,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import structlog
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
@@ -349,3 +350,31 @@ async def leave_group(stop: Awaitable[None], *, within: float, who: str) -> None
             member=who,
             error=repr(exc),
         )
+
+
+class StatusClients:
+    """An admin client and a ``read_committed`` consumer that start and stop together: what a
+    status reader keeps open (a group's state from the one, its topics' ends from the other),
+    so that each read costs Kafka a few requests, not new connections."""
+
+    def __init__(self, admin: AIOKafkaAdminClient, consumer: AIOKafkaConsumer) -> None:
+        self._admin = admin
+        self._consumer = consumer
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._admin.start()
+            await self._consumer.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._admin.close()

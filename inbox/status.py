@@ -13,14 +13,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupIdNotFound, for_code
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import partition_counts, topic_partition_counts, with_coordinator
+from outboxkit.core.kafka import (
+    StatusClients,
+    partition_counts,
+    topic_partition_counts,
+    with_coordinator,
+)
 from outboxkit.core.settings import KafkaConnectionSettings
 from outboxkit.inbox.progress import is_stalled, read_metadata
 
@@ -54,36 +59,20 @@ class InboxStatus:
         return all(p.ok for p in self.partitions)
 
 
-class InboxStatusReader:
+class InboxStatusReader(StatusClients):
     """Reads :class:`InboxStatus` through Kafka clients it keeps open: ``outboxkit inbox
     status`` opens one for one read (:func:`read_status`), the console keeps one for as long as
     it runs (a few Kafka requests per read, no new connections)."""
 
     def __init__(self, kafka: KafkaConnectionSettings) -> None:
-        self._admin = kafka_clients.admin(kafka, client_id="outboxkit")
-        self._consumer = kafka_clients.consumer(
-            kafka,
-            isolation_level="read_committed",  # the end a worker can reach
-            client_id="outboxkit.status",
+        super().__init__(
+            kafka_clients.admin(kafka, client_id="outboxkit"),
+            kafka_clients.consumer(
+                kafka,
+                isolation_level="read_committed",  # the end a worker can reach
+                client_id="outboxkit.status",
+            ),
         )
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self._admin.start()
-            await self._consumer.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        try:
-            await self._consumer.stop()
-        finally:
-            await self._admin.close()
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         return await topic_partition_counts(self._admin, topics)

@@ -13,12 +13,16 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Self
 
 from aiokafka import TopicPartition as KafkaTP
 
 from outboxkit.core import kafka_clients
-from outboxkit.core.kafka import kafka_request_timeout, topic_partition_counts, with_coordinator
+from outboxkit.core.kafka import (
+    StatusClients,
+    kafka_request_timeout,
+    topic_partition_counts,
+    with_coordinator,
+)
 from outboxkit.relay.blocks import plan
 from outboxkit.relay.engine import PartitionStatus
 from outboxkit.relay.ownership import describe_group
@@ -49,43 +53,27 @@ class GroupStatus:
     unowned: list[PartitionStatus] = field(default_factory=list)
 
 
-class GroupStatusReader:
+class GroupStatusReader(StatusClients):
     """Reads :class:`GroupStatus` through Kafka clients it keeps open: ``outboxkit relay
     status`` opens one for one read (:func:`group_status`), the console keeps one for as long
     as it runs, so that each of its refreshes costs Kafka a few requests and the database one
     backlog read (:meth:`OutboxStorage.backlog`), not new connections."""
 
     def __init__(self, settings: RelaySettings) -> None:
+        super().__init__(
+            kafka_clients.admin(
+                settings,
+                client_id="outboxkit-status",
+                request_timeout_ms=int(kafka_request_timeout(settings) * 1000),
+            ),
+            kafka_clients.consumer(
+                settings,
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+                client_id="outboxkit-status",
+            ),
+        )
         self.settings = settings
-        self._admin = kafka_clients.admin(
-            settings,
-            client_id="outboxkit-status",
-            request_timeout_ms=int(kafka_request_timeout(settings) * 1000),
-        )
-        self._consumer = kafka_clients.consumer(
-            settings,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id="outboxkit-status",
-        )
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self._admin.start()
-            await self._consumer.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        try:
-            await self._consumer.stop()
-        finally:
-            await self._admin.close()
 
     async def partition_counts(self) -> dict[str, int]:
         """Each of the relay's topics' partition count (:class:`ConfigurationError` names the
