@@ -63,6 +63,7 @@ class EventRegistry:
         #: ``(type, from_version)`` → (the version it produces, the function).
         self._upcasters: dict[tuple[str, int], tuple[int, Upcaster]] = {}
         self._unknown_logged: set[tuple[str, int]] = set()
+        self._assumed_logged: set[tuple[str, int]] = set()
 
     def register(self, event_cls: type[E]) -> type[E]:
         """Register ``event_cls`` under its type and version; returns it (usable as a decorator).
@@ -205,6 +206,8 @@ class EventRegistry:
             default_versions=self._assumed_versions,
         )
         event_cls, steps = self._resolve(envelope.event_type, envelope.version)
+        if envelope.assumed_version:
+            self._assumed(envelope.event_type, envelope.version)
         with collecting_unknown_fields() as unknown:
             event = build_event(
                 event_cls,
@@ -245,6 +248,17 @@ class EventRegistry:
                 event_cls, tolerant=not event_cls.event_strict_reader
             )
         return validator
+
+    def _assumed(self, event_type: str, version: int) -> None:
+        if (event_type, version) not in self._assumed_logged:
+            self._assumed_logged.add((event_type, version))
+            logger.info(
+                "read records without ce_schemaversion (another producer's) as this version: "
+                "the one their dataschema names, else the type's default "
+                "(EventRegistry.assume_version); logged once per type and version",
+                event_type=event_type,
+                event_version=version,
+            )
 
     def _ignored(self, event_cls: type[Event], names: list[str]) -> None:
         slot = (event_cls.event_type, event_cls.event_version)

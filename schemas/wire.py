@@ -110,6 +110,9 @@ class Envelope:
     headers: dict[str, str]
     #: ``time_text`` is in the form :func:`format_time` writes.
     canonical_time: bool = False
+    #: The record said no version (another producer's): :attr:`version` is the one its
+    #: ``dataschema`` names, or its type's default.
+    assumed_version: bool = False
 
     @property
     def id(self) -> UUID:
@@ -348,6 +351,7 @@ def _envelope(
         version=int(version_text),
         headers=user,
         canonical_time=canonical_time,
+        assumed_version=WireHeader.SCHEMA_VERSION not in protocol,
     )
 
 

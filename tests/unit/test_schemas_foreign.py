@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import structlog.testing
 from cloudevents.core.bindings import kafka
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
@@ -102,6 +103,16 @@ def test_a_missing_schemaversion_comes_from_dataschema_or_the_types_default(
     for mode in MODES.values():
         read = _decode(registry, mode(_sdk_event(data=data, **attributes)))
         assert read.event_version == version
+
+
+def test_an_assumed_version_is_logged_once_per_type_and_version() -> None:
+    registry = _registry()
+    with structlog.testing.capture_logs() as logs:
+        for mode in [*MODES.values(), *MODES.values()]:
+            _decode(registry, mode(_sdk_event()))
+        _decode(registry, kafka.to_binary_event(_sdk_event(schemaversion="1")))
+    assumed = [log for log in logs if "without ce_schemaversion" in log["event"]]
+    assert [(log["event_type"], log["event_version"]) for log in assumed] == [("shop.paid", 1)]
 
 
 def test_a_uuid_id_stays_the_event_id() -> None:
