@@ -130,7 +130,10 @@ def decode(records: DataFrame, registry: EventRegistry) -> DataFrame:
         "_py",
         python(
             undecided,
-            *(F.when(undecided, F.col(c)) for c in ("key", "value", "headers", "topic")),
+            *(
+                F.when(undecided, F.col(c))
+                for c in ("key", "value", "headers", "topic", "timestamp")
+            ),
         ),
     )
     return with_python.select(*_output(models, valid.keys()))

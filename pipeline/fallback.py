@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 from uuid import UUID
@@ -136,10 +137,15 @@ class PythonDecoder:
         """The UDF's function (Spark reads its type hints: Arrow arrays in, an array out)."""
         decoder = self
 
-        def outboxkit_registry_decode(
-            undecided: pa.Array, key: pa.Array, value: pa.Array, headers: pa.Array, topic: pa.Array
+        def outboxkit_registry_decode(  # noqa: PLR0917 (the UDF's columns, in order)
+            undecided: pa.Array,
+            key: pa.Array,
+            value: pa.Array,
+            headers: pa.Array,
+            topic: pa.Array,
+            timestamp: pa.Array,
         ) -> pa.Array:
-            return decode_rows(decoder, undecided, key, value, headers, topic)
+            return decode_rows(decoder, undecided, key, value, headers, topic, timestamp)
 
         return outboxkit_registry_decode
 
@@ -151,8 +157,11 @@ def decode_rows(  # noqa: PLR0917 (the UDF's columns, in order)
     value: pa.Array,
     headers: pa.Array,
     topic: pa.Array,
+    timestamp: pa.Array | None = None,
 ) -> pa.Array:
-    """One struct per row: the registry's verdict where ``undecided`` is true, else null."""
+    """One struct per row: the registry's verdict where ``undecided`` is true, else null.
+    ``timestamp`` (the Kafka record's) is the time of a foreign event without ``time``, as
+    the inbox's ``decode_record`` takes it."""
     arrow_type = decoder.arrow_type
     flags = undecided.to_pylist()
     wanted = [i for i, flag in enumerate(flags) if flag]
@@ -166,6 +175,7 @@ def decode_rows(  # noqa: PLR0917 (the UDF's columns, in order)
             value=value[index].as_py(),
             headers=headers[index].as_py(),
             topic=topic[index].as_py(),
+            record_time=None if timestamp is None else _utc(timestamp[index].as_py()),
         )
     return _to_arrow(rows, arrow_type)
 
@@ -177,10 +187,13 @@ def _decode_one(
     value: bytes | None,
     headers: list[dict[str, Any]] | None,
     topic: str,
+    record_time: datetime | None,
 ) -> dict[str, Any]:
     pairs = [(h["key"], h["value"]) for h in headers or ()]
     try:
-        event = decoder.registry.decode(topic=topic, key=key, value=value, headers=pairs)
+        event = decoder.registry.decode(
+            topic=topic, key=key, value=value, headers=pairs, record_time=record_time
+        )
     except EventDecodeError as exc:
         return _error(str(exc.reason), str(exc), type(exc).__qualname__)
     column = decoder._columns[(event.event_type, event.event_version)]
@@ -192,6 +205,13 @@ def _decode_one(
         "occurred_at": event.occurred_at,
         column: _plain(event.model_dump(by_alias=True)),
     }
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """A timestamp from Arrow: aware as Spark sends it, or naive in UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 def _error(reason: str, message: str, error_type: str) -> dict[str, Any]:

@@ -19,10 +19,11 @@ no ``schemaversion``             the version a trailing number of ``dataschema``
                                  registry's default version of the type
                                  (:meth:`EventRegistry.assume_version`), else 1
 no ``content-type``              (binary mode) the value is JSON, as CloudEvents' JSON format says
+no ``time``                      the Kafka record's timestamp (``decode_record``; ``decode``'s
+                                 ``record_time``), else refused (``missing_header``)
 ===============================  ==================================================================
 
-``time`` stays required (every SDK sets it by default), and so does the record key: the inbox
-orders and the relay partitions by it.
+The record key stays required: the inbox orders and the relay partitions by it.
 """
 
 from __future__ import annotations

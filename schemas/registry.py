@@ -2,6 +2,7 @@
 upcasters turn an older version's payload into a newer one's."""
 
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import structlog
@@ -16,6 +17,7 @@ from outboxkit.schemas.wire import (
     preview,
     read_record,
     record_size,
+    record_timestamp,
 )
 
 E = TypeVar("E", bound=Event)
@@ -178,6 +180,7 @@ class EventRegistry:
         headers: Sequence[tuple[str, bytes]],
         max_bytes: int | None = None,
         unknown_fields: list[str] | None = None,
+        record_time: datetime | None = None,
     ) -> Event:
         """Decode a Kafka record written by :func:`outboxkit.schemas.encode` (or, unless
         ``strict_envelope``, another producer's CloudEvent: the class's docstring).
@@ -191,6 +194,10 @@ class EventRegistry:
         ``max_bytes`` (key, value and headers) is rejected before anything is parsed, and
         validation reports at most a few errors per collection and per model
         (:mod:`outboxkit.schemas.bounded`), never one per bad element or unknown key.
+
+        ``record_time`` (the Kafka record's timestamp) is the time of another producer's event
+        that has no ``time`` attribute (CloudEvents makes it optional; outboxkit's events always
+        have one).
         """
         if max_bytes is not None:
             size = record_size(key, value, headers)
@@ -204,6 +211,7 @@ class EventRegistry:
             value,
             strict=self.strict_envelope,
             default_versions=self._assumed_versions,
+            record_time=record_time,
         )
         event_cls, steps = self._resolve(envelope.event_type, envelope.version)
         if envelope.assumed_version:
@@ -231,7 +239,8 @@ class EventRegistry:
         max_bytes: int | None = None,
         unknown_fields: list[str] | None = None,
     ) -> Event:
-        """:meth:`decode` a consumed record (aiokafka ``ConsumerRecord``…), topic included."""
+        """:meth:`decode` a consumed record (aiokafka ``ConsumerRecord``…), topic included, and
+        its timestamp (milliseconds since the epoch, aiokafka's ``timestamp``) if it has one."""
         return self.decode(
             topic=record.topic,
             key=record.key,
@@ -239,6 +248,7 @@ class EventRegistry:
             headers=record.headers,
             max_bytes=max_bytes,
             unknown_fields=unknown_fields,
+            record_time=record_timestamp(record),
         )
 
     def _validator(self, event_cls: type[Event]) -> SchemaValidator:

@@ -273,10 +273,12 @@ def read_record(
     *,
     strict: bool,
     default_versions: Mapping[str, int],
+    record_time: datetime | None = None,
 ) -> tuple[Envelope, bytes | None]:
     """The envelope and the payload's bytes of a record: outboxkit's own form, or, unless
     ``strict``, another producer's CloudEvent (:mod:`outboxkit.schemas.foreign`: structured
-    content mode, an id that is not a UUID, no ``schemaversion``, no ``content-type``).
+    content mode, an id that is not a UUID, no ``schemaversion``, no ``content-type``, no
+    ``time``: then ``record_time``, the Kafka record's timestamp, when given).
     Raises ``EventDecodeError``."""
     protocol, user = _split_headers(headers)
     structured = is_structured(protocol.get(WireHeader.CONTENT_TYPE))
@@ -291,6 +293,8 @@ def read_record(
     if structured:
         attributes, value = read_structured(value)
         protocol = {**attributes, WireHeader.CONTENT_TYPE.value: CONTENT_TYPE}
+    if WireHeader.TIME not in protocol and record_time is not None:
+        protocol = {**protocol, WireHeader.TIME.value: format_time(record_time)}
     return _envelope(protocol, user, default_versions), value
 
 
@@ -501,6 +505,18 @@ def _is_json_error(exc: ValidationError) -> bool:
     """Whether validation failed because the document is not JSON (the careful path tells
     what is wrong with the value)."""
     return exc.error_count() == 1 and exc.errors(include_url=False)[0]["type"] == "json_invalid"
+
+
+def record_timestamp(record: object) -> datetime | None:
+    """A consumed record's timestamp (aiokafka's ``timestamp``, milliseconds since the epoch)
+    as an aware datetime, or ``None`` when it has none a datetime can hold."""
+    millis = getattr(record, "timestamp", None)
+    if type(millis) is not int or millis < 0:
+        return None
+    try:
+        return datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def record_size(

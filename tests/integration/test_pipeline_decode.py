@@ -363,9 +363,11 @@ def foreign() -> list[tuple[str, Record]]:
             (b"o-1", b'{"data_base64":"e30="}', structured_headers),
         ),
         ("foreign, id too long", record(kafka.to_binary_event(_with(sdk, id="i" * 257)))),
+        ("foreign, unsupported version", version_9()),
+        # No time (Go's and Java's SDKs set none by default): the record's timestamp.
         (
-            "foreign, unsupported version",
-            record(kafka.to_binary_event(_with(sdk, dataschema="v9"))),
+            "foreign, no time",
+            (b"o-1", binary.value, [h for h in record(binary)[2] if h[0] != "ce_time"]),
         ),
     ]
 
@@ -388,6 +390,7 @@ def python_outcomes(reg: EventRegistry, records: list[Record]) -> list[dict[str,
             pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
         ),
         pa.array(["t"] * len(records)),
+        pa.array([WHEN] * len(records), pa.timestamp("us", tz="UTC")),
     )
     rows: list[dict[str, Any]] = result.to_pylist()
     return rows
@@ -396,7 +399,7 @@ def python_outcomes(reg: EventRegistry, records: list[Record]) -> list[dict[str,
 def reason_of(reg: EventRegistry, record: Record) -> str | None:
     key, value, headers = record
     try:
-        reg.decode(topic="t", key=key, value=value, headers=headers)  # type: ignore[arg-type]
+        reg.decode(topic="t", key=key, value=value, headers=headers, record_time=WHEN)  # type: ignore[arg-type]
     except EventDecodeError as exc:
         return str(exc.reason)
     return None
@@ -457,6 +460,9 @@ def test_every_record_gets_the_python_decoders_outcome(spark: Any) -> None:
     assert upcast["test_parcel_v1"] is None
     outcomes = [row["error_reason"] for row in expected]
     assert outcomes.count(None) >= 15, "the corpus must hold many valid records"
+    read = ("foreign, SDK binary mode", "foreign, SDK structured mode", "foreign, no time")
+    foreign_rows = [row for (label, _), row in zip(labelled, decoded, strict=True) if label in read]
+    assert [(row["error_reason"], row["occurred_at"]) for row in foreign_rows] == [(None, WHEN)] * 3
     assert "unrepresentable" in outcomes
 
 

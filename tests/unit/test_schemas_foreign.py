@@ -7,7 +7,9 @@ another exception); the SDK reads outboxkit's own records."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -113,6 +115,40 @@ def test_an_assumed_version_is_logged_once_per_type_and_version() -> None:
         _decode(registry, kafka.to_binary_event(_sdk_event(schemaversion="1")))
     assumed = [log for log in logs if "without ce_schemaversion" in log["event"]]
     assert [(log["event_type"], log["event_version"]) for log in assumed] == [("shop.paid", 1)]
+
+
+def _timeless(message: kafka.KafkaMessage) -> kafka.KafkaMessage:
+    """The message without its event's time (an SDK that does not set one: Go's, Java's)."""
+    if "ce_time" in message.headers:
+        headers = {k: v for k, v in message.headers.items() if k != "ce_time"}
+        return kafka.KafkaMessage(headers=headers, key=message.key, value=message.value)
+    document = json.loads(message.value)
+    del document["time"]
+    return dataclasses.replace(message, value=json.dumps(document).encode())
+
+
+@dataclasses.dataclass
+class _Consumed:
+    """What the inbox's consumer gives: aiokafka's ConsumerRecord, its timestamp in ms."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    timestamp: int
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_an_event_without_time_takes_the_records_timestamp(mode: str) -> None:
+    message = _timeless(MODES[mode](_sdk_event()))
+    error = _refusal(_registry(), message)
+    assert (error.reason, "ce_time" in str(error)) == (DecodeErrorReason.MISSING_HEADER, True)
+    at = datetime(2026, 3, 1, 10, 30, 15, 250000, tzinfo=UTC)
+    headers = list(message.headers.items())
+    consumed = _Consumed("shop.paid", b"o-1", message.value, headers, int(at.timestamp() * 1000))
+    assert _registry().decode_record(consumed).occurred_at == at
+    with pytest.raises(EventDecodeError):
+        _registry(strict=True).decode_record(consumed)
 
 
 def test_a_uuid_id_stays_the_event_id() -> None:
