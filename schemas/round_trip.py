@@ -3,7 +3,7 @@
 The strict writer (:mod:`outboxkit.schemas.encoding`) reads every record back the way a reader
 does and compares: one validation of the whole event, most of what :func:`encode` costs. For
 most models the answer follows from the field types alone. A ``str``, an ``int``, a ``bool``, a
-finite ``float`` or ``Decimal``, a ``UUID``, a ``date``, a naive or UTC ``datetime``, and
+finite ``float`` or ``Decimal``, a ``UUID``, a ``date``, a naive or UTC ``datetime``, ``bytes``, and
 optionals, lists, ``str``-keyed dicts and plain nested models of them, written as JSON by
 pydantic and validated by the same class, come back equal — *if each value is of its declared
 type*. Constructing a model checks that, but ``model_construct``, ``model_copy(update=…)`` and a
@@ -81,6 +81,9 @@ _SCALARS: dict[str, _Shape] = {
     "decimal": _Shape(Decimal, Decimal.is_finite),
     "uuid": _Shape(UUID),
     "date": _Shape(date),
+    # Written as its UTF-8 text (bytes that are not UTF-8 are refused as they are written, before
+    # any check), read back as that text encoded.
+    "bytes": _Shape(bytes),
 }
 #: A datetime schema's ``tz_constraint`` → what its values may be: naive or UTC (written as
 #: they are; another offset, or a zone, is read back as a fixed offset, and is read back here).
