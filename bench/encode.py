@@ -12,11 +12,11 @@ machine) of three ways to make its record, alternated round by round:
   reader's validation of the record and the comparison, as if every event were read back (what
   ``encode`` cost before it knew which events need no read-back).
 
-The models: ``flat`` (str, Decimal and int fields, the relay bench's event), ``nested`` (a list
-of nested models and a list of str), ``measured`` (floats, a UTC and a naive datetime),
-``binary`` (a ``bytes`` field: always read back), ``large`` (200 nested lines and 4 KB of text,
-~16 KB of JSON), and ``validated`` (``flat`` with a field validator of its own: always read
-back); ``measured+offset`` is ``measured`` holding a datetime with a UTC offset, read back too.
+The models: ``flat`` (str, Decimal and int fields, the relay bench's event), ``nested`` (a list of
+nested models and a list of str), ``measured`` (floats, a UTC and a naive datetime), ``binary`` (a
+``bytes`` field), ``large`` (200 nested lines and 4 KB of text, ~16 KB of JSON), and ``validated``
+(``flat`` with a field validator of its own: always read back); ``measured+offset`` is ``measured``
+holding a datetime with a UTC offset, read back too.
 
 ``--transaction`` then starts an embedded PostgreSQL and times, on one connection, transactions
 that insert an order row alone, then the same with ``PostgresOutbox.add`` of a ``flat`` event,
