@@ -48,6 +48,8 @@ from uuid import UUID
 
 import psycopg
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
 from pydantic import BaseModel, field_validator
 
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
@@ -58,6 +60,7 @@ from outboxkit.schemas.encoding import read_back
 from outboxkit.schemas.wire import CONTENT_TYPE, DATA_SCHEMA_HEADER, SPEC_VERSION, format_time
 
 SOURCE = "urn:service:bench"
+KAFKA_TOPIC = "bench.encode"
 
 
 class OrderPlaced(Event, type="bench.order_placed", topic="bench.orders", key_field="customer_id"):
@@ -304,6 +307,14 @@ async def transaction_table(url: str, rounds: int, count: int, bootstrap: str | 
 async def kafka_alone(bootstrap: str, transactions: int) -> list[float]:
     """Wall time of one-record transactions of one transactional producer (the first 10 warm
     up), as bench/console.py measures it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(KAFKA_TOPIC, 1, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, transactional_id="bench-encode-floor", acks="all"
     )
@@ -313,7 +324,7 @@ async def kafka_alone(bootstrap: str, transactions: int) -> list[float]:
         for i in range(transactions + 10):
             started = time.perf_counter()
             await producer.begin_transaction()
-            await producer.send("bench.encode", b"x", key=b"k", partition=0)
+            await producer.send(KAFKA_TOPIC, b"x", key=b"k", partition=0)
             await producer.commit_transaction()
             if i >= 10:
                 times.append(time.perf_counter() - started)
