@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 from uuid import UUID, uuid5
 
@@ -94,7 +95,8 @@ def read_structured(value: bytes | None) -> tuple[dict[str, str], bytes]:
     if type(value) is not bytes:
         raise EventDecodeError(invalid, "a structured CloudEvent with no value (a tombstone?)")
     try:
-        document = json.loads(value, parse_constant=_no_constant)
+        # Numbers as their text (Decimal): data is passed on as binary mode's value would be.
+        document = json.loads(value, parse_float=Decimal, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise EventDecodeError(invalid, f"the structured CloudEvent is not JSON: {exc}") from None
     if not isinstance(document, dict):
@@ -135,12 +137,36 @@ def read_structured(value: bytes | None) -> tuple[dict[str, str], bytes]:
             )
         attributes[f"ce_{name}"] = found
     try:
-        payload = json.dumps(data, allow_nan=False).encode()
-    except ValueError:  # a number beyond a float's range (1e400) was read as infinite
+        payload = "".join(_json_text(data)).encode()
+    except RecursionError:
         raise EventDecodeError(
-            invalid, "the structured CloudEvent's data holds a number beyond a float's range"
+            invalid, "the structured CloudEvent's data is nested too deeply"
         ) from None
     return attributes, payload
+
+
+def _json_text(value: Any) -> Iterator[str]:
+    """``value`` (as ``json.loads`` read it, numbers with a fraction or an exponent as
+    :class:`~decimal.Decimal`) written as JSON again, each number with the digits it was sent
+    with: through a float, ``12345678901234567.89`` would become ``12345678901234568.0`` and
+    ``1e400`` infinite — an event that did not arrive whole."""
+    if isinstance(value, dict):
+        yield "{"
+        for index, (name, item) in enumerate(value.items()):
+            yield f"{',' if index else ''}{json.dumps(name)}:"
+            yield from _json_text(item)
+        yield "}"
+    elif isinstance(value, list):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ","
+            yield from _json_text(item)
+        yield "]"
+    elif isinstance(value, Decimal):
+        yield str(value)  # JSON's number grammar: 1.50, -0.0, 1E+400
+    else:
+        yield json.dumps(value)
 
 
 def _no_constant(name: str) -> Any:
