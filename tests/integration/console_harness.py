@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import pytest
 import uvicorn
 from playwright.async_api import Browser, Page, async_playwright
 
-from outboxkit.embedded._process import die_with_parent, free_port
+from outboxkit.embedded._process import die_with_parent, free_port, wait_until
 from tests.helpers import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -63,15 +62,20 @@ def chromium() -> Iterator[str]:
             preexec_fn=die_with_parent,  # noqa: PLW1509 - no browser left behind if pytest dies
         )
     try:
-        deadline = time.monotonic() + 30
-        endpoint = None
-        while endpoint is None:
-            found = re.search(r"DevTools listening on (ws://\S+)", log.read_text(errors="replace"))
-            endpoint = found.group(1) if found else None
-            assert process.poll() is None, f"Chromium exited: {log.read_text(errors='replace')}"
-            assert time.monotonic() < deadline, "Chromium did not start within 30 s"
-            time.sleep(0.05)
-        yield endpoint
+
+        def devtools() -> re.Match[str] | None:
+            return re.search(r"DevTools listening on (ws://\S+)", log.read_text(errors="replace"))
+
+        wait_until(
+            lambda: devtools() is not None,
+            timeout=30,
+            what="Chromium's DevTools endpoint",
+            process=process,
+            log_path=log,
+        )
+        found = devtools()
+        assert found is not None
+        yield found.group(1)
     finally:
         process.terminate()
         try:
