@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import keyword
+import os
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from uuid import UUID
 
 import pydantic_core.core_schema as core
 import typing_extensions
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, create_model
 
@@ -438,3 +440,15 @@ def events(spec: ModelSpec, model: type[Event]) -> st.SearchStrategy[Event]:
 
 def _show(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or repr(annotation)
+
+
+def property_settings(examples: int) -> settings:
+    """The settings of a property over generated models: ``examples`` examples in CI (more with
+    ``OUTBOXKIT_WHOLE_EXAMPLES``, a long run outside CI), no deadline, the failing example's
+    blob printed for a replay."""
+    return settings(
+        max_examples=int(os.environ.get("OUTBOXKIT_WHOLE_EXAMPLES", str(examples))),
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )

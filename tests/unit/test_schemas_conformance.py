@@ -18,27 +18,20 @@ runs more examples (a long run outside CI)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
+from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, FormatChecker
 from pydantic import ValidationError
 
 from outboxkit.schemas import Event, EventDecodeError, EventRegistry, SchemaError, encode
 from outboxkit.schemas.compat.snapshot import payload_schema
-from tests.event_models import ModelSpec, build, events, model_specs
+from tests.event_models import ModelSpec, build, events, model_specs, property_settings
 
-EXAMPLES = int(os.environ.get("OUTBOXKIT_WHOLE_EXAMPLES", "100"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = property_settings(100)
 SOURCE = "urn:test:conformance"
 
 #: Values of each JSON type, to put where another type stands.

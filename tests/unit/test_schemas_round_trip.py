@@ -10,7 +10,6 @@ check, and every event of it is read back."""
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -19,8 +18,8 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import (
     AfterValidator,
@@ -49,16 +48,11 @@ from tests.event_models import (
     build_nested,
     events,
     model_specs,
+    property_settings,
     values_of,
 )
 
-EXAMPLES = int(os.environ.get("OUTBOXKIT_WHOLE_EXAMPLES", "100"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = property_settings(100)
 
 
 class Line(BaseModel):

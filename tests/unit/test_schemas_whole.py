@@ -11,24 +11,17 @@ Hypothesis prints the falsifying example and ``@reproduce_failure`` on a failure
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from outboxkit.schemas import Event, EventRegistry, SchemaError, encode
-from tests.event_models import FieldSpec, ModelSpec, build, events, model_specs
+from tests.event_models import FieldSpec, ModelSpec, build, events, model_specs, property_settings
 
-EXAMPLES = int(os.environ.get("OUTBOXKIT_WHOLE_EXAMPLES", "200"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = property_settings(200)
 
 
 def assert_whole(decoded: BaseModel, written: BaseModel, path: str = "") -> None:
