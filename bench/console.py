@@ -25,8 +25,10 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,6 +41,9 @@ from outboxkit.backends import backend_for
 from outboxkit.console import ConsoleSettings, console
 from outboxkit.embedded import EmbeddedPostgres, KafkaCluster
 from outboxkit.embedded._process import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.kafka_io import one_record_transactions
 
 TOPIC = "bench.orders"
 INBOX_TOPIC = "bench.payments"
@@ -134,24 +139,10 @@ async def _members(bootstrap: str, count: int) -> Any:
             await member.stop()
 
 
-async def _kafka_alone(bootstrap: str, transactions: int) -> list[float]:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, transactional_id="bench-console-floor", acks="all"
+async def _kafka_alone(bootstrap: str) -> list[float]:
+    return await one_record_transactions(
+        bootstrap, TOPIC, 100, transactional_id="bench-console-floor", pause=0.02
     )
-    await producer.start()
-    times = []
-    try:
-        for i in range(transactions + 10):  # the first 10 warm up
-            started = time.perf_counter()
-            await producer.begin_transaction()
-            await producer.send(TOPIC, b"x", key=b"k", partition=0)
-            await producer.commit_transaction()
-            if i >= 10:
-                times.append(time.perf_counter() - started)
-            await asyncio.sleep(0.02)
-    finally:
-        await producer.stop()
-    return times
 
 
 async def _backlog_alone(url: str, calls: int) -> tuple[list[float], str]:
@@ -225,7 +216,7 @@ async def run(args: argparse.Namespace, url: str, bootstrap: str) -> None:
     await serving
     times, plan = await _backlog_alone(url, args.requests)
     print(f"  the backlog query alone: {_ms(times)}")
-    print(f"Kafka alone, a one-record transaction: {_ms(await _kafka_alone(bootstrap, 100))}")
+    print(f"Kafka alone, a one-record transaction: {_ms(await _kafka_alone(bootstrap))}")
     print("the backlog query's plan:")
     print("  " + plan.replace("\n", "\n  "))
 

@@ -39,15 +39,16 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from pydantic import BaseModel, field_validator
@@ -58,6 +59,9 @@ from outboxkit.relay import PostgresOutbox, PostgresOutboxStorage
 from outboxkit.schemas import EncodedEvent, Event, WireHeader, encode
 from outboxkit.schemas.encoding import read_back
 from outboxkit.schemas.wire import CONTENT_TYPE, DATA_SCHEMA_HEADER, SPEC_VERSION, format_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.kafka_io import one_record_transactions
 
 SOURCE = "urn:service:bench"
 KAFKA_TOPIC = "bench.encode"
@@ -315,22 +319,9 @@ async def kafka_alone(bootstrap: str, transactions: int) -> list[float]:
         pass
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, transactional_id="bench-encode-floor", acks="all"
+    return await one_record_transactions(
+        bootstrap, KAFKA_TOPIC, transactions, transactional_id="bench-encode-floor"
     )
-    await producer.start()
-    times = []
-    try:
-        for i in range(transactions + 10):
-            started = time.perf_counter()
-            await producer.begin_transaction()
-            await producer.send(KAFKA_TOPIC, b"x", key=b"k", partition=0)
-            await producer.commit_transaction()
-            if i >= 10:
-                times.append(time.perf_counter() - started)
-    finally:
-        await producer.stop()
-    return times
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
-"""Kafka I/O the benchmarks share: publish a backlog of events, and the raw consume rate of a
-topic (the ceiling a consumer is compared with)."""
+"""Kafka I/O the benchmarks share: publish a backlog of events, the raw consume rate of a
+topic (the ceiling a consumer is compared with), and Kafka's one-record transaction (the figure
+every latency is printed beside)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,29 @@ async def consume_rate(bootstrap: str, topic: str, count: int) -> float:
     finally:
         await consumer.stop()
     return count / (time.perf_counter() - started)
+
+
+async def one_record_transactions(
+    bootstrap: str, topic: str, transactions: int, *, transactional_id: str, pause: float = 0.0
+) -> list[float]:
+    """Wall time of each of ``transactions`` one-record transactions of one transactional
+    producer to partition 0 of ``topic`` (which must exist), after 10 that warm up; ``pause``
+    seconds between them."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=transactional_id, acks="all"
+    )
+    await producer.start()
+    times = []
+    try:
+        for i in range(transactions + 10):
+            started = time.perf_counter()
+            await producer.begin_transaction()
+            await producer.send(topic, b"x", key=b"k", partition=0)
+            await producer.commit_transaction()
+            if i >= 10:
+                times.append(time.perf_counter() - started)
+            if pause:
+                await asyncio.sleep(pause)
+    finally:
+        await producer.stop()
+    return times
