@@ -43,9 +43,12 @@ FLOOR = 1.0
 #: by its sweep, whose delays spread evenly over the interval, is never within it.
 QUIET_FLOOR = 0.25
 #: A quiet window is back only with its commit→Kafka p50 within :data:`FACTOR` times the
-#: baseline's, or under this (seconds), too: woken on commit, within milliseconds (a sweep-only
-#: relay's p50 is half its sweep interval).
-QUIET_P50 = 0.05
+#: baseline's, or under this (seconds), too: a relay woken on commit publishes within tens of
+#: milliseconds; a sweep-only relay's p50 is half its sweep interval (0.5 s in the tests, five
+#: times this), and a relay that waits 100 ms or more before it publishes is over it. Not lower:
+#: on a CI machine running other suites' brokers and Spark beside this one, a relay woken on
+#: commit measured p50 41 ms before a crash restart and 89 ms after it, every p99 within bounds.
+QUIET_P50 = 0.1
 #: Candidate windows after the heal start this far apart (seconds).
 STEP = 0.25
 #: Events per second of a quiet phase.

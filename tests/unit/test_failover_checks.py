@@ -11,6 +11,9 @@ import pytest
 
 from tests.failover.arrivals import Arrival
 from tests.failover.baseline import (
+    QUIET_FLOOR,
+    QUIET_P50,
+    QUIET_RATE,
     STEP,
     WINDOW,
     Timeline,
@@ -107,6 +110,39 @@ def test_a_relay_that_publishes_on_its_sweep_is_never_back() -> None:
     timeline = _timeline(delay, 60.0)
     baseline = measure(timeline, 10 - WINDOW, now=70.0)
     assert first_back(timeline, baseline, healed=10.0, until=60.0, now=70.0, load="quiet") is None
+
+
+def test_a_relay_that_sweeps_half_the_partitions_is_never_back() -> None:
+    """One relay of two woken on commit, the other only by its sweep: half the events wait up
+    to 1 s, the p99 is over the quiet floor."""
+
+    def delay(at: float) -> float:
+        return 0.01 if at < 10 or int(at * 20) % 2 else 1.0 - (at % 1.0)
+
+    timeline = _timeline(delay, 60.0)
+    baseline = measure(timeline, 10 - WINDOW, now=70.0)
+    assert first_back(timeline, baseline, healed=10.0, until=60.0, now=70.0, load="quiet") is None
+
+
+@pytest.mark.parametrize(
+    ("after", "back"),
+    [
+        (0.09, True),  # woken on commit on a loaded machine: twice as slow, under QUIET_P50
+        (0.15, False),  # waits 150 ms before it publishes: every p99 within the quiet floor
+        (0.5, False),  # a sweep-only relay's p50
+    ],
+)
+def test_a_quiet_window_is_back_with_its_p50_under_the_floor_or_twice_the_baseline(
+    after: float, back: bool
+) -> None:
+    """Quiet, a p99 under :data:`QUIET_FLOOR` does not make a window back: its p50 must be
+    within twice the baseline's or under :data:`QUIET_P50` too."""
+    timeline = _timeline(lambda at: 0.04 if at < 10 else after, 30.0, rate=QUIET_RATE)
+    baseline = measure(timeline, 10 - WINDOW, now=40.0)
+    assert after < QUIET_FLOOR or not back
+    found = first_back(timeline, baseline, healed=10.0, until=30.0, now=40.0, load="quiet")
+    assert (found is not None) is back
+    assert after > QUIET_P50 or back
 
 
 def test_an_event_not_on_kafka_yet_counts_as_late_by_its_age() -> None:
