@@ -29,7 +29,7 @@ from outboxkit.inbox.progress import PartitionProgress
 from outboxkit.inbox.settings import InboxSettings
 from outboxkit.inbox.store import Delivery, InboxStore
 from outboxkit.inbox.transactions import TransactionHealth, TransactionRunner
-from outboxkit.schemas import EventDecodeError
+from outboxkit.schemas import EventDecodeError, ForeignForm
 
 logger = structlog.get_logger("outboxkit.inbox")
 
@@ -105,6 +105,7 @@ class DeliveryPath(Generic[TX]):
         max_bytes = self._settings.max_record_bytes
         size = self._settings.transaction_batch
         unknown: list[str] = []
+        foreign: list[ForeignForm] = []
         try:
             for record in records:
                 if self._stopping.is_set():
@@ -115,8 +116,11 @@ class DeliveryPath(Generic[TX]):
                     continue
                 assert isinstance(record, ConsumerRecord)
                 unknown.clear()
+                foreign.clear()
                 try:
-                    event = decode(record, max_bytes=max_bytes, unknown_fields=unknown)
+                    event = decode(
+                        record, max_bytes=max_bytes, unknown_fields=unknown, foreign_forms=foreign
+                    )
                 except EventDecodeError as exc:
                     await self._transactions.run(tp, batch, progress)
                     await self._dead_letter(record, str(exc.reason), exc, progress)
@@ -125,6 +129,10 @@ class DeliveryPath(Generic[TX]):
                 if unknown:
                     self._metrics.unknown_fields.labels(
                         self._name, event.event_type, str(event.event_version)
+                    ).inc()
+                for form in foreign:
+                    self._metrics.foreign_records.labels(
+                        self._name, event.event_type, form.value
                     ).inc()
                 handler = handler_for(event)
                 if handler is None:  # registered for decoding only: nothing to do

@@ -33,6 +33,14 @@ class InboxMetrics:
             ["inbox", "type", "version"],
             registry=reg,
         )
+        self.foreign_records = Counter(
+            "outboxkit_inbox_foreign_records",
+            "Events read in a form outboxkit does not write (another producer's CloudEvent), "
+            "by how they differ: structured, derived_id, assumed_version, "
+            "implied_content_type, record_time",
+            ["inbox", "type", "form"],
+            registry=reg,
+        )
         self.handler_seconds = Histogram(
             "outboxkit_inbox_handler_seconds",
             "Time of the dedupe + handler transaction",

@@ -4,6 +4,8 @@
 - :class:`EventRegistry`: ``(type, version)`` → model; decodes Kafka records.
 - :func:`encode` / :class:`EncodedEvent`: the CloudEvents Kafka binding, binary content mode;
   :func:`check_source`: whether a producer's name is a URI-reference, as CloudEvents requires.
+- :class:`ForeignForm`: how another producer's CloudEvent the registry read differs from
+  outboxkit's own form.
 - :func:`partition_for_key`: where Kafka's default partitioner puts a key.
 - :func:`check_compatibility`, :class:`CompatibilityMode`, :class:`Snapshot`: which changes of
   an event stay readable by whom, against the JSON Schemas exported earlier (docs/schemas.md).
@@ -23,9 +25,11 @@ from outboxkit.schemas.exceptions import (
     RegistryError,
     SchemaError,
 )
+from outboxkit.schemas.foreign import ForeignForm
 from outboxkit.schemas.partitioner import murmur2, partition_for_key, to_positive
+from outboxkit.schemas.records import KafkaRecord
 from outboxkit.schemas.registry import EventRegistry
-from outboxkit.schemas.wire import EncodedEvent, KafkaRecord, WireHeader
+from outboxkit.schemas.wire import EncodedEvent, WireHeader
 
 if _TYPE_CHECKING:
     from outboxkit.schemas.compat import (
@@ -55,6 +59,7 @@ __all__ = [
     "EventDecodeError",
     "EventDefinitionError",
     "EventRegistry",
+    "ForeignForm",
     "KafkaRecord",
     "RegistryError",
     "SchemaError",

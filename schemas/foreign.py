@@ -32,6 +32,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 from uuid import UUID, uuid5
 
@@ -52,6 +53,18 @@ _DATASCHEMA_VERSION = re.compile(r"(?:^|[/:._-])[vV]?([1-9][0-9]{0,9})(?:\.json)
 #: The structured event's attributes that become the envelope (the rest are ignored, as the
 #: binary mode's unknown ``ce_*`` headers are).
 _ATTRIBUTES = ("specversion", "id", "source", "type", "time", "schemaversion", "dataschema")
+
+
+class ForeignForm(StrEnum):
+    """A way another producer's CloudEvent differs from what outboxkit writes, as the reader
+    reported it (``EventRegistry.decode(foreign_forms=…)``; the inbox counts each in
+    ``outboxkit_inbox_foreign_records_total``): the rows of the table above."""
+
+    STRUCTURED = "structured"
+    DERIVED_ID = "derived_id"
+    ASSUMED_VERSION = "assumed_version"
+    IMPLIED_CONTENT_TYPE = "implied_content_type"
+    RECORD_TIME = "record_time"
 
 
 def foreign_event_id(source: str, event_id: str) -> str:

@@ -11,14 +11,9 @@ from pydantic_core import SchemaValidator
 from outboxkit.schemas.bounded import bounded_validator, collecting_unknown_fields
 from outboxkit.schemas.event import Event
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError, RegistryError
-from outboxkit.schemas.wire import (
-    KafkaRecord,
-    build_event,
-    preview,
-    read_record,
-    record_size,
-    record_timestamp,
-)
+from outboxkit.schemas.foreign import ForeignForm
+from outboxkit.schemas.records import KafkaRecord, record_size, record_timestamp
+from outboxkit.schemas.wire import build_event, preview, read_record
 
 E = TypeVar("E", bound=Event)
 
@@ -181,6 +176,7 @@ class EventRegistry:
         max_bytes: int | None = None,
         unknown_fields: list[str] | None = None,
         record_time: datetime | None = None,
+        foreign_forms: list[ForeignForm] | None = None,
     ) -> Event:
         """Decode a Kafka record written by :func:`outboxkit.schemas.encode` (or, unless
         ``strict_envelope``, another producer's CloudEvent: the class's docstring).
@@ -197,7 +193,9 @@ class EventRegistry:
 
         ``record_time`` (the Kafka record's timestamp) is the time of another producer's event
         that has no ``time`` attribute (CloudEvents makes it optional; outboxkit's events always
-        have one).
+        have one). How another producer's event differs from outboxkit's form is appended to
+        ``foreign_forms`` when given (:class:`~outboxkit.schemas.foreign.ForeignForm`, in
+        their order there; none for outboxkit's own records).
         """
         if max_bytes is not None:
             size = record_size(key, value, headers)
@@ -214,7 +212,7 @@ class EventRegistry:
             record_time=record_time,
         )
         event_cls, steps = self._resolve(envelope.event_type, envelope.version)
-        if envelope.assumed_version:
+        if envelope.foreign_forms and envelope.assumed_version:
             self._assumed(envelope.event_type, envelope.version)
         with collecting_unknown_fields() as unknown:
             event = build_event(
@@ -230,6 +228,8 @@ class EventRegistry:
             self._ignored(event_cls, unknown)
             if unknown_fields is not None:
                 unknown_fields.extend(unknown)
+        if foreign_forms is not None and envelope.foreign_forms:
+            foreign_forms.extend(f for f in ForeignForm if f in envelope.foreign_forms)
         return event
 
     def decode_record(
@@ -238,6 +238,7 @@ class EventRegistry:
         *,
         max_bytes: int | None = None,
         unknown_fields: list[str] | None = None,
+        foreign_forms: list[ForeignForm] | None = None,
     ) -> Event:
         """:meth:`decode` a consumed record (aiokafka ``ConsumerRecord``…), topic included, and
         its timestamp (milliseconds since the epoch, aiokafka's ``timestamp``) if it has one."""
@@ -249,6 +250,7 @@ class EventRegistry:
             max_bytes=max_bytes,
             unknown_fields=unknown_fields,
             record_time=record_timestamp(record),
+            foreign_forms=foreign_forms,
         )
 
     def _validator(self, event_cls: type[Event]) -> SchemaValidator:

@@ -28,11 +28,11 @@ reads each record back with :func:`build_event` below before it is written. Deco
 import contextlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -43,6 +43,7 @@ from outboxkit.schemas.event import ENVELOPE_FIELDS, Event, is_reserved_header
 from outboxkit.schemas.exceptions import DecodeErrorReason, EventDecodeError
 from outboxkit.schemas.foreign import (
     STRUCTURED_CONTENT_TYPE,
+    ForeignForm,
     check_foreign_id,
     foreign_event_id,
     is_structured,
@@ -83,19 +84,6 @@ class EncodedEvent:
     headers: tuple[tuple[str, bytes], ...]
 
 
-class KafkaRecord(Protocol):
-    """What the decoder needs of a consumed record; aiokafka's ``ConsumerRecord`` fits."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes]]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """The CloudEvents attributes read from a record's headers."""
@@ -110,9 +98,14 @@ class Envelope:
     headers: dict[str, str]
     #: ``time_text`` is in the form :func:`format_time` writes.
     canonical_time: bool = False
-    #: The record said no version (another producer's): :attr:`version` is the one its
-    #: ``dataschema`` names, or its type's default.
-    assumed_version: bool = False
+    #: How the record differs from outboxkit's own form (another producer's CloudEvent).
+    foreign_forms: frozenset[ForeignForm] = frozenset()
+
+    @property
+    def assumed_version(self) -> bool:
+        """The record said no version: :attr:`version` is the one its ``dataschema`` names,
+        or its type's default."""
+        return ForeignForm.ASSUMED_VERSION in self.foreign_forms
 
     @property
     def id(self) -> UUID:
@@ -192,6 +185,8 @@ _SCHEMA_VERSION = re.compile(r"[1-9][0-9]{0,9}", re.ASCII)
 _CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 # What ``str(uuid)`` gives (and encode sends): taken as it is, without building a UUID.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# An envelope of outboxkit's own form (shared: none is built per record).
+_NO_FORMS: frozenset[ForeignForm] = frozenset()
 
 
 def _header_text(name: str, value: object) -> str:
@@ -264,7 +259,7 @@ def read_envelope(headers: Iterable[tuple[str, bytes]]) -> Envelope:
     """The CloudEvents attributes and user headers of a record in outboxkit's own form (binary
     content mode, every attribute it writes). Raises ``EventDecodeError``."""
     protocol, user = _split_headers(headers)
-    return _envelope(protocol, user, None)
+    return _envelope(protocol, user, None, set())
 
 
 def read_record(
@@ -289,20 +284,29 @@ def read_record(
                 f"content-type is {STRUCTURED_CONTENT_TYPE!r} (structured content mode): a "
                 "registry with strict_envelope=True reads binary content mode only",
             )
-        return _envelope(protocol, user, None), value
+        return _envelope(protocol, user, None, set()), value
+    forms: set[ForeignForm] = set()
     if structured:
+        forms.add(ForeignForm.STRUCTURED)
         attributes, value = read_structured(value)
         protocol = {**attributes, WireHeader.CONTENT_TYPE.value: CONTENT_TYPE}
+    elif WireHeader.CONTENT_TYPE not in protocol:
+        forms.add(ForeignForm.IMPLIED_CONTENT_TYPE)
     if WireHeader.TIME not in protocol and record_time is not None:
+        forms.add(ForeignForm.RECORD_TIME)
         protocol = {**protocol, WireHeader.TIME.value: format_time(record_time)}
-    return _envelope(protocol, user, default_versions), value
+    return _envelope(protocol, user, default_versions, forms), value
 
 
 def _envelope(
-    protocol: dict[str, str], user: dict[str, str], foreign: Mapping[str, int] | None
+    protocol: dict[str, str],
+    user: dict[str, str],
+    foreign: Mapping[str, int] | None,
+    forms: set[ForeignForm],
 ) -> Envelope:
     """``foreign``: ``None`` reads outboxkit's form only; else the default versions by type of
-    the events without ``schemaversion``, and another producer's forms are read too."""
+    the events without ``schemaversion``, and another producer's forms are read too (added to
+    ``forms``, those :func:`read_record` found)."""
     required = _REQUIRED if foreign is None else _REQUIRED_OF_ANY_PRODUCER
     missing = [name for name in required if name not in protocol]
     if missing:
@@ -332,6 +336,7 @@ def _envelope(
                 raise EventDecodeError(invalid, f"ce_id {preview(id_text)} is not a UUID") from None
             check_foreign_id(id_text)
             id_text = foreign_event_id(source, id_text)
+            forms.add(ForeignForm.DERIVED_ID)
     time_text = protocol[WireHeader.TIME]
     canonical_time = _CANONICAL_TIME.fullmatch(time_text) is not None
     if not canonical_time:
@@ -339,6 +344,7 @@ def _envelope(
     version_text = protocol.get(WireHeader.SCHEMA_VERSION)
     if version_text is None and foreign is not None:
         version_text = str(version_of(event_type, protocol.get(DATA_SCHEMA_HEADER), foreign))
+        forms.add(ForeignForm.ASSUMED_VERSION)
     if version_text is None or not _SCHEMA_VERSION.fullmatch(version_text):
         raise EventDecodeError(
             invalid, f"ce_schemaversion {preview(version_text or '')} is not an integer >= 1"
@@ -355,7 +361,7 @@ def _envelope(
         version=int(version_text),
         headers=user,
         canonical_time=canonical_time,
-        assumed_version=WireHeader.SCHEMA_VERSION not in protocol,
+        foreign_forms=frozenset(forms) if forms else _NO_FORMS,
     )
 
 
@@ -505,33 +511,6 @@ def _is_json_error(exc: ValidationError) -> bool:
     """Whether validation failed because the document is not JSON (the careful path tells
     what is wrong with the value)."""
     return exc.error_count() == 1 and exc.errors(include_url=False)[0]["type"] == "json_invalid"
-
-
-def record_timestamp(record: object) -> datetime | None:
-    """A consumed record's timestamp (aiokafka's ``timestamp``, milliseconds since the epoch)
-    as an aware datetime, or ``None`` when it has none a datetime can hold."""
-    millis = getattr(record, "timestamp", None)
-    if type(millis) is not int or millis < 0:
-        return None
-    try:
-        return datetime.fromtimestamp(millis / 1000, UTC)
-    except (OverflowError, ValueError, OSError):
-        return None
-
-
-def record_size(
-    key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes]]
-) -> int:
-    """Bytes of a record's key, value and headers (names counted in characters), as far as
-    they are what a record should hold; whatever is not is left to the decoder to report."""
-    try:
-        return (
-            (len(key) if key is not None else 0)
-            + (len(value) if value is not None else 0)
-            + sum(len(name) + (len(raw) if raw is not None else 0) for name, raw in headers)
-        )
-    except (TypeError, ValueError):  # not sized, not pairs: the decoder says what is wrong
-        return 0
 
 
 def _record_key(key: bytes | None) -> str:

@@ -13,12 +13,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from cloudevents.core.bindings import kafka
 from cloudevents.core.v1.event import CloudEvent
+from prometheus_client.parser import text_string_to_metric_families
 
 from outboxkit.backends import backend_for
 from outboxkit.core.settings import ConnectionSettings
+from outboxkit.embedded._process import free_port
 from outboxkit.schemas import encode
 from outboxkit.schemas.foreign import foreign_event_id
-from tests.helpers import wait_for
+from tests.helpers import http_client, wait_for
 from tests.integration.conftest import MakeTopic, RestartableDatabase
 from tests.integration.inbox_app import Payment, Refund
 from tests.integration.inbox_harness import (
@@ -342,12 +344,33 @@ async def test_other_producers_cloudevents_take_effect_once(
         await producer.flush()
     finally:
         await producer.stop()
-    worker = InboxProcess(tmp_path, inbox_env(db_url, kafka_bootstrap, topic)).start()
+    port = free_port()
+    worker = InboxProcess(
+        tmp_path, inbox_env(db_url, kafka_bootstrap, topic, OUTBOXKIT_HTTP_PORT=str(port))
+    ).start()
     try:
         await wait_caught_up(kafka_bootstrap, group_of(topic), topic, 2, within=60, what="all")
         assert worker.alive(), worker.log()
+        async with http_client(timeout=5) as http:
+            metrics = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
     finally:
         worker.kill()
+    # Each of the 24 records read (not the dead letter) by how it differs from outboxkit's form.
+    forms = {
+        sample.labels["form"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "outboxkit_inbox_foreign_records_total"
+        and sample.labels["inbox"] == topic
+        and sample.labels["type"] == "test.payment"
+    }
+    assert forms == {
+        "structured": 12,
+        "implied_content_type": 12,  # binary mode without datacontenttype
+        "derived_id": 24,
+        "assumed_version": 24,
+        "record_time": 2,
+    }
     counts = Counter(event_id for event_id, _, _ in await effects(db_url))
     assert {str(event_id) for event_id in counts} == {
         foreign_event_id(source, f"pay-{i}") for i in range(12)

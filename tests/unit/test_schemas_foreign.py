@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
+import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -20,7 +22,14 @@ from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outboxkit.schemas import DecodeErrorReason, Event, EventDecodeError, EventRegistry, encode
+from outboxkit.schemas import (
+    DecodeErrorReason,
+    Event,
+    EventDecodeError,
+    EventRegistry,
+    ForeignForm,
+    encode,
+)
 from outboxkit.schemas.foreign import MAX_ID_LENGTH, foreign_event_id
 
 
@@ -149,6 +158,53 @@ def test_an_event_without_time_takes_the_records_timestamp(mode: str) -> None:
     assert _registry().decode_record(consumed).occurred_at == at
     with pytest.raises(EventDecodeError):
         _registry(strict=True).decode_record(consumed)
+
+
+@pytest.mark.parametrize(
+    ("structured", "uuid_id", "versioned", "content_type", "timed"),
+    list(itertools.product([False, True], repeat=5)),
+)
+def test_every_way_a_record_differs_from_outboxkits_form_is_reported(
+    structured: bool, uuid_id: bool, versioned: bool, content_type: bool, timed: bool
+) -> None:
+    """Each of the 32 combinations of the five forms: exactly those the record has, in
+    ``ForeignForm``'s order (the inbox counts each); none for outboxkit's own form."""
+    attributes: dict[str, Any] = {}
+    if uuid_id:
+        attributes["id"] = str(uuid.uuid4())
+    if versioned:
+        attributes["schemaversion"] = "1"
+    if content_type:
+        attributes["datacontenttype"] = "application/json"
+    message = (kafka.to_structured_event if structured else kafka.to_binary_event)(
+        _sdk_event(**attributes)
+    )
+    if not timed:
+        message = _timeless(message)
+    consumed = _Consumed("shop.paid", b"o-1", message.value, list(message.headers.items()), 0)
+    forms: list[ForeignForm] = []
+    _registry().decode_record(consumed, foreign_forms=forms)
+    differs = {
+        ForeignForm.STRUCTURED: structured,
+        ForeignForm.DERIVED_ID: not uuid_id,
+        ForeignForm.ASSUMED_VERSION: not versioned,
+        ForeignForm.IMPLIED_CONTENT_TYPE: not structured and not content_type,
+        ForeignForm.RECORD_TIME: not timed,
+    }
+    assert forms == [form for form in ForeignForm if differs[form]]
+
+
+def test_outboxkits_own_records_are_in_no_foreign_form() -> None:
+    written = encode(Paid(order_id="o-1", amount=Decimal("9.90")), source="urn:python:shop")
+    forms: list[ForeignForm] = []
+    _registry().decode(
+        topic=written.topic,
+        key=written.key,
+        value=written.value,
+        headers=written.headers,
+        foreign_forms=forms,
+    )
+    assert forms == []
 
 
 def test_a_uuid_id_stays_the_event_id() -> None:
