@@ -190,7 +190,7 @@ def _add_logins(app: FastAPI, state: "Console") -> None:
         form = await read_form(request)
         state.guard.check_csrf(request, form)
         token = (form.get("token") or [""])[0]
-        if not state.needs_login or not state.guard.token_matches(token):
+        if not state.needs_login or not state.guard.login_matches(request, token):
             audit(None, "login.refused", 0, client=_client(request))
             return state.render(
                 request, "login.html", None, status_code=401, page="login", failed=True

@@ -221,9 +221,12 @@ def console(
     async def refused(request: Request, exc: Refused) -> Response:
         if exc.status == 401 and state.needs_login and request.method == "GET":
             return RedirectResponse(state.path(request, "login_page"), status_code=303)
-        return state.render(
+        answer = state.render(
             request, "refused.html", None, status_code=exc.status, message=exc.message
         )
+        if exc.retry_after is not None:
+            answer.headers["retry-after"] = str(exc.retry_after)
+        return answer
 
     if not settings.console_token and auth is None:
         logger.warning(

@@ -5,6 +5,10 @@
   session cookie (HttpOnly, SameSite=Strict, signed, expiring). A console mounted in an app may
   use the app's own FastAPI dependency instead (``console(kit, auth=…)``): whatever it returns
   names who acts, whatever it raises refuses. With neither, the console only reads.
+- **Guessing.** A client (its address; behind a proxy, the proxy's unless the server is told
+  to trust its forwarded headers) that gave a wrong token :data:`LOGIN_FAILURES` times within
+  :data:`LOGIN_WINDOW` seconds is refused every login (429, ``Retry-After``) until the oldest
+  of them leaves the window, even with the right token: a guess is never checked then.
 - **CSRF.** Every form that changes something carries a token that only a page of the console
   could have given: a random value kept in a SameSite=Strict cookie, signed with the console's
   key (signed double submit). An action whose token is missing, unsigned or not the cookie's
@@ -19,10 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 import structlog
@@ -32,7 +38,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SECURITY_HEADERS", "Guard", "SecurityHeaders", "audit", "read_form"]
+__all__ = [
+    "LOGIN_FAILURES",
+    "LOGIN_WINDOW",
+    "SECURITY_HEADERS",
+    "Guard",
+    "LoginThrottle",
+    "SecurityHeaders",
+    "audit",
+    "read_form",
+]
 
 audit_logger = structlog.get_logger("outboxkit.console.audit")
 
@@ -40,6 +55,13 @@ SESSION_COOKIE = "outboxkit_console_session"
 CSRF_COOKIE = "outboxkit_console_csrf"
 #: A form bigger than this is refused: a selection of a thousand event ids is about 40 KB.
 MAX_FORM_BYTES = 256 * 1024
+#: Wrong tokens one client may give within :data:`LOGIN_WINDOW` seconds before its logins are
+#: refused: enough for typing mistakes, and a guesser of a 16-character token gets nowhere.
+LOGIN_FAILURES = 10
+LOGIN_WINDOW = 60.0
+#: Clients whose failures are remembered at most, the least recently failing forgotten first:
+#: memory stays bounded whatever the number of addresses trying.
+TRACKED_CLIENTS = 10_000
 
 SECURITY_HEADERS = {
     "content-security-policy": (
@@ -77,12 +99,54 @@ class SecurityHeaders:
 
 
 class Refused(Exception):
-    """An action or a page the request may not have: its status and what to tell the user."""
+    """An action or a page the request may not have: its status and what to tell the user
+    (and, refused for a while, in how many seconds to try again)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
+
+
+class LoginThrottle:
+    """The wrong tokens each client gave in the last ``window`` seconds (see the module)."""
+
+    def __init__(
+        self,
+        failures: int = LOGIN_FAILURES,
+        window: float = LOGIN_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limit, self._window, self._clock = failures, window, clock
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def check(self, client: str | None) -> None:
+        """Refuse (429) a login of ``client`` while it has given too many wrong tokens."""
+        times = self._failed.get(client or "")
+        if times is None:
+            return
+        now = self._clock()
+        while times and times[0] <= now - self._window:
+            times.popleft()
+        if not times:
+            del self._failed[client or ""]
+        elif len(times) >= self._limit:
+            wait = math.ceil(times[0] + self._window - now)
+            audit(None, "login.throttled", 0, client=client, retry_after=wait)
+            raise Refused(
+                429,
+                f"too many wrong tokens from this address: try again in {wait} s",
+                retry_after=wait,
+            )
+
+    def failed(self, client: str | None) -> None:
+        """Remember that ``client`` gave a wrong token now."""
+        times = self._failed.pop(client or "", None) or deque()
+        times.append(self._clock())
+        self._failed[client or ""] = times
+        while len(self._failed) > TRACKED_CLIENTS:
+            self._failed.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -92,6 +156,7 @@ class Guard:
     token: SecretStr | None
     key: bytes
     session_ttl: float
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
     @classmethod
     def create(cls, token: SecretStr | None, secret: SecretStr | None, session_ttl: float) -> Guard:
@@ -114,18 +179,24 @@ class Guard:
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() == "bearer" and given:
-            if self.token_matches(given.strip()):
+            if self.login_matches(request, given.strip()):
                 return "bearer"
             raise Refused(401, "the bearer token is not the console's")
         if self._session_valid(request.cookies.get(SESSION_COOKIE, "")):
             return "session"
         raise Refused(401, "log in first")
 
-    def token_matches(self, given: str) -> bool:
-        if self.token is None:
-            return False
-        expected = self.token.get_secret_value().encode()
-        return hmac.compare_digest(given.encode(), expected)
+    def login_matches(self, request: Request, given: str) -> bool:
+        """Whether ``given`` is the token, counted against the request's client when it is
+        not; :class:`Refused` 429, unchecked, while that client has given too many."""
+        client = request.client.host if request.client is not None else None
+        self.throttle.check(client)
+        if self.token is not None and hmac.compare_digest(
+            given.encode(), self.token.get_secret_value().encode()
+        ):
+            return True
+        self.throttle.failed(client)
+        return False
 
     def new_session(self) -> str:
         expires = str(int(time.time() + self.session_ttl))

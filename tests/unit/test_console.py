@@ -19,11 +19,19 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from outboxkit.backends import forget_memory_database, memory_database
-from outboxkit.console import ConsoleSettings, console
+from outboxkit.console import ConsoleSettings, console, security
 from outboxkit.console.chart import chart
 from outboxkit.console.overview import Sample
 from outboxkit.console.payloads import MASK, show_payload
-from outboxkit.console.security import CSRF_COOKIE, SESSION_COOKIE, Guard, Refused
+from outboxkit.console.security import (
+    CSRF_COOKIE,
+    LOGIN_FAILURES,
+    LOGIN_WINDOW,
+    SESSION_COOKIE,
+    Guard,
+    LoginThrottle,
+    Refused,
+)
 from outboxkit.core.exceptions import ConfigurationError
 from outboxkit.core.settings import ConnectionSettings
 from outboxkit.relay import TopicPartition
@@ -114,6 +122,79 @@ def test_a_csrf_token_must_be_signed_and_match_the_cookie() -> None:
             _request({CSRF_COOKIE: nonce}, {"origin": "https://elsewhere.example"}),
             {"csrf": [token]},
         )
+
+
+attempts = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=20, allow_nan=False),  # seconds since the last one
+        st.sampled_from(["10.0.0.1", "10.0.0.2", None]),
+        st.booleans(),  # the right token
+    ),
+    max_size=80,
+)
+
+
+@given(attempts=attempts)
+def test_a_client_is_refused_logins_while_it_gave_too_many_wrong_tokens(
+    attempts: list[tuple[float, str | None, bool]],
+) -> None:
+    """Against a model: a login is refused, unchecked, exactly while its client gave
+    LOGIN_FAILURES wrong tokens within the last LOGIN_WINDOW seconds, others never; its
+    Retry-After is the first moment it may try again."""
+    now = 0.0
+    throttle = LoginThrottle(failures=4, window=30, clock=lambda: now)
+    failed: dict[str | None, list[float]] = {}
+    for wait, client, right in attempts:
+        now += wait
+        recent = [at for at in failed.get(client, []) if at > now - 30]
+        if len(recent) >= 4:
+            with pytest.raises(Refused) as refused:
+                throttle.check(client)
+            assert refused.value.status == 429
+            assert refused.value.retry_after is not None
+            assert recent[0] + 30 <= now + refused.value.retry_after < recent[0] + 31
+            continue
+        throttle.check(client)
+        if not right:
+            throttle.failed(client)
+            failed.setdefault(client, []).append(now)
+
+
+def test_wrong_tokens_by_form_or_bearer_make_a_client_wait_even_with_the_right_one() -> None:
+    settings = ConsoleSettings(database_url="memory://console", console_token="t" * 24)
+    with TestClient(console(settings=settings)) as client:
+        page = client.get("/login")
+        csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
+        for n in range(LOGIN_FAILURES):
+            if n % 2:
+                wrong = client.post("/login", data={"token": "x" * 24, "csrf": csrf})
+                assert wrong.status_code == 401
+            else:  # refused, a page asks for a login
+                wrong = client.get(
+                    "/", headers={"authorization": "Bearer " + "x" * 24}, follow_redirects=False
+                )
+                assert wrong.headers["location"] == "/login"
+        for refused in (
+            client.post("/login", data={"token": "t" * 24, "csrf": csrf}),
+            client.get("/", headers={"authorization": "Bearer " + "t" * 24}),
+        ):
+            assert refused.status_code == 429
+            assert 0 < int(refused.headers["retry-after"]) <= LOGIN_WINDOW
+            assert "too many wrong tokens" in refused.text
+
+
+def test_the_failures_of_at_most_so_many_clients_are_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(security, "TRACKED_CLIENTS", 3)
+    throttle = LoginThrottle(failures=1)
+    for n in range(5):
+        throttle.failed(f"10.0.0.{n}")
+    for forgotten in ("10.0.0.0", "10.0.0.1"):
+        throttle.check(forgotten)  # forgotten: not refused
+    for remembered in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):
+        with pytest.raises(Refused):
+            throttle.check(remembered)
 
 
 def test_the_chart_scales_to_a_round_top_and_spans_what_it_has() -> None:
