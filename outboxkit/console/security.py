@@ -123,14 +123,15 @@ class LoginThrottle:
 
     def check(self, client: str | None) -> None:
         """Refuse (429) a login of ``client`` while it has given too many wrong tokens."""
-        times = self._failed.get(client or "")
+        key = client or ""  # no address (a test client, a Unix socket): all such share one
+        times = self._failed.get(key)
         if times is None:
             return
         now = self._clock()
         while times and times[0] <= now - self._window:
             times.popleft()
         if not times:
-            del self._failed[client or ""]
+            del self._failed[key]
         elif len(times) >= self._limit:
             wait = math.ceil(times[0] + self._window - now)
             audit(None, "login.throttled", 0, client=client, retry_after=wait)
@@ -142,9 +143,10 @@ class LoginThrottle:
 
     def failed(self, client: str | None) -> None:
         """Remember that ``client`` gave a wrong token now."""
-        times = self._failed.pop(client or "", None) or deque()
+        key = client or ""
+        times = self._failed.pop(key, None) or deque()
         times.append(self._clock())
-        self._failed[client or ""] = times
+        self._failed[key] = times  # last: the least recently failing are first to forget
         while len(self._failed) > TRACKED_CLIENTS:
             self._failed.popitem(last=False)
 
