@@ -139,12 +139,6 @@ async def _members(bootstrap: str, count: int) -> Any:
             await member.stop()
 
 
-async def _kafka_alone(bootstrap: str) -> list[float]:
-    return await one_record_transactions(
-        bootstrap, TOPIC, 100, transactional_id="bench-console-floor", pause=0.02
-    )
-
-
 async def _backlog_alone(url: str, calls: int) -> tuple[list[float], str]:
     settings = ConsoleSettings(database_url=url)
     async with backend_for(url).outbox_storage(settings) as storage:
@@ -216,7 +210,10 @@ async def run(args: argparse.Namespace, url: str, bootstrap: str) -> None:
     await serving
     times, plan = await _backlog_alone(url, args.requests)
     print(f"  the backlog query alone: {_ms(times)}")
-    print(f"Kafka alone, a one-record transaction: {_ms(await _kafka_alone(bootstrap))}")
+    alone = await one_record_transactions(
+        bootstrap, TOPIC, 100, transactional_id="bench-console-floor", pause=0.02
+    )
+    print(f"Kafka alone, a one-record transaction: {_ms(alone)}")
     print("the backlog query's plan:")
     print("  " + plan.replace("\n", "\n  "))
 

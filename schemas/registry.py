@@ -212,7 +212,7 @@ class EventRegistry:
             record_time=record_time,
         )
         event_cls, steps = self._resolve(envelope.event_type, envelope.version)
-        if envelope.foreign_forms and envelope.assumed_version:
+        if ForeignForm.ASSUMED_VERSION in envelope.foreign_forms:
             self._assumed(envelope.event_type, envelope.version)
         with collecting_unknown_fields() as unknown:
             event = build_event(

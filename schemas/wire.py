@@ -98,14 +98,10 @@ class Envelope:
     headers: dict[str, str]
     #: ``time_text`` is in the form :func:`format_time` writes.
     canonical_time: bool = False
-    #: How the record differs from outboxkit's own form (another producer's CloudEvent).
+    #: How the record differs from outboxkit's own form (another producer's CloudEvent); with
+    #: ``ASSUMED_VERSION``, :attr:`version` is the one its ``dataschema`` names, or its type's
+    #: default.
     foreign_forms: frozenset[ForeignForm] = frozenset()
-
-    @property
-    def assumed_version(self) -> bool:
-        """The record said no version: :attr:`version` is the one its ``dataschema`` names,
-        or its type's default."""
-        return ForeignForm.ASSUMED_VERSION in self.foreign_forms
 
     @property
     def id(self) -> UUID:

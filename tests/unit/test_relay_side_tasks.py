@@ -59,7 +59,7 @@ async def test_a_side_task_that_ends_stops_the_relay_with_its_name_or_error() ->
     """Would catch a relay that keeps running half-blind after a side task ended."""
     tasks = Supervisor("relay")
     tasks.start("forever", asyncio.Event().wait())  # type: ignore[arg-type]
-    tasks.start("quitter", asyncio.sleep(0.01))
+    tasks.start("quitter", asyncio.sleep(0))  # ends at once
     with pytest.raises(RuntimeError, match="relay task quitter ended unexpectedly"):
         await asyncio.wait_for(tasks.wait(asyncio.Event()), 2)
 
