@@ -60,7 +60,8 @@ from tests.failover.baseline import (
     measure,
 )
 from tests.failover.publishers import check_one_publisher, producer_sessions
-from tests.failover.report import Fault, Load, Report, gaps
+from tests.failover.report import BEFORE, Fault, Load, Report, gaps
+from tests.failover.worker_logs import excerpts
 from tests.helpers import http_client, wait_for
 from tests.integration.inbox_app import Payment
 from tests.integration.inbox_harness import (
@@ -452,8 +453,16 @@ class FailoverRun:
                 fault.closest = closest(
                     timeline, fault.baseline, healed=fault.healed, until=until, now=now
                 )
+        logs = [(w.name, w.process.log()) for w in self.workers]
         report.faults = [
-            gaps(f, self.writers.committed_at, arrivals, effect_at) for f in self.faults
+            gaps(
+                f,
+                self.writers.committed_at,
+                arrivals,
+                effect_at,
+                logged=excerpts(logs, f.started, f.recovered or time.time(), before=BEFORE),
+            )
+            for f in self.faults
         ]
         return report
 

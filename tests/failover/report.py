@@ -79,6 +79,9 @@ class Gaps:
     back_within: float = 0.0
     healed: float = 0.0
     seen: str = ""
+    #: What the relay and inbox processes logged from just before the fault until it had
+    #: recovered (:mod:`tests.failover.worker_logs`): printed when a check of it fails.
+    logged: tuple[str, ...] = ()
 
     @property
     def back_after(self) -> float | None:
@@ -95,6 +98,7 @@ def gaps(
     committed_at: Mapping[UUID, float],
     arrivals: Mapping[UUID, Arrival],
     effect_at: Mapping[UUID, float],
+    logged: tuple[str, ...] = (),
 ) -> Gaps:
     window = [
         e for e, at in committed_at.items() if fault.started - BEFORE <= at <= fault.recovered
@@ -132,6 +136,7 @@ def gaps(
         back_within=fault.back_within,
         healed=fault.healed,
         seen=fault.seen,
+        logged=logged,
     )
 
 
@@ -199,9 +204,17 @@ class Report:
         """Every guarantee held, every process is healthy, every fault's delays were back to
         their baseline within its bound, and no fault's delivery or inbox gap exceeded
         ``max_gap`` seconds."""
-        assert self.ok, str(self)
+        assert self.ok, self._explained([g for g in self.faults if not g.back_ok])
         slow = [g for g in self.faults if max(g.delivery, g.inbox) > max_gap]
-        assert not slow, f"gaps over {max_gap} s:\n{self}"
+        assert not slow, f"gaps over {max_gap} s:\n{self._explained(slow)}"
+
+    def _explained(self, failed: list[Gaps]) -> str:
+        """The table, then what the processes logged during each fault that failed a check."""
+        out = self.lines()
+        for g in failed:
+            out.append(f"logged during {g.name} ({g.detail}):")
+            out += [f"  {line}" for line in g.logged] or ["  nothing"]
+        return "\n".join(out)
 
 
 def _seconds(value: float | None) -> str:

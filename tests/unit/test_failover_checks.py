@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
@@ -22,7 +24,8 @@ from tests.failover.baseline import (
 )
 from tests.failover.harness import _offsets_partition, check_effects_once
 from tests.failover.publishers import check_one_publisher
-from tests.failover.report import Fault, gaps
+from tests.failover.report import Fault, Report, gaps
+from tests.failover.worker_logs import LIMIT, excerpt, excerpts
 
 A, A_NEXT, B = (7, 0), (7, 1), (9, 0)
 
@@ -160,3 +163,50 @@ def test_the_baseline_is_what_was_on_kafka_when_the_fault_began() -> None:
     timeline = _timeline(lambda at: 5.0 if at >= 9.5 else 0.01, 20.0)
     baseline = measure(timeline, 10.0 - WINDOW, now=10.0)
     assert baseline.delivery_p99 <= 0.5
+
+
+def test_a_failed_gap_prints_what_the_workers_logged_during_that_fault() -> None:
+    """The report alone says where a slow fault's time went: the lines each process logged
+    within the fault's window, relative to its start, repeats folded, nothing from before."""
+    start = datetime(2026, 12, 7, 23, 51, 0, tzinfo=UTC).timestamp()
+
+    def at(seconds: float) -> str:
+        return datetime.fromtimestamp(start + seconds, UTC).isoformat().replace("+00:00", "Z")
+
+    log = "\n".join(
+        [
+            f"{at(-5)} [info     ] partitions assigned            [outboxkit.relay] gained=[]",
+            f"{at(0.4)} [warning  ] retrying after error           [outboxkit.relay] attempt=1",
+            "Traceback (most recent call last):",
+            f"{at(0.9)} [warning  ] retrying after error           [outboxkit.relay] attempt=1",
+            f"{at(30.2)} [warning  ] slow relay stage               [outboxkit.relay] stage=fence",
+            f"{at(99)} [info     ] partitions assigned            [outboxkit.relay] gained=[]",
+        ]
+    )
+    logged = excerpts([("relay-1", log)], start, start + 40.0)
+    assert logged == (
+        "relay-1 +0.4 s: [warning  ] retrying after error           [outboxkit.relay] "
+        "attempt=1 (2 times)",
+        "relay-1 +30.2 s: [warning  ] slow relay stage               [outboxkit.relay] stage=fence",
+    )
+    assert (
+        len(
+            excerpt(
+                "r", "\n".join(f"{at(i)} [info] line {i}" for i in range(30)), start, start + 40
+            )
+        )
+        == LIMIT + 1
+    )
+
+    slow = gaps(
+        Fault("group coordinator", started=start, recovered=start + 40.0),
+        {uuid.uuid4(): start},
+        {},
+        {},
+        logged=logged,
+    )
+    report = Report(faults=[replace(slow, delivery=31.7)])
+    with pytest.raises(
+        AssertionError, match=r"(?s)gaps over 30.0 s.*logged during group coordinator.*stage=fence"
+    ):
+        report.assert_ok(max_gap=30.0)
