@@ -7,7 +7,8 @@ tests meaningful on a loaded 2-core machine (two pytest-xdist workers share it):
 - a dead or frozen relay or inbox worker leaves its group after :data:`SESSION_TIMEOUT`,
   heartbeating every :data:`HEARTBEAT_INTERVAL` (a third of it at most, as Kafka requires);
 - a relay sweeps for missed notifications every :data:`SWEEP_INTERVAL`, gives a revoked
-  partition :data:`REVOKE_TIMEOUT` to drain and a Kafka transaction :data:`TRANSACTION_TIMEOUT`;
+  partition :data:`REVOKE_TIMEOUT` to drain and a Kafka transaction :data:`TRANSACTION_TIMEOUT`,
+  and discards a producer whose publish has not been acknowledged after :data:`PUBLISH_TIMEOUT`;
 - retries back off to :data:`RETRY_BACKOFF_MAX` at most.
 
 The servers' own are set where they start: Kafka test brokers (``group.initial.rebalance.delay.ms
@@ -24,6 +25,13 @@ HEARTBEAT_INTERVAL = 0.5
 SWEEP_INTERVAL = 1.0
 REVOKE_TIMEOUT = 5.0
 TRANSACTION_TIMEOUT = 5.0
+#: Three transaction timeouts, as the product's defaults (30 s, 10 s). A publish is bounded by it
+#: alone when aiokafka's transactional producer stalls without an error, which it did in about
+#: one of ten runs of the Kafka failover test, each time a transaction coordinator and the group
+#: coordinator died together: one relay's send hung until this timeout while the others' went
+#: on after 5.6 s, and a fresh producer published at once. At the product's 30 s that was a
+#: 30.7 s gap in a test whose bound is 30 s.
+PUBLISH_TIMEOUT = 15.0
 RETRY_BACKOFF_MAX = 0.5
 METRICS_INTERVAL = 1.0
 
@@ -57,6 +65,7 @@ RELAY_ENV = {
     "OUTBOXKIT_SWEEP_INTERVAL": f"{SWEEP_INTERVAL:g}",
     "OUTBOXKIT_REVOKE_TIMEOUT": f"{REVOKE_TIMEOUT:g}",
     "OUTBOXKIT_TRANSACTION_TIMEOUT": f"{TRANSACTION_TIMEOUT:g}",
+    "OUTBOXKIT_PUBLISH_TIMEOUT": f"{PUBLISH_TIMEOUT:g}",
     "OUTBOXKIT_RETRY_BACKOFF_MAX": f"{RETRY_BACKOFF_MAX:g}",
     "OUTBOXKIT_METRICS_INTERVAL": f"{METRICS_INTERVAL:g}",
 }
